@@ -1,0 +1,388 @@
+"""ContiguousKVCache: the reference KV cache, one contiguous slot range per request.
+
+Each layer has one arena of token slots for K and one for V. An admitted request reserves
+a contiguous range, chosen first fit, whose size follows a reservation policy: the three
+contiguous baselines of the PagedAttention paper.
+
+    max     max_seq_len slots (what most pre-paged engines did);
+    pow2    the next power of two of the prompt, doubling (by relocation) when outgrown;
+    oracle  prompt + the true output length (`output_len` at admission), an upper bound
+            on what any contiguous allocator could do.
+
+It is deliberately simple: it is the oracle the paged cache is compared with. Fork copies.
+Every operation validates everything before it changes anything.
+"""
+
+from __future__ import annotations
+
+import bisect
+import numbers
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from reference.contract import CacheStats, RequestId
+from reference.oracle import decode_attention
+from workloads.errors import (
+    CapacityError,
+    ConfigError,
+    DuplicateRequestError,
+    ShapeError,
+    UnknownRequestError,
+)
+from workloads.geometry import KVGeometry, require_positive
+from workloads.torch_dtypes import torch_dtype
+
+POLICIES = ("max", "pow2", "oracle")
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (n >= 1)."""
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+@dataclass
+class _Request:
+    start: int
+    reserved: int
+    length: int
+    prompt: tuple[int, ...]
+    output_len: int | None
+    salt: str | None
+    token_ids: list[int | None] = field(default_factory=list)
+
+    @property
+    def known_need(self) -> int:
+        """Slots the cache knows this request will fill."""
+        need = len(self.prompt) + (self.output_len or 0)
+        return min(self.reserved, max(need, self.length))
+
+
+class ContiguousKVCache:
+    """The reference implementation of the KVCache contract (see reference/contract.py).
+
+    Args:
+        geometry: KV geometry (layers, KV heads, head dim, dtype, query heads).
+        capacity_tokens: token slots in the arena (per layer).
+        max_seq_len: the longest a request may grow.
+        policy: reservation policy, one of POLICIES.
+        device: where the arena lives.
+        store_kv: False for a memory-only cache (same bookkeeping, no tensors).
+
+    Invariants: reserved ranges never overlap and lie within [0, capacity_tokens);
+    each request's length <= its reservation <= max_seq_len.
+    """
+
+    def __init__(
+        self,
+        geometry: KVGeometry,
+        capacity_tokens: int,
+        max_seq_len: int,
+        policy: str = "max",
+        device: str | torch.device = "cpu",
+        store_kv: bool = True,
+    ) -> None:
+        require_positive("capacity_tokens", capacity_tokens)
+        require_positive("max_seq_len", max_seq_len)
+        if policy not in POLICIES:
+            raise ConfigError(f"unknown reservation policy {policy!r}; known: {POLICIES}")
+        self._geometry = geometry
+        self.capacity_tokens = capacity_tokens
+        self.max_seq_len = max_seq_len
+        self.policy = policy
+        self._device = torch.device(device)
+        self._dtype = torch_dtype(geometry.dtype)
+        self.store_kv = store_kv
+        shape = (geometry.num_layers, capacity_tokens, geometry.num_kv_heads, geometry.head_dim)
+        self._k = torch.zeros(shape, dtype=self._dtype, device=self._device) if store_kv else None
+        self._v = torch.zeros(shape, dtype=self._dtype, device=self._device) if store_kv else None
+        self._requests: dict[Hashable, _Request] = {}
+        # Reserved ranges sorted by start: parallel lists of starts and (start, end, id).
+        self._starts: list[int] = []
+        self._ranges: list[tuple[int, int, Hashable]] = []
+        self._probe_slots = max_seq_len if policy == "max" else 0
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def geometry(self) -> KVGeometry:
+        return self._geometry
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return self._dtype
+
+    # ----------------------------------------------------------------- ranges
+    def _gaps(self, ignore: Hashable | None = None) -> list[tuple[int, int]]:
+        """Free (start, length) gaps in address order, treating `ignore`'s range as free."""
+        gaps, cursor = [], 0
+        for start, end, rid in self._ranges:
+            if rid == ignore:
+                continue
+            if start > cursor:
+                gaps.append((cursor, start - cursor))
+            cursor = end
+        if cursor < self.capacity_tokens:
+            gaps.append((cursor, self.capacity_tokens - cursor))
+        return gaps
+
+    def _first_fit(self, size: int, ignore: Hashable | None = None) -> int | None:
+        for start, length in self._gaps(ignore):
+            if length >= size:
+                return start
+        return None
+
+    def _insert_range(self, start: int, size: int, rid: Hashable) -> None:
+        i = bisect.bisect_left(self._starts, start)
+        self._starts.insert(i, start)
+        self._ranges.insert(i, (start, start + size, rid))
+
+    def _remove_range(self, start: int) -> None:
+        i = bisect.bisect_left(self._starts, start)
+        del self._starts[i]
+        del self._ranges[i]
+
+    def _reservation_for(self, prompt_len: int, output_len: int | None) -> int:
+        if self.policy == "max":
+            return self.max_seq_len
+        if self.policy == "pow2":
+            return min(next_pow2(prompt_len), self.max_seq_len)
+        if output_len is None:
+            raise ConfigError("policy 'oracle' needs output_len at admission, got None")
+        return min(prompt_len + output_len, self.max_seq_len)
+
+    def _growth_for(self, needed: int) -> int:
+        if self.policy == "pow2":
+            return min(next_pow2(needed), self.max_seq_len)
+        return needed
+
+    # ----------------------------------------------------------------- contract
+    def _get(self, request_id: RequestId) -> _Request:
+        try:
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            raise UnknownRequestError(f"unknown request id {request_id!r}") from None
+
+    def admit(
+        self,
+        request_id: RequestId,
+        prompt: Sequence[int],
+        *,
+        salt: str | None = None,
+        output_len: int | None = None,
+    ) -> int:
+        """Reserve a contiguous range for the request (see KVCache.admit). Returns 0."""
+        if request_id in self._requests:
+            raise DuplicateRequestError(f"request id {request_id!r} is already admitted")
+        prompt_ids = _validate_prompt(prompt, self.max_seq_len)
+        if output_len is not None and (isinstance(output_len, bool) or output_len < 0):
+            raise ConfigError(f"output_len must be >= 0, got {output_len!r}")
+        size = self._reservation_for(len(prompt_ids), output_len)
+        self._probe_slots = size
+        start = self._first_fit(size)
+        if start is None:
+            free = self.capacity_tokens - sum(e - s for s, e, _ in self._ranges)
+            raise CapacityError(
+                f"cannot admit request {request_id!r}: needs {size} contiguous slots, "
+                f"{free} free in total but no gap is large enough"
+            )
+        self._insert_range(start, size, request_id)
+        self._requests[request_id] = _Request(start, size, 0, prompt_ids, output_len, salt)
+        return 0
+
+    def _validate_kv(self, keys: torch.Tensor, values: torch.Tensor) -> int:
+        g = self._geometry
+        for name, t in (("keys", keys), ("values", values)):
+            if not isinstance(t, torch.Tensor):
+                raise ShapeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if (
+                t.dim() != 4
+                or t.shape[0] != g.num_layers
+                or tuple(t.shape[2:])
+                != (
+                    g.num_kv_heads,
+                    g.head_dim,
+                )
+            ):
+                raise ShapeError(
+                    f"{name} must be [num_layers={g.num_layers}, n, num_kv_heads="
+                    f"{g.num_kv_heads}, head_dim={g.head_dim}], got {tuple(t.shape)}"
+                )
+            if t.dtype != self._dtype:
+                raise ShapeError(f"{name} dtype {t.dtype} does not match the cache's {self._dtype}")
+        if keys.shape != values.shape:
+            raise ShapeError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} differ")
+        if keys.shape[1] == 0:
+            raise ShapeError("cannot append 0 tokens")
+        return int(keys.shape[1])
+
+    def append(
+        self,
+        request_id: RequestId,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        token_ids: Sequence[int] | None = None,
+    ) -> None:
+        """Write n tokens after the request's last one, relocating it if it has outgrown
+        its reservation (pow2/oracle)."""
+        req = self._get(request_id)
+        n = self._validate_kv(keys, values)
+        if token_ids is not None and len(token_ids) != n:
+            raise ShapeError(f"token_ids has {len(token_ids)} ids for {n} tokens")
+        new_len = req.length + n
+        if new_len > self.max_seq_len:
+            raise CapacityError(
+                f"request {request_id!r} would grow to {new_len} tokens, past "
+                f"max_seq_len={self.max_seq_len}"
+            )
+        if new_len > req.reserved:
+            self._relocate(request_id, req, self._growth_for(new_len))
+        if self.store_kv:
+            assert self._k is not None and self._v is not None
+            lo = req.start + req.length
+            self._k[:, lo : lo + n] = keys.to(self._device)
+            self._v[:, lo : lo + n] = values.to(self._device)
+        ids = list(token_ids) if token_ids is not None else [None] * n
+        for i in range(n):
+            pos = req.length + i
+            if ids[i] is None and pos < len(req.prompt):
+                ids[i] = req.prompt[pos]
+        req.token_ids.extend(ids)
+        req.length = new_len
+
+    def _relocate(self, request_id: RequestId, req: _Request, size: int) -> None:
+        """Move the request to a range of `size` slots (in place if the gap after it
+        suffices); raises CapacityError with nothing changed when none fits."""
+        start = self._first_fit(size, ignore=request_id)
+        if start is None:
+            raise CapacityError(
+                f"request {request_id!r} needs {size} contiguous slots to grow; no gap fits"
+            )
+        if self.store_kv and start != req.start:
+            assert self._k is not None and self._v is not None
+            src = slice(req.start, req.start + req.length)
+            k_data, v_data = self._k[:, src].clone(), self._v[:, src].clone()
+            self._k[:, start : start + req.length] = k_data
+            self._v[:, start : start + req.length] = v_data
+        self._remove_range(req.start)
+        self._insert_range(start, size, request_id)
+        req.start, req.reserved = start, size
+
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
+        """Copy the parent into a fresh reservation of the same size."""
+        parent = self._get(parent_id)
+        if child_id in self._requests:
+            raise DuplicateRequestError(f"request id {child_id!r} is already admitted")
+        start = self._first_fit(parent.reserved)
+        if start is None:
+            raise CapacityError(
+                f"cannot fork {parent_id!r} into {child_id!r}: no gap of {parent.reserved} slots"
+            )
+        if self.store_kv:
+            assert self._k is not None and self._v is not None
+            src = slice(parent.start, parent.start + parent.length)
+            self._k[:, start : start + parent.length] = self._k[:, src]
+            self._v[:, start : start + parent.length] = self._v[:, src]
+        self._insert_range(start, parent.reserved, child_id)
+        self._requests[child_id] = _Request(
+            start,
+            parent.reserved,
+            parent.length,
+            parent.prompt,
+            parent.output_len,
+            parent.salt,
+            list(parent.token_ids),
+        )
+
+    def free(self, request_id: RequestId) -> None:
+        req = self._get(request_id)
+        self._remove_range(req.start)
+        del self._requests[request_id]
+
+    def seq_len(self, request_id: RequestId) -> int:
+        return self._get(request_id).length
+
+    def request_ids(self) -> list[RequestId]:
+        return list(self._requests)
+
+    def token_ids(self, request_id: RequestId) -> list[int | None]:
+        """Token ids of the request's cached tokens (None where never given)."""
+        return list(self._get(request_id).token_ids)
+
+    def gather(self, request_id: RequestId) -> tuple[torch.Tensor, torch.Tensor]:
+        req = self._get(request_id)
+        if not self.store_kv:
+            raise ConfigError("gather needs KV tensors; this cache is memory-only")
+        assert self._k is not None and self._v is not None
+        span = slice(req.start, req.start + req.length)
+        return self._k[:, span].clone(), self._v[:, span].clone()
+
+    def attend(
+        self,
+        request_ids: Sequence[RequestId],
+        query: torch.Tensor,
+        layer: int = 0,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        """Decode attention through the float64 oracle, returned in the query's dtype."""
+        g = self._geometry
+        reqs = [self._get(r) for r in request_ids]
+        if not self.store_kv:
+            raise ConfigError("attend needs KV tensors; this cache is memory-only")
+        expected = (len(reqs), g.num_q_heads, g.head_dim)
+        if query.dim() != 3 or tuple(query.shape) != expected:
+            raise ShapeError(f"query must be {list(expected)}, got {tuple(query.shape)}")
+        if not 0 <= layer < g.num_layers:
+            raise ConfigError(f"layer {layer!r} outside [0, {g.num_layers})")
+        for rid, req in zip(request_ids, reqs, strict=True):
+            if req.length == 0:
+                raise ShapeError(f"request {rid!r} has no cached tokens to attend over")
+        assert self._k is not None and self._v is not None
+        outs = []
+        for i, req in enumerate(reqs):
+            span = slice(req.start, req.start + req.length)
+            outs.append(
+                decode_attention(query[i], self._k[layer, span], self._v[layer, span], scale)
+            )
+        return torch.stack(outs).to(query.dtype)
+
+    def stats(self) -> CacheStats:
+        live = sum(r.length for r in self._requests.values())
+        reserved = sum(r.reserved for r in self._requests.values())
+        reservation = sum(r.known_need - r.length for r in self._requests.values())
+        gaps = self._gaps()
+        free = sum(length for _, length in gaps)
+        probe = self._probe_slots
+        external = sum(length for _, length in gaps if length < probe) if probe else 0
+        return CacheStats(
+            capacity_slots=self.capacity_tokens,
+            live_slots=live,
+            reservation_slots=reservation,
+            internal_fragmentation_slots=reserved - live - reservation,
+            free_slots=free,
+            external_fragmentation_slots=external,
+            logical_tokens=live,
+            num_requests=len(self._requests),
+            bytes_per_slot=self._geometry.bytes_per_token,
+        )
+
+
+def _validate_prompt(prompt: Sequence[int], max_seq_len: int) -> tuple[int, ...]:
+    """Check a prompt is a non-empty sequence of non-negative ints no longer than
+    max_seq_len; return it as a tuple."""
+    try:
+        ids = tuple(prompt)
+    except TypeError:
+        raise ConfigError(f"prompt must be a sequence of token ids, got {prompt!r}") from None
+    if not ids:
+        raise ConfigError("prompt is empty; a request needs at least one token")
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+            raise ConfigError(f"token id {t!r} is not a non-negative integer")
+    if len(ids) > max_seq_len:
+        raise ConfigError(f"prompt of {len(ids)} tokens is longer than max_seq_len={max_seq_len}")
+    return tuple(int(t) for t in ids)

@@ -1,0 +1,212 @@
+"""The KV cache contract: one protocol that the reference and the paged cache implement.
+
+Because both caches speak it, one hypothesis state machine drives both with the same
+operations and compares them after every step, and other people's caches plug into the
+same suites. Names here are stable API.
+
+Conventions:
+    * A request id is any hashable (ints and strings in practice).
+    * KV tensors for new tokens are [num_layers, n, num_kv_heads, head_dim] in the cache's
+      dtype and on its device: all layers are appended at once.
+    * A request's length (`seq_len`) counts the tokens whose KV has been appended.
+      Admission registers the prompt; its KV is then appended (all of it, or, after a
+      prefix-cache hit of `c` tokens, the prompt from position `c` on).
+    * Every operation either succeeds or raises a `workloads.errors.KVBenchError`
+      subclass and leaves the cache exactly as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from workloads.geometry import KVGeometry
+
+RequestId = Hashable
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A snapshot of a cache's memory, in token slots (bytes follow from the geometry).
+
+    Slot accounting (every slot of the store is in exactly one of these):
+        live_slots: physical slots holding written KV (a slot shared by several requests
+            counts once).
+        reservation_slots: slots set aside for tokens the cache knows are coming (a
+            prompt admitted but not yet appended; with an output-length hint, the rest
+            of the hinted output).
+        internal_fragmentation_slots: held by a request but, as far as the cache knows,
+            never to be filled (the unused tail of a paged block, or the part of a
+            contiguous max-length reservation beyond the known need).
+        free_slots: not held by any request (a paged cache counts cached-evictable
+            blocks here too, since they can be reclaimed).
+    external_fragmentation_slots is the part of free_slots that cannot serve a new
+    request of the cache's reference size because it lies in gaps that are too small
+    (always 0 for a paged cache).
+
+    Block fields are 0 for caches without blocks.
+    """
+
+    capacity_slots: int
+    live_slots: int
+    reservation_slots: int
+    internal_fragmentation_slots: int
+    free_slots: int
+    external_fragmentation_slots: int
+    logical_tokens: int
+    num_requests: int
+    bytes_per_slot: int
+    block_size: int = 0
+    total_blocks: int = 0
+    free_blocks: int = 0
+    used_blocks: int = 0
+    cached_blocks: int = 0
+    shared_blocks: int = 0
+    cow_copies: int = 0
+    swapped_blocks: int = 0
+
+    @property
+    def reserved_slots(self) -> int:
+        """Slots held by requests: live + reservation + internal fragmentation."""
+        return self.live_slots + self.reservation_slots + self.internal_fragmentation_slots
+
+    @property
+    def allocated_slots(self) -> int:
+        """Alias of reserved_slots: what the requests hold, whatever it holds."""
+        return self.reserved_slots
+
+    @property
+    def utilization(self) -> float:
+        """live / reserved slots (1.0 when nothing is reserved)."""
+        reserved = self.reserved_slots
+        return self.live_slots / reserved if reserved else 1.0
+
+    @property
+    def live_bytes(self) -> int:
+        return self.live_slots * self.bytes_per_slot
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.reserved_slots * self.bytes_per_slot
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.capacity_slots * self.bytes_per_slot
+
+    def as_dict(self) -> dict[str, float | int]:
+        """All fields and derived figures, for result rows and tables."""
+        out: dict[str, float | int] = asdict(self)
+        out.update(
+            reserved_slots=self.reserved_slots,
+            utilization=self.utilization,
+            live_bytes=self.live_bytes,
+            reserved_bytes=self.reserved_bytes,
+        )
+        return out
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    """What every KV cache under test implements (see the module docstring)."""
+
+    @property
+    def geometry(self) -> KVGeometry:
+        """The KV geometry: layers, KV heads, head dim, dtype, query heads."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where the KV tensors live."""
+        ...
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype of stored K and V."""
+        ...
+
+    def admit(
+        self,
+        request_id: RequestId,
+        prompt: Sequence[int],
+        *,
+        salt: str | None = None,
+        output_len: int | None = None,
+    ) -> int:
+        """Admit a request with its prompt token ids and reserve room for the prompt.
+
+        `salt` isolates prefix sharing (different salts never share). `output_len` is a
+        hint of how many tokens will be generated (used by reservation policies that
+        know the future; others ignore it).
+
+        Returns how many prompt tokens are already cached (their KV is in place and
+        `seq_len` starts there); always 0 for a cache without prefix caching. At least the
+        last prompt token is never reported cached.
+
+        Raises CapacityError when the request does not fit (nothing changes),
+        DuplicateRequestError for a known id, ConfigError / RequestStateError for an
+        empty or over-long prompt.
+        """
+        ...
+
+    def append(
+        self,
+        request_id: RequestId,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        token_ids: Sequence[int] | None = None,
+    ) -> None:
+        """Append the K and V of n new tokens, all layers at once.
+
+        keys, values: [num_layers, n, num_kv_heads, head_dim]. `token_ids` name the n
+        tokens; they may be omitted while the tokens are the admitted prompt's, and are
+        needed past it by caches that hash generated blocks (omitted ids beyond the prompt
+        make those blocks unshareable).
+
+        Raises UnknownRequestError, ShapeError, CapacityError (nothing changes).
+        """
+        ...
+
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
+        """Make `child_id` a request holding exactly the parent's tokens and KV so far.
+
+        The reference copies; a paged cache shares blocks and copies on write.
+        """
+        ...
+
+    def free(self, request_id: RequestId) -> None:
+        """Release the request and everything only it holds."""
+        ...
+
+    def seq_len(self, request_id: RequestId) -> int:
+        """Tokens of the request whose KV is in the cache."""
+        ...
+
+    def request_ids(self) -> list[RequestId]:
+        """Ids of the requests the cache holds, in admission order."""
+        ...
+
+    def gather(self, request_id: RequestId) -> tuple[torch.Tensor, torch.Tensor]:
+        """The request's whole K and V, each [num_layers, seq_len, num_kv_heads, head_dim],
+        contiguous, in the cache's dtype (a copy, safe to keep)."""
+        ...
+
+    def attend(
+        self,
+        request_ids: Sequence[RequestId],
+        query: torch.Tensor,
+        layer: int = 0,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        """Decode attention of one query per request over its cached KV in `layer`.
+
+        query: [len(request_ids), num_q_heads, head_dim]. Returns the same shape in the
+        query's dtype. `scale` defaults to 1/sqrt(head_dim).
+        """
+        ...
+
+    def stats(self) -> CacheStats:
+        """A snapshot of memory use (see CacheStats)."""
+        ...

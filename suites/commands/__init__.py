@@ -1,0 +1,1 @@
+"""One module per `kvbench` subcommand; each defines `register(subparsers)`."""

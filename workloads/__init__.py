@@ -1,0 +1,30 @@
+"""Workloads: KV geometry and capacity math, model presets, length distributions,
+traces and sweep grids. The lowest layer: it imports nothing else of kvbench."""
+
+from workloads.errors import (
+    CapacityError,
+    ConfigError,
+    DuplicateRequestError,
+    KVBenchError,
+    RequestStateError,
+    ShapeError,
+    UnknownRequestError,
+)
+from workloads.geometry import DTYPE_BYTES, KVGeometry, parse_bytes
+from workloads.presets import PRESETS, ModelPreset, get_preset
+
+__all__ = [
+    "DTYPE_BYTES",
+    "PRESETS",
+    "CapacityError",
+    "ConfigError",
+    "DuplicateRequestError",
+    "KVBenchError",
+    "KVGeometry",
+    "ModelPreset",
+    "RequestStateError",
+    "ShapeError",
+    "UnknownRequestError",
+    "get_preset",
+    "parse_bytes",
+]

@@ -1,0 +1,130 @@
+"""Model presets: the KV geometries the seed literature works its examples with.
+
+Each preset notes where its numbers come from. Capacity math only needs layers, KV
+heads, head dim and dtype; query heads matter for attention benchmarks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workloads.errors import ConfigError
+from workloads.geometry import KVGeometry
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """A named KV geometry, with a note of its source and rough weight size.
+
+    Attributes:
+        name: preset key used on the command line.
+        geometry: the KV geometry (fp16 unless noted).
+        source: where the numbers come from.
+        weight_bytes: approximate fp16 weight bytes, for modeled decode time (0 = unknown).
+        hidden_size: model width, for modeled prefill FLOPs (0 = unknown).
+    """
+
+    name: str
+    geometry: KVGeometry
+    source: str
+    weight_bytes: int = 0
+    hidden_size: int = 0
+
+
+def _preset(
+    name: str,
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    q_heads: int,
+    source: str,
+    params_b: float = 0.0,
+    hidden: int = 0,
+) -> ModelPreset:
+    geometry = KVGeometry(layers, kv_heads, head_dim, "float16", q_heads)
+    return ModelPreset(name, geometry, source, int(params_b * 1e9 * 2), hidden)
+
+
+PRESETS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in (
+        _preset(
+            "llama-3-8b",
+            32,
+            8,
+            128,
+            32,
+            "seed 000 table (32-layer, 8-KV-head GQA) and seed 004 (Llama-3-8B: 128 KiB/token)",
+            8.0,
+            4096,
+        ),
+        _preset(
+            "llama-2-70b",
+            80,
+            8,
+            128,
+            64,
+            "seed 000 table (80-layer, 8-KV-head GQA: 320 KiB/token); seed 001 memory budget",
+            70.0,
+            8192,
+        ),
+        _preset(
+            "mha-96",
+            96,
+            96,
+            128,
+            96,
+            "seed 000 table (96-layer, 96-KV-head MHA: 4.5 MiB/token; GPT-3 175B class)",
+            175.0,
+            12288,
+        ),
+        _preset(
+            "mha-80x64",
+            80,
+            64,
+            128,
+            64,
+            "seed 000 MHA/GQA/MQA comparison: 80 layers, 64 KV heads (2,560 KiB/token)",
+            70.0,
+            8192,
+        ),
+        _preset(
+            "gqa-80x8",
+            80,
+            8,
+            128,
+            64,
+            "seed 000 MHA/GQA/MQA comparison: 80 layers, 8 KV heads (320 KiB/token)",
+            70.0,
+            8192,
+        ),
+        _preset(
+            "mqa-80x1",
+            80,
+            1,
+            128,
+            64,
+            "seed 000 MHA/GQA/MQA comparison: 80 layers, 1 KV head (40 KiB/token)",
+            70.0,
+            8192,
+        ),
+        _preset(
+            "gpt-32x32",
+            32,
+            32,
+            128,
+            32,
+            "seed 002 GPT-style model: 32 layers, 32 heads, dim 128, fp16 (512 KiB/token)",
+            7.0,
+            4096,
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> ModelPreset:
+    """Return the preset called `name`, or raise ConfigError listing the known ones."""
+    try:
+        return PRESETS[name.lower()]
+    except KeyError:
+        raise ConfigError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}") from None
