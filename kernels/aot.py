@@ -1,0 +1,368 @@
+"""Ahead-of-time compilation of every kernel configuration for sm_80 and sm_90, no GPU.
+
+Each configuration the dispatch can choose (`kernels.configs.all_configs`) is compiled to a
+cubin with `triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`; the
+`cuobjdump` shipped in the Triton wheel reads its registers per thread and SASS
+instruction count, the wheel's `ptxas -v` its spills, and Triton's metadata the shared
+memory the launch needs. This proves the kernels
+are real GPU code and measures what they cost, which the regression gate compares exactly.
+
+What is compiled is the signature the JIT specializes to in the common case: pointers
+16-byte aligned (torch allocations are) and the head dim, row lengths and strides known to
+be multiples of 16 (true for head dims 64, 80, 96, 128 and 256); other integers are plain
+i32. A GPU run with other strides (say head_dim 72) picks a differently specialized binary.
+Spills are read from `ptxas -v` on the generated PTX (spill stores + loads, bytes).
+
+Results are cached as JSON under `out/aot/`, keyed by Triton version, the kernel source
+hash, the configuration and the architecture, so a repeated run costs nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from kernels import configs
+from workloads.errors import KVBenchError
+
+log = logging.getLogger(__name__)
+
+#: Architectures every configuration is compiled for.
+ARCHS: tuple[int, ...] = (80, 90)
+#: Per-architecture limits: max shared memory per block (bytes, opt-in), max registers per
+#: thread, registers per block.
+LIMITS: dict[int, dict[str, int]] = {
+    80: {"shared_bytes": 166_912, "registers": 255, "block_registers": 65_536},
+    90: {"shared_bytes": 232_448, "registers": 255, "block_registers": 65_536},
+}
+_KERNEL_SOURCE = Path(__file__).with_name("triton_kernels.py")
+
+
+class CompileCheckError(KVBenchError):
+    """A kernel configuration failed to compile or could not be inspected."""
+
+
+@dataclass(frozen=True)
+class CompileRecord:
+    """What one configuration costs on one architecture."""
+
+    kernel: str
+    config: dict[str, object]
+    arch: str
+    registers: int
+    spills: int
+    shared_bytes: int
+    sass_instructions: int
+    num_warps: int
+    triton_version: str
+
+    def violations(self) -> list[str]:
+        """Why this record breaks the rules (spills, limits); empty when it does not."""
+        lim = LIMITS[int(self.arch.removeprefix("sm_"))]
+        out = []
+        if self.spills:
+            out.append(f"spills {self.spills} bytes to local memory")
+        if self.shared_bytes > lim["shared_bytes"]:
+            out.append(f"shared {self.shared_bytes} > {lim['shared_bytes']} bytes")
+        if self.registers > lim["registers"]:
+            out.append(f"{self.registers} registers > {lim['registers']}")
+        if self.registers * self.num_warps * 32 > lim["block_registers"]:
+            out.append(f"{self.registers} x {self.num_warps * 32} threads > block register file")
+        return out
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    if not path.exists():
+        raise CompileCheckError(f"{name} not found at {path}; the Triton wheel should ship it")
+    return str(path)
+
+
+#: Bump when `signature` or the way records are measured changes: it is part of the cache
+#: key and of `source_hash`, so cached records made the old way are not reused.
+SIGNATURE_VERSION = 1
+
+
+def source_hash() -> str:
+    """sha256 of the kernel source, the configuration choices and `SIGNATURE_VERSION`
+    (first 16 hex digits): what the compiled costs depend on besides Triton itself.
+
+    The sources are hashed as parsed syntax trees, so comments and formatting do not
+    count; a change to code (or docstrings) does."""
+    h = hashlib.sha256()
+    for path in (_KERNEL_SOURCE, Path(configs.__file__)):
+        h.update(ast.dump(ast.parse(path.read_text(encoding="utf-8"))).encode())
+    h.update(f"signature-v{SIGNATURE_VERSION}".encode())
+    return h.hexdigest()[:16]
+
+
+#: Integer arguments that are multiples of 16 for every supported head dim.
+_MULTIPLES_OF_16 = frozenset({"head_dim", "row_len", "src_row_stride", "dst_row_stride"})
+
+
+def _pointer_types(cfg: configs.KernelConfig) -> dict[str, str]:
+    data = configs.TRITON_DTYPE_NAMES[cfg.dtype]
+    if cfg.kernel == "copy_rows":
+        return {"src_ptr": data, "dst_ptr": data, "src_rows_ptr": "i64", "dst_rows_ptr": "i64"}
+    types = {n: data for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    types.update({n: "i32" for n in ("tables_ptr", "lens_ptr", "cu_q_ptr")})
+    types.update({n: "fp32" for n in ("part_out_ptr", "part_max_ptr", "part_sum_ptr")})
+    return types
+
+
+def signature(cfg: configs.KernelConfig) -> tuple[dict[str, str], dict[tuple[int], list]]:
+    """The compile signature of a configuration and its pointer-alignment attributes."""
+    from kernels.triton_kernels import JIT
+
+    fn = JIT[cfg.kernel]
+    pointers = _pointer_types(cfg)
+    sig: dict[str, str] = {}
+    attrs: dict[tuple[int], list] = {}
+    for i, name in enumerate(fn.arg_names):
+        if name in cfg.constexprs:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = "*" + pointers[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name == "scale_log2":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            if name in _MULTIPLES_OF_16 or name.startswith("stride_"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def _count_sass(sass: str) -> int:
+    return len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+[A-Z@]", sass, flags=re.MULTILINE))
+
+
+def _ptxas(arch: int) -> str:
+    """The ptxas Triton itself uses for `arch` (the wheel ships two)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return str(get_ptxas(arch).path)
+
+
+def _spills(ptx: str, arch: int, name: str) -> int:
+    """Spill store + load bytes reported by `ptxas -v` for the PTX."""
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        res = subprocess.run(
+            [
+                _ptxas(arch),
+                "-v",
+                f"--gpu-name=sm_{arch}{'a' if arch >= 90 else ''}",
+                f.name,
+                "-o",
+                os.devnull,
+            ],
+            capture_output=True,
+            text=True,
+        )
+    if res.returncode:
+        raise CompileCheckError(f"ptxas failed on {name} for sm_{arch}: {res.stderr.strip()}")
+    found = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
+    if not found:
+        raise CompileCheckError(f"ptxas -v reported no spill figures for {name}")
+    return sum(int(a) + int(b) for a, b in found)
+
+
+def _usage(cubin: bytes, name: str) -> dict[str, int]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run(
+            [_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+        sass = subprocess.run(
+            [_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    line = next((ln for ln in res.splitlines() if "REG:" in ln), None)
+    if line is None:
+        raise CompileCheckError(f"cuobjdump reported no resource usage for {name}")
+    fields = dict(re.findall(r"(\w+):(\d+)", line))
+    return {
+        "registers": int(fields["REG"]),
+        "sass_instructions": _count_sass(sass),
+    }
+
+
+def compile_one(cfg: configs.KernelConfig, arch: int) -> CompileRecord:
+    """Compile one configuration for sm_`arch` and measure it (no cache)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.triton_kernels import JIT
+
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    sig, attrs = signature(cfg)
+    src = ASTSource(JIT[cfg.kernel], sig, dict(cfg.constexprs), attrs)
+    try:
+        kernel = triton.compile(
+            src, target=GPUTarget("cuda", arch, 32), options={"num_warps": cfg.num_warps}
+        )
+    except Exception as exc:  # the compiler raises many types; name the configuration
+        raise CompileCheckError(
+            f"{cfg.kernel} {cfg.describe()} failed to compile for sm_{arch}: {exc}"
+        ) from exc
+    use = _usage(kernel.asm["cubin"], cfg.kernel)
+    return CompileRecord(
+        kernel=cfg.kernel,
+        config=cfg.describe(),
+        arch=f"sm_{arch}",
+        registers=use["registers"],
+        spills=_spills(kernel.asm["ptx"], arch, cfg.kernel),
+        shared_bytes=int(kernel.metadata.shared),
+        sass_instructions=use["sass_instructions"],
+        num_warps=cfg.num_warps,
+        triton_version=triton.__version__,
+    )
+
+
+def default_cache_dir() -> Path:
+    """`out/aot` of the repository (KVBENCH_OUT overrides `out`)."""
+    root = Path(os.environ.get("KVBENCH_OUT", Path(__file__).resolve().parents[1] / "out"))
+    return root / "aot"
+
+
+def _cache_key(cfg: configs.KernelConfig, arch: int, version: str, src: str) -> str:
+    desc = json.dumps([cfg.kernel, cfg.describe(), arch, version, src], sort_keys=True, default=str)
+    return hashlib.sha256(desc.encode()).hexdigest()[:24]
+
+
+def _compile_job(job: tuple[configs.KernelConfig, int]) -> CompileRecord:
+    return compile_one(*job)
+
+
+def compile_all(
+    config_list: Iterable[configs.KernelConfig] | None = None,
+    archs: Iterable[int] = ARCHS,
+    cache_dir: Path | None = None,
+    workers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[CompileRecord]:
+    """Compile (or read from cache) every configuration for every architecture.
+
+    Args:
+        config_list: configurations; every one the dispatch can choose when None.
+        cache_dir: where records are cached; `default_cache_dir()` when None.
+        workers: compile processes (default: CPU count, at most 4).
+        progress: called with (done, total) as records arrive.
+
+    Returns:
+        One record per (configuration, architecture), in configuration order.
+
+    Raises:
+        CompileCheckError: a configuration failed to compile.
+    """
+    import triton
+
+    cfgs = list(configs.all_configs() if config_list is None else config_list)
+    jobs = [(cfg, arch) for cfg in cfgs for arch in archs]
+    cache = default_cache_dir() if cache_dir is None else cache_dir
+    cache.mkdir(parents=True, exist_ok=True)
+    src = source_hash()
+    records: dict[int, CompileRecord] = {}
+    todo: list[int] = []
+    for i, (cfg, arch) in enumerate(jobs):
+        path = cache / f"{_cache_key(cfg, arch, triton.__version__, src)}.json"
+        if path.exists():
+            records[i] = CompileRecord(**json.loads(path.read_text()))
+        else:
+            todo.append(i)
+    done = len(records)
+    if progress:
+        progress(done, len(jobs))
+    if todo:
+        n = workers or min(4, os.cpu_count() or 1)
+        log.info("compiling %d kernel configurations with %d processes", len(todo), n)
+        env_before = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "0"  # workers must import triton in compile mode
+        try:
+            with ProcessPoolExecutor(n, mp_context=_spawn()) as pool:
+                for i, rec in zip(
+                    todo, pool.map(_compile_job, [jobs[i] for i in todo]), strict=True
+                ):
+                    cfg, arch = jobs[i]
+                    path = cache / f"{_cache_key(cfg, arch, triton.__version__, src)}.json"
+                    path.write_text(json.dumps(asdict(rec), sort_keys=True))
+                    records[i] = rec
+                    done += 1
+                    if progress:
+                        progress(done, len(jobs))
+        finally:
+            if env_before is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = env_before
+    return [records[i] for i in range(len(jobs))]
+
+
+def _spawn():
+    import multiprocessing
+
+    return multiprocessing.get_context("spawn")
+
+
+def headline_configs() -> list[configs.KernelConfig]:
+    """A small representative set (float16, head dim 128): the split and single-partition
+    decode kernels, the reduction, prefill and the copy kernel; what the fast test builds."""
+    f16 = torch.float16
+    return [
+        configs.decode_config(f16, 128, 4, single=False),
+        configs.decode_config(f16, 128, 4, single=True),
+        configs.reduce_config(f16, 128),
+        configs.prefill_config(f16, 128),
+        configs.copy_config(2, src_identity=True),
+    ]
+
+
+def config_json(config: dict[str, object]) -> str:
+    """Canonical text of a configuration (sorted keys, compact JSON), as result rows and
+    the regression gate key it."""
+    return json.dumps(dict(config), sort_keys=True, separators=(",", ":"), default=str)
+
+
+#: Result-row metrics of a record, with their units.
+METRICS: dict[str, str] = {
+    "registers": "regs/thread",
+    "spills": "B",
+    "shared_bytes": "B",
+    "sass_instructions": "instr",
+}
+
+
+def as_rows(records: Iterable[CompileRecord]) -> list[dict[str, object]]:
+    """Flatten records to result rows `{"case", "metric", "value", "unit"}`, one per
+    (record, metric); the case names kernel, arch, configuration (canonical JSON), triton
+    version and kernel source hash."""
+    src = source_hash()
+    rows = []
+    for r in records:
+        case = {
+            "kernel": r.kernel,
+            "arch": r.arch,
+            "config": config_json(r.config),
+            "triton": r.triton_version,
+            "source_hash": src,
+        }
+        for metric, unit in METRICS.items():
+            rows.append({"case": case, "metric": metric, "value": getattr(r, metric), "unit": unit})
+    return rows

@@ -1,0 +1,178 @@
+"""Which Triton kernel configuration each call uses, decided in one place.
+
+The launchers (`kernels.triton_ops`) and the ahead-of-time compile check (`kernels.aot`)
+both call these functions, so the AOT table covers exactly the configurations the dispatch
+can choose. Everything that varies per call but does not change the compiled code (block
+size, head count, sequence lengths, partition size, head_dim within its padded size) is a
+runtime argument; what does change it (element type, padded head dim, query-head rows per
+program, single vs split partition) is a compile-time constant listed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from workloads.errors import ConfigError
+
+#: Q/K/V dtypes the Triton kernels are compiled for.
+DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+#: Padded head dims (powers of two, at least 64 so that tiny test head dims reuse the
+#: variants real models use). Head dims 64, 80, 96, 128 and 256 map to 64, 128, 128, 128
+#: and 256; any head_dim in 1..256 is accepted.
+HEAD_DIM_PADS: tuple[int, ...] = (64, 128, 256)
+MAX_HEAD_DIM = 256
+#: Query-head rows per decode program: the smallest that holds the GQA group, so a K/V
+#: tile is read once per group; groups larger than the last are split into chunks.
+DECODE_QH: tuple[int, ...] = (16, 32, 64)
+#: Default KV tokens per decode partition; one partition covers contexts up to this.
+DEFAULT_PARTITION = 512
+#: Partitions merged per step of the decode reduction.
+REDUCE_CHUNK = 16
+#: Elements per program of the row-copy kernel.
+COPY_BLOCK = 1024
+#: Integer element types the copy kernel moves data as (by element size in bytes).
+COPY_AS: dict[int, torch.dtype] = {2: torch.int16, 4: torch.int32}
+
+TRITON_DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One compiled variant of a kernel: its constexprs, warps, and the element type of
+    its data pointers (`dtype`)."""
+
+    kernel: str
+    dtype: torch.dtype
+    constexprs: dict[str, object] = field(hash=False)
+    num_warps: int = 4
+
+    def describe(self) -> dict[str, object]:
+        """A flat, JSON-friendly description (used by the AOT table and result rows)."""
+        return {
+            "dtype": TRITON_DTYPE_NAMES[self.dtype],
+            "num_warps": self.num_warps,
+            **self.constexprs,
+        }
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def head_dim_pad(head_dim: int) -> int:
+    """Padded head dim for `head_dim` (power of two, >= 64); ConfigError above 256."""
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ConfigError(f"head_dim={head_dim} is outside the Triton kernels' 1..{MAX_HEAD_DIM}")
+    return max(HEAD_DIM_PADS[0], _next_pow2(head_dim))
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # ieee for float32 so the oracle comparison is meaningful (no TF32 rounding).
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def copy_config(element_size: int, src_identity: bool) -> KernelConfig:
+    """Row-copy kernel for elements of `element_size` bytes (moved as integers)."""
+    if element_size not in COPY_AS:
+        raise ConfigError(f"no copy kernel for {element_size}-byte elements")
+    return KernelConfig(
+        "copy_rows",
+        COPY_AS[element_size],
+        {"BLOCK": COPY_BLOCK, "SRC_IDENTITY": src_identity},
+    )
+
+
+def decode_qh(group: int, d_pad: int, dtype: torch.dtype = torch.float16) -> int:
+    """Query-head rows per decode program for a GQA group of `group` heads: the smallest of
+    `DECODE_QH` that holds the group, capped where a bigger one would spill registers
+    (float32 tiles are twice the size and its ieee tl.dot runs on FMA units)."""
+    limit = 16 if dtype == torch.float32 else (DECODE_QH[-1] if d_pad <= 64 else 32)
+    for qh in DECODE_QH:
+        if qh >= group or qh == limit:
+            return qh
+    return limit
+
+
+def decode_config(dtype: torch.dtype, head_dim: int, group: int, single: bool) -> KernelConfig:
+    """Stage-1 split-KV decode kernel (KV tile sizes chosen so no variant spills)."""
+    d_pad = head_dim_pad(head_dim)
+    # float32: a [TILE_N, D_PAD] tile of 4096 elements; 16-bit: up to 8192
+    tile_n = 4096 // d_pad if dtype == torch.float32 else min(64, 8192 // d_pad)
+    return KernelConfig(
+        "paged_decode",
+        dtype,
+        {
+            "QH": decode_qh(group, d_pad, dtype),
+            "D_PAD": d_pad,
+            "TILE_N": tile_n,
+            "SINGLE": single,
+            "DOT_PRECISION": _dot_precision(dtype),
+            "DOT_F32": False,
+        },
+    )
+
+
+def reduce_config(dtype: torch.dtype, head_dim: int) -> KernelConfig:
+    """Stage-2 log-sum-exp merge of decode partitions."""
+    d_pad = head_dim_pad(head_dim)
+    return KernelConfig(
+        "paged_decode_reduce",
+        dtype,
+        {"D_PAD": d_pad, "P_CHUNK": REDUCE_CHUNK if d_pad <= 128 else REDUCE_CHUNK // 2},
+    )
+
+
+def prefill_config(dtype: torch.dtype, head_dim: int) -> KernelConfig:
+    """Paged prefill/extend kernel; rows are (query token, query head) pairs. Tiles shrink
+    with the head dim and for float32 so that no variant spills."""
+    d_pad = head_dim_pad(head_dim)
+    if dtype == torch.float32:
+        block_m = 32 if d_pad <= 64 else 16
+        tile_n = 32 if d_pad <= 128 else 16
+        warps = 4
+    else:
+        block_m = 64 if d_pad <= 128 else 32
+        tile_n = 32 if d_pad <= 128 else 16
+        warps = 4 if d_pad <= 128 else 8
+    return KernelConfig(
+        "paged_prefill",
+        dtype,
+        {
+            "BLOCK_M": block_m,
+            "D_PAD": d_pad,
+            "TILE_N": tile_n,
+            "DOT_PRECISION": _dot_precision(dtype),
+            "DOT_F32": False,
+        },
+        num_warps=warps,
+    )
+
+
+def all_configs() -> list[KernelConfig]:
+    """Every configuration the dispatch can choose, each once."""
+    seen: dict[tuple, KernelConfig] = {}
+
+    def add(cfg: KernelConfig) -> None:
+        key = (cfg.kernel, cfg.dtype, tuple(sorted(cfg.constexprs.items())), cfg.num_warps)
+        seen.setdefault(key, cfg)
+
+    for size in sorted(COPY_AS):
+        for identity in (True, False):
+            add(copy_config(size, identity))
+    for dtype in DTYPES:
+        for d_pad in HEAD_DIM_PADS:
+            for group in (1, *DECODE_QH, 2 * DECODE_QH[-1]):
+                for single in (True, False):
+                    add(decode_config(dtype, d_pad, group, single))
+            add(reduce_config(dtype, d_pad))
+            add(prefill_config(dtype, d_pad))
+    return list(seen.values())

@@ -1,0 +1,211 @@
+"""The kernel ops as callers use them: validate once, then dispatch to Triton or torch.
+
+Backend choice (`backend=None`):
+    * tensors on CUDA                         -> Triton (compiled)
+    * tensors on CPU and TRITON_INTERPRET=1   -> Triton under the interpreter
+    * otherwise                               -> torch
+`backend="torch"` or `backend="triton"` forces one (Triton on CPU always means the
+interpreter, whatever the environment says). The environment variable is read at call
+time, so it can be set after import.
+
+Layouts (one attention layer):
+    k_cache, v_cache   [num_blocks, block_size, num_kv_heads, head_dim], contiguous;
+                       token slot s lives at block s // block_size, offset s % block_size.
+    block_tables       int32 [batch, max_blocks]; entries past a sequence's length are
+                       ignored (may be padding such as -1).
+    seq_lens           int32 [batch]: KV tokens per sequence, >= 1.
+Query head h reads KV head h // (num_q_heads // num_kv_heads) (GQA/MQA).
+
+Every op raises a `workloads.errors` exception naming the bad value, before writing
+anything, when its input is wrong (see `kernels.validation`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from kernels import torch_ops
+from kernels import validation as val
+
+__all__ = [
+    "choose_backend",
+    "copy_blocks",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "swap_blocks",
+    "write_kv",
+]
+
+
+def choose_backend(device: torch.device, backend: str | None = None) -> str:
+    """The backend an op on tensors of `device` uses: "triton" or "torch"."""
+    val.check_backend(backend)
+    if backend is not None:
+        return backend
+    if device.type == "cuda":
+        return "triton"
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return "triton"
+    return "torch"
+
+
+def _triton():  # imported lazily: triton is slow to import and absent on some hosts
+    from kernels import triton_ops
+
+    return triton_ops
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    backend: str | None = None,
+    check_indices: bool = True,
+) -> None:
+    """Write the K/V of `num_tokens` new tokens into one layer's paged caches.
+
+    Args:
+        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], written in place.
+        key, value: [num_tokens, num_kv_heads, head_dim], same dtype as the caches (rows
+            contiguous; the token stride is free, e.g. a slice of a fused QKV tensor).
+        slot_mapping: int32/int64 [num_tokens]; token i goes to flat slot
+            `slot_mapping[i]`; -1 marks padding and is skipped. Slots must be distinct.
+    """
+    dims = val.check_write_kv(k_cache, v_cache, key, value, slot_mapping, check_indices)
+    if choose_backend(k_cache.device, backend) == "triton":
+        _triton().write_kv(k_cache, v_cache, key, value, slot_mapping, dims)
+    else:
+        torch_ops.write_kv(k_cache, v_cache, key, value, slot_mapping, dims)
+
+
+def copy_blocks(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pairs: torch.Tensor | Sequence[tuple[int, int]],
+    *,
+    backend: str | None = None,
+    check_indices: bool = True,
+) -> None:
+    """Copy whole blocks within one layer's K and V caches (copy-on-write).
+
+    Args:
+        pairs: (src_block, dst_block) pairs, an int tensor [n, 2] or a sequence of tuples.
+            Destinations are distinct and are not sources.
+    """
+    _, t = val.check_copy_blocks(k_cache, v_cache, pairs, check_indices)
+    if choose_backend(k_cache.device, backend) == "triton":
+        _triton().copy_blocks(k_cache, v_cache, t)
+    else:
+        torch_ops.copy_blocks(k_cache, v_cache, t)
+
+
+def swap_blocks(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    mapping: torch.Tensor | Sequence[tuple[int, int]],
+    *,
+    backend: str | None = None,
+    check_indices: bool = True,
+) -> None:
+    """Copy blocks `src[m[i, 0]]` into `dst[m[i, 1]]` between two pools (swap out / in).
+
+    Args:
+        src, dst: contiguous [num_blocks, ...] pools with equal block shapes and dtypes;
+            they may be on different devices (then the torch version moves the data).
+        mapping: (src_block, dst_block) pairs, int tensor [n, 2] or sequence of tuples.
+    """
+    t = val.check_swap_blocks(src, dst, mapping, check_indices)
+    chosen = choose_backend(src.device, backend)
+    if chosen == "triton" and src.device == dst.device:
+        _triton().swap_blocks(src, dst, t.to(src.device))
+    else:
+        torch_ops.swap_blocks(src, dst, t)
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    backend: str | None = None,
+    partition_size: int | None = None,
+    check_indices: bool = True,
+) -> torch.Tensor:
+    """Attention of one new query token per sequence over its paged KV.
+
+    Args:
+        query: [batch, num_q_heads, head_dim].
+        block_tables: int32 [batch, max_blocks]; seq_lens: int32 [batch], 1 <= L <=
+            max_blocks * block_size.
+        scale: softmax scale, 1/sqrt(head_dim) when None.
+        out: optional [batch, num_q_heads, head_dim] output (query dtype) to write.
+        partition_size: Triton only: tokens per KV partition of the split-KV kernel (a
+            power of two >= 16); None picks the default. Ignored by torch.
+
+    Returns:
+        [batch, num_q_heads, head_dim] in the query dtype (`out` when given).
+    """
+    dims = val.check_decode(query, k_cache, v_cache, block_tables, seq_lens, out, check_indices)
+    s = val.check_scale(scale, dims.cache.head_dim)
+    if out is None:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    if choose_backend(query.device, backend) == "triton":
+        return _triton().paged_decode_attention(
+            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, partition_size
+        )
+    return torch_ops.paged_decode_attention(
+        query, k_cache, v_cache, block_tables, seq_lens, s, out, dims
+    )
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    backend: str | None = None,
+    check_indices: bool = True,
+) -> torch.Tensor:
+    """Causal attention of a ragged batch of new tokens over cached prefixes and themselves.
+
+    The new tokens' K/V must already be in the caches (call `write_kv` first), as in
+    vLLM and FlashInfer: sequence b's `n_b = cu_seqlens_q[b+1] - cu_seqlens_q[b]` query
+    rows are its last `n_b` positions of `seq_lens[b]`, and row i sees keys
+    `0 .. seq_lens[b] - n_b + i`.
+
+    Args:
+        query: [total_q, num_q_heads, head_dim].
+        cu_seqlens_q: int32 [batch + 1], cumulative query counts starting at 0.
+        seq_lens: int32 [batch], total KV length (cached prefix + new tokens).
+
+    Returns:
+        [total_q, num_q_heads, head_dim] in the query dtype (`out` when given).
+    """
+    dims = val.check_prefill(
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, check_indices
+    )
+    s = val.check_scale(scale, dims.cache.head_dim)
+    if out is None:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    if choose_backend(query.device, backend) == "triton":
+        return _triton().paged_prefill_attention(
+            query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims
+        )
+    return torch_ops.paged_prefill_attention(
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims
+    )

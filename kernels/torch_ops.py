@@ -1,0 +1,170 @@
+"""Torch versions of the kernel ops: same signatures and checks as the Triton kernels.
+
+They are what runs on a CPU without `TRITON_INTERPRET=1`, and the second opinion the
+conformance suite compares the Triton kernels with. Callers should go through
+`kernels.ops`, which validates and dispatches; these functions assume validated input.
+
+The decode path is kept lean because the CPU benchmark measures it against SDPA on
+contiguous KV: one vectorized gather of the blocks in use into a reused per-thread
+workspace, then one SDPA call in which the query heads of a GQA group are the query rows,
+so each KV head is read once per group.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from kernels.validation import AttentionDims, CacheDims
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    dims: CacheDims,
+) -> None:
+    """Write `key[i]`, `value[i]` at flat slot `slot_mapping[i]` (skip slot -1)."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].to(torch.int64)
+    rows = (-1, dims.num_kv_heads, dims.head_dim)
+    k_cache.view(rows).index_copy_(0, slots, key[keep])
+    v_cache.view(rows).index_copy_(0, slots, value[keep])
+
+
+def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: torch.Tensor) -> None:
+    """Copy block `pairs[i, 0]` onto block `pairs[i, 1]` in both caches (copy-on-write)."""
+    if pairs.numel() == 0:
+        return
+    src, dst = pairs[:, 0], pairs[:, 1]
+    for cache in (k_cache, v_cache):
+        cache.index_copy_(0, dst, cache.index_select(0, src))
+
+
+def swap_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> None:
+    """Copy `src[mapping[i, 0]]` into `dst[mapping[i, 1]]`, moving data across devices."""
+    if mapping.numel() == 0:
+        return
+    blocks = src.index_select(0, mapping[:, 0].to(src.device))
+    dst.index_copy_(0, mapping[:, 1].to(dst.device), blocks.to(dst.device, non_blocking=True))
+
+
+class _Workspace(threading.local):
+    """Per-thread scratch buffers for the gathered K/V, reused across calls.
+
+    A fresh multi-megabyte tensor per call costs page faults that take several times
+    longer than the copy itself on a CPU; reusing the buffer leaves the gather at memcpy
+    speed. Results never alias the workspace (SDPA writes a new tensor).
+    """
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple[torch.device, torch.dtype, int], torch.Tensor] = {}
+
+    def get(self, slot: int, like: torch.Tensor, numel: int) -> torch.Tensor:
+        key = (like.device, like.dtype, slot)
+        buf = self.buffers.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=like.dtype, device=like.device)
+            self.buffers[key] = buf
+        return buf[:numel]
+
+
+_WORKSPACE = _Workspace()
+
+
+def _gather(cache: torch.Tensor, tables: torch.Tensor, slot: int | None = None) -> torch.Tensor:
+    """[B, n_blocks] block ids -> [B, Hkv, n_blocks * block_size, D] (one copy, into the
+    workspace `slot` when given)."""
+    b, n = tables.shape
+    _, bs, h, d = cache.shape
+    idx = tables.reshape(-1)
+    if slot is None:
+        flat = cache.index_select(0, idx)
+    else:
+        buf = _WORKSPACE.get(slot, cache, b * n * bs * h * d)
+        flat = torch.index_select(cache, 0, idx, out=buf.view(b * n, bs, h, d))
+    return flat.view(b, n * bs, h, d).transpose(1, 2)
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    dims: AttentionDims,
+) -> torch.Tensor:
+    """Decode attention of `query[b]` over the first `seq_lens[b]` tokens of its blocks.
+
+    Writes `out` ([B, Hq, D], query dtype) and returns it.
+    """
+    cd = dims.cache
+    batch, hq, d = query.shape
+    if batch == 0:
+        return out
+    n_blocks = -(-dims.max_seq_len // cd.block_size)
+    tables = block_tables[:, :n_blocks].to(torch.int64)
+    if dims.max_seq_len != int(seq_lens.min()):  # entries past a length may be padding
+        used = (seq_lens.to(torch.int64) + cd.block_size - 1) // cd.block_size
+        cols = torch.arange(n_blocks, device=tables.device)
+        tables = torch.where(cols < used.unsqueeze(1), tables, 0)
+    k = _gather(k_cache, tables, slot=0)  # [B, Hkv, L, D]
+    v = _gather(v_cache, tables, slot=1)
+    q = query.reshape(batch, cd.num_kv_heads, dims.group, d)  # group heads as query rows
+    length = n_blocks * cd.block_size
+    mask = None
+    if not bool((seq_lens == length).all()):
+        pos = torch.arange(length, device=query.device)
+        mask = (pos.unsqueeze(0) < seq_lens.unsqueeze(1)).view(batch, 1, 1, length)
+        # Slots past a length hold whatever the pool held (engines allocate with
+        # torch.empty): zero them, since a masked NaN would still poison SDPA (0 * NaN).
+        invalid = ~mask.view(batch, 1, length, 1)
+        k = k.masked_fill(invalid, 0)
+        v = v.masked_fill(invalid, 0)
+    res = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    out.copy_(res.reshape(batch, hq, d))
+    return out
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    dims: AttentionDims,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its cached prefix and itself.
+
+    Sequence b owns query rows `cu_seqlens_q[b] : cu_seqlens_q[b+1]` (n tokens), which sit
+    at positions `seq_lens[b] - n ... seq_lens[b] - 1`; row i sees keys 0 .. seq_lens[b] - n + i.
+    One gather and one SDPA call per sequence.
+    """
+    cd = dims.cache
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    for b in range(dims.batch):
+        start, end, length = cu[b], cu[b + 1], lens[b]
+        n = end - start
+        n_blocks = -(-length // cd.block_size)
+        table = block_tables[b : b + 1, :n_blocks].to(torch.int64)
+        k = _gather(k_cache, table)[:, :, :length]  # [1, Hkv, L, D]
+        v = _gather(v_cache, table)[:, :, :length]
+        q = query[start:end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+        qpos = torch.arange(length - n, length, device=query.device).unsqueeze(1)
+        kpos = torch.arange(length, device=query.device).unsqueeze(0)
+        mask = kpos <= qpos  # [n, L]
+        res = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=dims.group > 1
+        )
+        out[start:end] = res[0].transpose(0, 1)
+    return out

@@ -1,0 +1,314 @@
+"""The Triton kernel bodies, as plain functions wrapped twice: compiled and interpreted.
+
+Each body is wrapped once as a `JITFunction` (compiled for CUDA and, ahead of time, for
+sm_80/sm_90 by `kernels.aot`) and once as an `InterpretedFunction` (runs on CPU tensors),
+so whether the interpreter is used is decided per call, not by the environment at import
+time. Bodies call no other jitted helpers, which keeps them valid in both modes.
+
+GPU rules kept here although the interpreter does not enforce them: every `tl.arange` size
+is a power of two, every `tl.dot` operand is at least 16 on each side, every load and store
+that can pass a boundary is masked, and offsets into the K/V pools and the other large
+tensors are computed in int64. `DOT_F32` upcasts tl.dot operands to float32 (after the
+same rounding of the probabilities to the input dtype): the interpreter's tl.dot mishandles
+bfloat16, so the launchers set it for bfloat16 on CPU only; compiled variants never do. Scores are kept in the log2 domain (the scale passed in is
+softmax_scale * log2(e)) and everything accumulates in float32.
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+#: Initial running maximum: finite so that fully masked rows give exp2(-inf) = 0, not NaN.
+NEG_BIG = tl.constexpr(-1.0e30)
+
+
+def _copy_rows(
+    src_ptr,
+    dst_ptr,
+    src_rows_ptr,
+    dst_rows_ptr,
+    row_len,
+    src_row_stride,
+    dst_row_stride,
+    BLOCK: tl.constexpr,
+    SRC_IDENTITY: tl.constexpr,
+):
+    """Copy row `src_rows[i]` (or row i when SRC_IDENTITY) of `src` onto row `dst_rows[i]`
+    of `dst`; a negative destination row is skipped. Grid: (rows, cdiv(row_len, BLOCK)).
+
+    Serves write_kv (token rows into cache slots), copy_blocks and swap_blocks (block rows).
+    """
+    i = tl.program_id(0)
+    chunk = tl.program_id(1)
+    dst_row = tl.load(dst_rows_ptr + i).to(tl.int64)
+    if dst_row >= 0:
+        if SRC_IDENTITY:  # noqa: SIM108 (a constexpr branch, not a runtime select)
+            src_row = i.to(tl.int64)
+        else:
+            src_row = tl.load(src_rows_ptr + i).to(tl.int64)
+        cols = chunk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < row_len
+        x = tl.load(src_ptr + src_row * src_row_stride + cols, mask=mask)
+        tl.store(dst_ptr + dst_row * dst_row_stride + cols, x, mask=mask)
+
+
+def _paged_decode(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    tables_ptr,
+    lens_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    scale_log2,
+    num_q_heads,
+    group,
+    n_chunks,
+    head_dim,
+    block_size,
+    partition_size,
+    max_parts,
+    stride_qb,
+    stride_qh,
+    stride_table,
+    stride_ob,
+    stride_oh,
+    stride_kblock,
+    stride_ktok,
+    stride_khead,
+    QH: tl.constexpr,
+    D_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    SINGLE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Stage 1 of split-KV paged decode. Grid: (batch, num_kv_heads * n_chunks, parts).
+
+    One program takes one sequence, one KV head, up to QH query heads of that head's group
+    (all of them when group <= QH) and one partition of `partition_size` KV tokens, so each
+    K/V tile is read once for the whole group. With SINGLE (one partition covers every
+    sequence) it writes the output; otherwise the partition's own normalized output, its
+    max score and its sum of exponentials for `_paged_decode_reduce`.
+    """
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1) // n_chunks
+    chunk = tl.program_id(1) % n_chunks
+    part = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + seq)
+    start = part * partition_size
+    if start < seq_len:
+        end = tl.minimum(start + partition_size, seq_len)
+        rows = chunk * QH + tl.arange(0, QH)
+        row_ok = rows < group
+        q_head = (kv_head * group + rows).to(tl.int64)
+        d = tl.arange(0, D_PAD)
+        d_ok = d < head_dim
+        q = tl.load(
+            q_ptr + seq.to(tl.int64) * stride_qb + q_head[:, None] * stride_qh + d[None, :],
+            mask=row_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        m_i = tl.full([QH], NEG_BIG, dtype=tl.float32)
+        l_i = tl.zeros([QH], dtype=tl.float32)
+        acc = tl.zeros([QH, D_PAD], dtype=tl.float32)
+        table_row = tables_ptr + seq.to(tl.int64) * stride_table
+        head_off = kv_head.to(tl.int64) * stride_khead
+        for t0 in range(start, end, TILE_N):
+            tok = t0 + tl.arange(0, TILE_N)
+            tok_ok = tok < end
+            block = tl.load(table_row + tok // block_size, mask=tok_ok, other=0).to(tl.int64)
+            kv_off = block * stride_kblock + (tok % block_size).to(tl.int64) * stride_ktok
+            kv_off = kv_off + head_off
+            kv_mask = tok_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if DOT_F32:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            s = s * scale_log2
+            s = tl.where(tok_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if DOT_F32:
+                pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        out_mask = row_ok[:, None] & d_ok[None, :]
+        if SINGLE:
+            o = acc / l_i[:, None]
+            o_off = seq.to(tl.int64) * stride_ob + q_head[:, None] * stride_oh + d[None, :]
+            tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            idx = (seq.to(tl.int64) * num_q_heads + q_head) * max_parts + part
+            tl.store(part_max_ptr + idx, m_i, mask=row_ok)
+            tl.store(part_sum_ptr + idx, l_i, mask=row_ok)
+            o = acc / l_i[:, None]
+            tl.store(part_out_ptr + idx[:, None] * head_dim + d[None, :], o, mask=out_mask)
+
+
+def _paged_decode_reduce(
+    out_ptr,
+    part_out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    lens_ptr,
+    num_q_heads,
+    head_dim,
+    partition_size,
+    max_parts,
+    stride_ob,
+    stride_oh,
+    D_PAD: tl.constexpr,
+    P_CHUNK: tl.constexpr,
+):
+    """Stage 2 of split-KV decode: merge a sequence's partitions by log-sum-exp.
+    Grid: (batch, num_q_heads). out = sum_p w_p o_p / sum_p w_p, w_p = l_p 2^(m_p - M)."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    seq_len = tl.load(lens_ptr + seq)
+    n_parts = (seq_len + partition_size - 1) // partition_size
+    base = (seq.to(tl.int64) * num_q_heads + head) * max_parts
+    p = tl.arange(0, P_CHUNK)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < head_dim
+    big = tl.full([P_CHUNK], NEG_BIG, dtype=tl.float32)
+    m_all = tl.max(big, 0)
+    for p0 in range(0, n_parts, P_CHUNK):
+        ok = p0 + p < n_parts
+        m_p = tl.load(part_max_ptr + base + p0 + p, mask=ok, other=NEG_BIG)
+        m_all = tl.maximum(m_all, tl.max(m_p, 0))
+    total = tl.sum(tl.zeros([P_CHUNK], dtype=tl.float32), 0)
+    acc = tl.zeros([D_PAD], dtype=tl.float32)
+    for p0 in range(0, n_parts, P_CHUNK):
+        ok = p0 + p < n_parts
+        m_p = tl.load(part_max_ptr + base + p0 + p, mask=ok, other=NEG_BIG)
+        l_p = tl.load(part_sum_ptr + base + p0 + p, mask=ok, other=0.0)
+        w = tl.where(ok, l_p * tl.exp2(m_p - m_all), 0.0)
+        total += tl.sum(w, 0)
+        o = tl.load(
+            part_out_ptr + (base + p0 + p)[:, None] * head_dim + d[None, :],
+            mask=ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        acc += tl.sum(w[:, None] * o, 0)
+    res = acc / total
+    o_off = seq.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + d
+    tl.store(out_ptr + o_off, res.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def _paged_prefill(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    tables_ptr,
+    cu_q_ptr,
+    lens_ptr,
+    out_ptr,
+    scale_log2,
+    group,
+    heads_per_prog,
+    tokens_per_prog,
+    n_chunks,
+    head_dim,
+    block_size,
+    stride_qt,
+    stride_qh,
+    stride_table,
+    stride_ot,
+    stride_oh,
+    stride_kblock,
+    stride_ktok,
+    stride_khead,
+    BLOCK_M: tl.constexpr,
+    D_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Paged prefill/extend attention. Grid: (batch, num_kv_heads * n_chunks, q_tiles).
+
+    A program's BLOCK_M rows are `tokens_per_prog` query tokens x `heads_per_prog` query
+    heads of one KV head's group (row r: token r // heads_per_prog, head r %
+    heads_per_prog), so K/V tiles are shared by the group. Query token i of a sequence
+    with n new tokens and L total sits at position L - n + i and sees keys 0 .. L - n + i.
+    """
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1) // n_chunks
+    chunk = tl.program_id(1) % n_chunks
+    q_tile = tl.program_id(2)
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    seq_len = tl.load(lens_ptr + seq)
+    tok0 = q_tile * tokens_per_prog
+    if tok0 < q_len:
+        r = tl.arange(0, BLOCK_M)
+        r_tok = r // heads_per_prog
+        r_head = chunk * heads_per_prog + r % heads_per_prog
+        tok = tok0 + r_tok
+        row_ok = (r_tok < tokens_per_prog) & (tok < q_len) & (r_head < group)
+        q_head = (kv_head * group + r_head).to(tl.int64)
+        q_row = (q_start + tok).to(tl.int64)
+        d = tl.arange(0, D_PAD)
+        d_ok = d < head_dim
+        io_mask = row_ok[:, None] & d_ok[None, :]
+        q = tl.load(
+            q_ptr + q_row[:, None] * stride_qt + q_head[:, None] * stride_qh + d[None, :],
+            mask=io_mask,
+            other=0.0,
+        )
+        context = seq_len - q_len
+        q_pos = context + tok
+        kv_end = context + tl.minimum(tok0 + tokens_per_prog, q_len)
+        m_i = tl.full([BLOCK_M], NEG_BIG, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+        table_row = tables_ptr + seq.to(tl.int64) * stride_table
+        head_off = kv_head.to(tl.int64) * stride_khead
+        for t0 in range(0, kv_end, TILE_N):
+            kt = t0 + tl.arange(0, TILE_N)
+            k_ok = kt < kv_end
+            block = tl.load(table_row + kt // block_size, mask=k_ok, other=0).to(tl.int64)
+            kv_off = block * stride_kblock + (kt % block_size).to(tl.int64) * stride_ktok
+            kv_off = kv_off + head_off
+            kv_mask = k_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if DOT_F32:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            s = s * scale_log2
+            visible = k_ok[None, :] & (kt[None, :] <= q_pos[:, None])
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if DOT_F32:
+                pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_off = q_row[:, None] * stride_ot + q_head[:, None] * stride_oh + d[None, :]
+        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+#: Kernel name -> compiled (JIT) version; `kernels.aot` compiles these.
+_BODIES = (_copy_rows, _paged_decode, _paged_decode_reduce, _paged_prefill)
+JIT: dict[str, JITFunction] = {fn.__name__.lstrip("_"): JITFunction(fn) for fn in _BODIES}
+#: Kernel name -> interpreted version, used for CPU tensors.
+INTERPRETED: dict[str, InterpretedFunction] = {
+    fn.__name__.lstrip("_"): InterpretedFunction(fn) for fn in _BODIES
+}

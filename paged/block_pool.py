@@ -1,0 +1,170 @@
+"""Block pool: a fixed set of physical blocks with reference counts and O(1) allocate/free.
+
+Every block is in exactly one of three states:
+
+    free       reference count 0, holds no cached prefix; on the free stack. Reused
+               last-freed-first (its memory is the most likely to be warm).
+    evictable  reference count 0, holds a cached prefix (it is in the prefix index); in an
+               LRU queue. Still findable by a prefix lookup; reallocated only when the free
+               stack is empty, least recently freed first, and dropped from the index then.
+    used       reference count >= 1 (held by that many request block-table entries);
+               may or may not be in the prefix index.
+
+A request releases its blocks tail first (`release` takes them in table order and walks
+backwards), so its deepest blocks enter the LRU queue before its shared head and are
+evicted first.
+
+The pool also records, per block, how many token slots hold written KV (`fill`) and keeps
+`live_slots` = sum of fill over used blocks, so stats cost O(1).
+
+Invariants (asserted by `check`): free + evictable + used = num_blocks, each block in one
+state; free blocks are not cached and have fill 0; evictable blocks are cached; refcounts
+are >= 0; the counters equal their recomputation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from paged.prefix_cache import PrefixCache
+from workloads.errors import CapacityError, ConfigError
+from workloads.geometry import require_positive
+
+
+class BlockPool:
+    """Physical block bookkeeping for one device (no tensors; see module docstring)."""
+
+    def __init__(self, num_blocks: int, block_size: int, prefix: PrefixCache | None = None):
+        require_positive("num_blocks", num_blocks)
+        require_positive("block_size", block_size)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.prefix = prefix
+        self.ref: list[int] = [0] * num_blocks
+        self.fill: list[int] = [0] * num_blocks
+        # pop() takes the end: start with block 0 on top so a fresh pool hands out 0, 1, 2...
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self.num_used = 0
+        self.live_slots = 0
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_free(self) -> int:
+        """Blocks an allocation can take: free plus evictable."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_evictable(self) -> int:
+        return len(self._evictable)
+
+    def is_evictable(self, block: int) -> bool:
+        return block in self._evictable
+
+    def free_stack(self) -> list[int]:
+        """The free stack, bottom first (the next allocation takes the last element)."""
+        return list(self._free)
+
+    def lru_order(self) -> list[int]:
+        """Evictable blocks, next to be evicted first."""
+        return list(self._evictable)
+
+    # ------------------------------------------------------------------ mutation
+    def allocate(self) -> int:
+        """Take one block (free stack first, else evict the LRU cached block); refcount 1."""
+        if self._free:
+            block = self._free.pop()
+        elif self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            assert self.prefix is not None
+            self.prefix.drop(block)
+            self.fill[block] = 0
+        else:
+            raise CapacityError(f"block pool exhausted: all {self.num_blocks} blocks are in use")
+        self.ref[block] = 1
+        self.num_used += 1
+        return block
+
+    def allocate_many(self, n: int) -> list[int]:
+        """Take `n` blocks, all or none (CapacityError naming the shortfall)."""
+        if n < 0:
+            raise ConfigError(f"cannot allocate {n} blocks")
+        if n > self.num_free:
+            raise CapacityError(f"need {n} blocks, only {self.num_free} free or evictable")
+        return [self.allocate() for _ in range(n)]
+
+    def incref(self, block: int) -> None:
+        """Add a reference; an evictable block comes back into use (a prefix hit)."""
+        if self.ref[block] == 0:
+            if block not in self._evictable:
+                raise ConfigError(f"block {block} is free; allocate it instead of sharing it")
+            del self._evictable[block]
+            self.num_used += 1
+            self.live_slots += self.fill[block]
+        self.ref[block] += 1
+
+    def decref(self, block: int) -> None:
+        """Drop a reference; at zero the block becomes evictable (cached) or free."""
+        if self.ref[block] <= 0:
+            raise ConfigError(f"block {block} has no reference to drop")
+        self.ref[block] -= 1
+        if self.ref[block] == 0:
+            self.num_used -= 1
+            self.live_slots -= self.fill[block]
+            if self.prefix is not None and self.prefix.is_cached(block):
+                self._evictable[block] = None
+            else:
+                self.fill[block] = 0
+                self._free.append(block)
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """Drop one reference to each of a request's blocks, tail first."""
+        for block in reversed(blocks):
+            self.decref(block)
+
+    def set_fill(self, block: int, fill: int) -> None:
+        """Record that `fill` slots of a used block hold written KV."""
+        self.live_slots += fill - self.fill[block]
+        self.fill[block] = fill
+
+    # ------------------------------------------------------------------ checks
+    def snapshot(self) -> tuple:
+        """All state as plain comparable values (for atomicity tests)."""
+        return (
+            list(self.ref),
+            list(self.fill),
+            list(self._free),
+            list(self._evictable),
+            self.num_used,
+            self.live_slots,
+        )
+
+    def check(self) -> None:
+        """Assert the invariants of the module docstring."""
+        free = set(self._free)
+        evictable = set(self._evictable)
+        assert len(free) == len(self._free), "a block is on the free stack twice"
+        assert not free & evictable, f"blocks both free and evictable: {free & evictable}"
+        used = 0
+        live = 0
+        for block, count in enumerate(self.ref):
+            assert count >= 0, f"block {block} has refcount {count}"
+            cached = self.prefix is not None and self.prefix.is_cached(block)
+            if count == 0:
+                assert block in free or block in evictable, f"block {block} leaked (ref 0)"
+                if block in free:
+                    assert not cached, f"free block {block} is still in the prefix index"
+                    assert self.fill[block] == 0, f"free block {block} has fill"
+                else:
+                    assert cached, f"evictable block {block} is not cached"
+            else:
+                assert block not in free and block not in evictable, f"used block {block} free"
+                used += 1
+                live += self.fill[block]
+            assert 0 <= self.fill[block] <= self.block_size
+        assert used + len(free) + len(evictable) == self.num_blocks, "block count not conserved"
+        assert used == self.num_used, f"num_used {self.num_used} != {used}"
+        assert live == self.live_slots, f"live_slots {self.live_slots} != {live}"
+        if self.prefix is not None:
+            self.prefix.check()

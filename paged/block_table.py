@@ -1,0 +1,131 @@
+"""Per-request block tables and the tensors kernels take.
+
+A request's block table maps logical block i (tokens i*block_size .. (i+1)*block_size - 1)
+to a physical block; the flat slot of position p is
+    table[p // block_size] * block_size + p % block_size.
+A batch's tables go to kernels as an int32 tensor [batch, max_blocks] (rows padded with 0,
+a valid block index, so an unmasked read stays in bounds; kernels read only the first
+ceil(seq_len / block_size) entries) plus int32 seq_lens [batch].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from paged.prefix_cache import ExtraKeys
+
+
+class RequestState:
+    """Bookkeeping of one request.
+
+    blocks: its block table (GPU blocks when resident, CPU blocks when swapped).
+        Blocks past ceil(seq_len / block_size) are the prompt's reservation and are owned
+        by this request alone (refcount 1).
+    keys: prefix-cache keys of its leading full blocks whose token ids are all known.
+    hashable: False once a block with an unknown token id fills (no later block is keyed).
+    tokens: ids of the cached tokens (None where not given), or None when not tracked.
+    """
+
+    __slots__ = (
+        "blocks",
+        "extra",
+        "hashable",
+        "keys",
+        "order",
+        "output_len",
+        "prompt",
+        "prompt_len",
+        "request_id",
+        "salt",
+        "seq_len",
+        "swapped",
+        "tokens",
+    )
+
+    def __init__(
+        self,
+        request_id: Hashable,
+        order: int,
+        prompt: Sequence[int],
+        salt: str | None,
+        extra: ExtraKeys,
+        output_len: int | None,
+        tokens: list[int | None] | None,
+        seq_len: int,
+        blocks: list[int],
+        keys: list[bytes],
+    ) -> None:
+        self.request_id = request_id
+        self.order = order
+        self.prompt = prompt
+        self.prompt_len = len(prompt)
+        self.salt = salt
+        self.extra = extra
+        self.output_len = output_len
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.blocks = blocks
+        self.keys = keys
+        self.hashable = True
+        self.swapped = False
+
+    @property
+    def pending_prompt(self) -> int:
+        """Prompt tokens admitted but not yet appended (their slots are reserved)."""
+        return max(0, self.prompt_len - self.seq_len)
+
+    def copy_as(self, request_id: Hashable, order: int, blocks: list[int]) -> RequestState:
+        """A copy of this state under another id with another block table (for fork)."""
+        child = RequestState(
+            request_id,
+            order,
+            self.prompt,
+            self.salt,
+            self.extra,
+            self.output_len,
+            None if self.tokens is None else list(self.tokens),
+            self.seq_len,
+            blocks,
+            list(self.keys),
+        )
+        child.hashable = self.hashable
+        return child
+
+    def snapshot(self) -> tuple:
+        return (
+            self.request_id,
+            self.order,
+            tuple(self.prompt),
+            self.salt,
+            self.extra,
+            self.output_len,
+            None if self.tokens is None else tuple(self.tokens),
+            self.seq_len,
+            tuple(self.blocks),
+            tuple(self.keys),
+            self.hashable,
+            self.swapped,
+        )
+
+
+def slot_mapping(blocks: Sequence[int], block_size: int, start: int, n: int) -> torch.Tensor:
+    """Flat slots (int64 [n]) of positions start .. start+n-1 of a request."""
+    pos = torch.arange(start, start + n, dtype=torch.int64)
+    table = torch.tensor(blocks, dtype=torch.int64)
+    return table[pos // block_size] * block_size + pos % block_size
+
+
+def block_table_tensor(
+    tables: Sequence[Sequence[int]], seq_lens: Sequence[int], block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pack block tables (each cut to ceil(seq_len / block_size) entries) into int32
+    [batch, max_blocks], zero-padded, and seq_lens into int32 [batch]."""
+    used = [-(-s // block_size) for s in seq_lens]
+    width = max(used, default=0) or 1
+    out = torch.zeros((len(tables), width), dtype=torch.int32)
+    for i, (table, n) in enumerate(zip(tables, used, strict=True)):
+        if n:
+            out[i, :n] = torch.tensor(table[:n], dtype=torch.int32)
+    return out, torch.tensor(list(seq_lens), dtype=torch.int32)

@@ -1,0 +1,752 @@
+"""PagedKVCache: the paged implementation of the KV cache contract (reference/contract.py).
+
+Pieces (each its own module): `BlockPool` (physical blocks, refcounts, free stack, LRU of
+cached blocks), `PrefixCache` (sha256 chained block keys, verified hits), `RequestState` and
+block-table tensors, `SwapSpace` (CPU blocks), and `kernels.ops` (write_kv, copy_blocks,
+swap_blocks, paged_decode_attention: the only code that touches KV tensors; the backend
+follows `kernels.ops.choose_backend` unless `kernel_backend` forces one).
+
+Semantics:
+    * admit reserves ceil(prompt_len / block_size) blocks: the longest verified chain of
+      cached full blocks of the prompt (capped so the last prompt token is computed
+      again), plus fresh blocks for the rest. A new request is admitted only if
+      free - needed >= watermark * num_blocks, where free counts evictable cached blocks
+      and needed counts fresh blocks plus cached hits revived from the evictable queue.
+    * append writes after the last token. Running requests may grow into the watermark.
+      The first write into a shared block (a partial last block shared after a fork) copies
+      it first (copy-on-write); full blocks are never written again. Every block that fills
+      and whose token ids are all known is indexed in the prefix cache.
+    * fork shares every written block (refcounts go up); a parent still in the middle of
+      its prompt gives the child fresh blocks for its own prompt reservation.
+    * free releases the request's blocks tail first.
+    * swap_out copies all of a request's blocks to the CPU swap space and releases them;
+      swap_in (admission-like, so it respects the watermark) copies them back into fresh
+      blocks, bit for bit. A swapped request keeps its id and length but cannot be
+      appended to, forked, gathered or attended until swapped in.
+    * memory-only mode (store_kv=False): identical bookkeeping without tensors; grow
+      requests with `append_tokens`.
+
+Every operation validates everything, then mutates; a failure raises a KVBenchError
+subclass and leaves the cache exactly as it was (`snapshot` lets tests prove it).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from kernels import ops
+from paged.block_pool import BlockPool
+from paged.block_table import RequestState, block_table_tensor, slot_mapping
+from paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, PrefixCacheStats, block_key
+from paged.swap import SwapSpace
+from reference.contract import CacheStats, RequestId
+from workloads.errors import (
+    CapacityError,
+    ConfigError,
+    DuplicateRequestError,
+    RequestStateError,
+    ShapeError,
+    UnknownRequestError,
+)
+from workloads.geometry import KVGeometry, require_positive
+from workloads.torch_dtypes import torch_dtype
+
+
+class PagedKVCache:
+    """A paged KV cache with prefix caching, copy-on-write, swap and watermark admission.
+
+    Args:
+        geometry: KV geometry (layers, KV heads, head dim, dtype, query heads).
+        num_blocks: physical GPU blocks.
+        block_size: tokens per block.
+        max_seq_len: the longest a request may grow (default num_blocks * block_size).
+        watermark: fraction of num_blocks kept free at admission, in [0, 1).
+        num_cpu_blocks: blocks of CPU swap space (0: no swapping).
+        enable_prefix_caching: index full blocks and reuse them across requests.
+        device: where the KV tensors live.
+        store_kv: False for memory-only mode (no tensors; same bookkeeping).
+        key_fn: block key function (tests inject weak ones to force collisions).
+        kernel_backend: "torch" or "triton" to force the kernels' backend; None lets
+            `kernels.ops` choose (Triton on CUDA, torch on CPU unless TRITON_INTERPRET=1).
+    """
+
+    def __init__(
+        self,
+        geometry: KVGeometry,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        max_seq_len: int | None = None,
+        watermark: float = 0.0,
+        num_cpu_blocks: int = 0,
+        enable_prefix_caching: bool = True,
+        device: str | torch.device = "cpu",
+        store_kv: bool = True,
+        key_fn: KeyFn = block_key,
+        kernel_backend: str | None = None,
+    ) -> None:
+        require_positive("num_blocks", num_blocks)
+        require_positive("block_size", block_size)
+        if max_seq_len is not None:
+            require_positive("max_seq_len", max_seq_len)
+        if isinstance(watermark, bool) or not isinstance(watermark, numbers.Real):
+            raise ConfigError(f"watermark must be a number in [0, 1), got {watermark!r}")
+        if not 0.0 <= float(watermark) < 1.0:
+            raise ConfigError(f"watermark must be in [0, 1), got {watermark!r}")
+        self._geometry = geometry
+        self._dtype = torch_dtype(geometry.dtype)
+        self._device = torch.device(device)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_seq_len = max_seq_len if max_seq_len is not None else num_blocks * block_size
+        self.watermark = float(watermark)
+        #: Blocks admission keeps free: the least integer >= watermark * num_blocks.
+        self.watermark_blocks = math.ceil(round(self.watermark * num_blocks, 9))
+        ops.choose_backend(self._device, kernel_backend)  # ConfigError on an unknown name
+        self.store_kv = store_kv
+        self.kernel_backend = kernel_backend
+        self.prefix = PrefixCache(key_fn) if enable_prefix_caching else None
+        self.pool = BlockPool(num_blocks, block_size, self.prefix)
+        block_shape = (block_size, geometry.num_kv_heads, geometry.head_dim)
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        if store_kv:
+            shape = (geometry.num_layers, num_blocks, *block_shape)
+            self._k = torch.zeros(shape, dtype=self._dtype, device=self._device)
+            self._v = torch.zeros(shape, dtype=self._dtype, device=self._device)
+        self.swap = SwapSpace(
+            num_cpu_blocks, block_shape if store_kv else None, geometry.num_layers, self._dtype
+        )
+        self._requests: dict[Hashable, RequestState] = {}
+        self._order = 0
+        self._track_tokens = store_kv or enable_prefix_caching
+        self.cow_copies = 0
+        self.swap_outs = 0
+        self.swap_ins = 0
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def geometry(self) -> KVGeometry:
+        return self._geometry
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now (free plus evictable cached)."""
+        return self.pool.num_free
+
+    def key_cache(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s K pool [num_blocks, block_size, num_kv_heads, head_dim] (a view)."""
+        return self._storage()[0][layer]
+
+    def value_cache(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s V pool [num_blocks, block_size, num_kv_heads, head_dim] (a view)."""
+        return self._storage()[1][layer]
+
+    # ------------------------------------------------------------------ lookups
+    def _get(self, request_id: RequestId) -> RequestState:
+        try:
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            raise UnknownRequestError(f"unknown request id {request_id!r}") from None
+
+    def _resident(self, request_id: RequestId, what: str) -> RequestState:
+        req = self._get(request_id)
+        if req.swapped:
+            raise RequestStateError(f"cannot {what} request {request_id!r}: it is swapped out")
+        return req
+
+    def _storage(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._k is None or self._v is None:
+            raise ConfigError("this cache is memory-only (store_kv=False): it holds no KV")
+        return self._k, self._v
+
+    def seq_len(self, request_id: RequestId) -> int:
+        return self._get(request_id).seq_len
+
+    def request_ids(self) -> list[RequestId]:
+        """All held requests (running and swapped), in admission order."""
+        return list(self._requests)
+
+    def running_ids(self) -> list[RequestId]:
+        """Requests whose blocks are on the device, in admission order."""
+        return [r for r, s in self._requests.items() if not s.swapped]
+
+    def swapped_ids(self) -> list[RequestId]:
+        return [r for r, s in self._requests.items() if s.swapped]
+
+    def is_swapped(self, request_id: RequestId) -> bool:
+        return self._get(request_id).swapped
+
+    def block_table(self, request_id: RequestId) -> list[int]:
+        """A copy of the request's block table (CPU block ids when swapped)."""
+        return list(self._get(request_id).blocks)
+
+    def token_ids(self, request_id: RequestId) -> list[int | None]:
+        """Ids of the request's cached tokens (None where never given)."""
+        req = self._get(request_id)
+        if req.tokens is None:
+            raise ConfigError("token ids are not tracked (memory-only, no prefix caching)")
+        return list(req.tokens)
+
+    def block_tables(self, request_ids: Sequence[RequestId]) -> tuple[torch.Tensor, torch.Tensor]:
+        """int32 block tables [batch, max_blocks] and seq_lens [batch] of running requests,
+        on the cache's device (the form `paged_decode_attention` takes)."""
+        reqs = [self._resident(r, "build a block table for") for r in request_ids]
+        tables, lens = block_table_tensor(
+            [r.blocks for r in reqs], [r.seq_len for r in reqs], self.block_size
+        )
+        return tables.to(self._device), lens.to(self._device)
+
+    # ------------------------------------------------------------------ planning (no changes)
+    def _extra(self, salt: str | None, adapter_id: str | None) -> ExtraKeys:
+        return (salt, adapter_id)
+
+    def _match(self, prompt: Sequence[int], extra: ExtraKeys) -> tuple[list[bytes], list[int]]:
+        if self.prefix is None:
+            return [], []
+        max_blocks = (len(prompt) - 1) // self.block_size  # the last token is recomputed
+        return self.prefix.match(prompt, extra, self.block_size, max_blocks)
+
+    def _admission_cost(self, prompt_len: int, hits: Sequence[int]) -> int:
+        """Blocks an admission takes from the free count: fresh ones plus revived hits."""
+        fresh = -(-prompt_len // self.block_size) - len(hits)
+        revived = sum(1 for b in hits if self.pool.ref[b] == 0)
+        return fresh + revived
+
+    def blocks_needed_to_admit(
+        self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None
+    ) -> int:
+        """Blocks admitting `prompt` now would take from the free count (after prefix hits)."""
+        _, hits = self._match(prompt, self._extra(salt, adapter_id))
+        return self._admission_cost(len(prompt), hits)
+
+    def can_admit(
+        self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None
+    ) -> bool:
+        """Whether admitting `prompt` now would keep the watermark (ignores other checks)."""
+        need = self.blocks_needed_to_admit(prompt, salt=salt, adapter_id=adapter_id)
+        return self.pool.num_free - need >= self.watermark_blocks
+
+    def _growth(self, req: RequestState, n: int) -> tuple[int, bool]:
+        """(fresh blocks, copy-on-write needed) to append n tokens to a running request."""
+        s, bs = req.seq_len, self.block_size
+        fresh = max(0, -(-(s + n) // bs) - len(req.blocks))
+        idx = s // bs
+        cow = idx < len(req.blocks) and self.pool.ref[req.blocks[idx]] > 1
+        return fresh, cow
+
+    def blocks_needed_to_grow(self, request_id: RequestId, n: int) -> int:
+        """Blocks appending n tokens to a running request takes (fresh + copy-on-write)."""
+        fresh, cow = self._growth(self._resident(request_id, "grow"), n)
+        return fresh + int(cow)
+
+    def can_grow(self, request_id: RequestId, n: int) -> bool:
+        """Whether n tokens can be appended now (running requests may use the watermark)."""
+        return self.blocks_needed_to_grow(request_id, n) <= self.pool.num_free
+
+    # ------------------------------------------------------------------ admit
+    def _validate_prompt(self, prompt: Sequence[int]) -> Sequence[int]:
+        try:
+            n = len(prompt)
+        except TypeError:
+            raise ConfigError(f"prompt must be a sequence of token ids, got {prompt!r}") from None
+        if n == 0:
+            raise ConfigError("prompt is empty; a request needs at least one token")
+        if n > self.max_seq_len:
+            raise ConfigError(f"prompt of {n} tokens is longer than max_seq_len={self.max_seq_len}")
+        if not self._track_tokens:
+            return prompt  # memory-only without prefix caching uses the length alone
+        if isinstance(prompt, range):
+            if prompt[0] >= 0 and prompt[-1] >= 0:
+                return tuple(prompt)
+        elif set(map(type, prompt)) == {int} and min(prompt) >= 0:
+            return tuple(prompt)  # the common case, checked at C speed
+        for t in prompt:
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+                raise ConfigError(f"token id {t!r} is not a non-negative integer")
+        return tuple(int(t) for t in prompt)
+
+    def admit(
+        self,
+        request_id: RequestId,
+        prompt: Sequence[int],
+        *,
+        salt: str | None = None,
+        output_len: int | None = None,
+        adapter_id: str | None = None,
+    ) -> int:
+        """Admit a request (see the module docstring); returns the prompt tokens served
+        from the prefix cache (a multiple of block_size, < len(prompt))."""
+        try:
+            known = request_id in self._requests
+        except TypeError:
+            raise ConfigError(f"request id {request_id!r} is not hashable") from None
+        if known:
+            raise DuplicateRequestError(f"request id {request_id!r} is already admitted")
+        prompt = self._validate_prompt(prompt)
+        if output_len is not None and (
+            isinstance(output_len, bool) or not isinstance(output_len, int) or output_len < 0
+        ):
+            raise ConfigError(f"output_len must be an integer >= 0, got {output_len!r}")
+        for name, value in (("salt", salt), ("adapter_id", adapter_id)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{name} must be a string or None, got {value!r}")
+        extra = self._extra(salt, adapter_id)
+        keys, hits = self._match(prompt, extra)
+        cost = self._admission_cost(len(prompt), hits)
+        free = self.pool.num_free
+        if free - cost < self.watermark_blocks:
+            raise CapacityError(
+                f"cannot admit request {request_id!r} ({len(prompt)} prompt tokens): needs "
+                f"{cost} blocks, {free} free, watermark keeps {self.watermark_blocks}"
+            )
+        # ---- mutation starts: nothing below can fail
+        for b in hits:
+            self.pool.incref(b)
+        fresh = self.pool.allocate_many(-(-len(prompt) // self.block_size) - len(hits))
+        cached = len(hits) * self.block_size
+        if self.prefix is not None:
+            self.prefix.record_lookup(len(prompt), len(hits), cached)
+        tokens = list(prompt[:cached]) if self._track_tokens else None
+        self._requests[request_id] = RequestState(
+            request_id,
+            self._next_order(),
+            prompt,
+            salt,
+            extra,
+            output_len,
+            tokens,
+            cached,
+            hits + fresh,
+            keys,
+        )
+        return cached
+
+    def _next_order(self) -> int:
+        self._order += 1
+        return self._order
+
+    # ------------------------------------------------------------------ append
+    def _validate_kv(self, keys: torch.Tensor, values: torch.Tensor) -> int:
+        g = self._geometry
+        for name, t in (("keys", keys), ("values", values)):
+            if not isinstance(t, torch.Tensor):
+                raise ShapeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if (
+                t.dim() != 4
+                or t.shape[0] != g.num_layers
+                or tuple(t.shape[2:])
+                != (
+                    g.num_kv_heads,
+                    g.head_dim,
+                )
+            ):
+                raise ShapeError(
+                    f"{name} must be [num_layers={g.num_layers}, n, num_kv_heads="
+                    f"{g.num_kv_heads}, head_dim={g.head_dim}], got {tuple(t.shape)}"
+                )
+            if t.dtype != self._dtype:
+                raise ShapeError(f"{name} dtype {t.dtype} does not match the cache's {self._dtype}")
+        if keys.shape != values.shape:
+            raise ShapeError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} differ")
+        if keys.shape[1] == 0:
+            raise ShapeError("cannot append 0 tokens")
+        return int(keys.shape[1])
+
+    def _check_growth(
+        self, request_id: RequestId, n: int, token_ids: Sequence[int | None] | None
+    ) -> tuple[RequestState, int, bool]:
+        req = self._resident(request_id, "append to")
+        if token_ids is not None:
+            if len(token_ids) != n:
+                raise ShapeError(f"token_ids has {len(token_ids)} ids for {n} tokens")
+            for t in token_ids:
+                if t is not None and (
+                    isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0
+                ):
+                    raise ConfigError(f"token id {t!r} is not a non-negative integer or None")
+        new_len = req.seq_len + n
+        if new_len > self.max_seq_len:
+            raise CapacityError(
+                f"request {request_id!r} would grow to {new_len} tokens, past "
+                f"max_seq_len={self.max_seq_len}"
+            )
+        fresh, cow = self._growth(req, n)
+        if (fresh or cow) and fresh + cow > self.pool.num_free:
+            raise CapacityError(
+                f"cannot append {n} tokens to request {request_id!r}: needs {fresh + cow} "
+                f"blocks ({fresh} new, {int(cow)} copy-on-write), {self.pool.num_free} free"
+            )
+        return req, fresh, cow
+
+    def append(
+        self,
+        request_id: RequestId,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        token_ids: Sequence[int | None] | None = None,
+    ) -> None:
+        """Write n tokens' K and V ([num_layers, n, num_kv_heads, head_dim]) after the
+        request's last token (see the module docstring)."""
+        n = self._validate_kv(keys, values)
+        req, fresh, cow = self._check_growth(request_id, n, token_ids)
+        start = self._grow(req, n, fresh, cow, token_ids)
+        if self._k is not None and self._v is not None:
+            slots = slot_mapping(req.blocks, self.block_size, start, n).to(self._device)
+            keys = keys.to(self._device).contiguous()
+            values = values.to(self._device).contiguous()
+            kb = {"backend": self.kernel_backend}
+            for layer in range(self._geometry.num_layers):
+                ops.write_kv(
+                    self._k[layer], self._v[layer], keys[layer], values[layer], slots, **kb
+                )
+        self._register_full_blocks(req)
+
+    def append_tokens(
+        self, request_id: RequestId, n: int, token_ids: Sequence[int | None] | None = None
+    ) -> None:
+        """Memory-only append of n tokens (bookkeeping only; no KV is written)."""
+        if self.store_kv:
+            raise ConfigError("append_tokens is for memory-only caches; use append with KV")
+        require_positive("n", n)
+        req, fresh, cow = self._check_growth(request_id, n, token_ids)
+        self._grow(req, n, fresh, cow, token_ids)
+        self._register_full_blocks(req)
+
+    def _grow(
+        self,
+        req: RequestState,
+        n: int,
+        fresh: int,
+        cow: bool,
+        token_ids: Sequence[int | None] | None,
+    ) -> int:
+        """Take the planned blocks (copy-on-write first) and advance the request by n
+        tokens; returns the first new position. Nothing here can fail."""
+        bs, pool, s = self.block_size, self.pool, req.seq_len
+        idx = s // bs
+        if cow:
+            old = req.blocks[idx]
+            new = pool.allocate()
+            if self._k is not None and self._v is not None:
+                pair = torch.tensor([[old, new]], dtype=torch.int64, device=self._device)
+                for layer in range(self._geometry.num_layers):
+                    ops.copy_blocks(
+                        self._k[layer], self._v[layer], pair, backend=self.kernel_backend
+                    )
+            pool.set_fill(new, pool.fill[old])
+            pool.decref(old)
+            req.blocks[idx] = new
+            self.cow_copies += 1
+        for _ in range(fresh):
+            req.blocks.append(pool.allocate())
+        end = s + n
+        for i in range(idx, -(-end // bs)):
+            pool.set_fill(req.blocks[i], min(bs, end - i * bs))
+        if req.tokens is not None:
+            if token_ids is not None:
+                req.tokens.extend(int(t) if t is not None else None for t in token_ids)
+            else:
+                prompt_part = req.prompt[s:end] if s < req.prompt_len else ()
+                req.tokens.extend(prompt_part)
+                req.tokens.extend([None] * (n - len(prompt_part)))
+        req.seq_len = end
+        return s
+
+    def _register_full_blocks(self, req: RequestState) -> None:
+        """Index every newly full block of the request whose token ids are all known."""
+        if self.prefix is None or not req.hashable or req.tokens is None:
+            return
+        bs, i = self.block_size, len(req.keys)
+        while (i + 1) * bs <= req.seq_len:
+            chunk = req.tokens[i * bs : (i + 1) * bs]
+            if None in chunk:
+                req.hashable = False
+                return
+            parent = req.keys[-1] if req.keys else None
+            key = self.prefix.key_fn(parent, chunk, req.extra)  # type: ignore[arg-type]
+            self.prefix.insert(req.blocks[i], key, parent, chunk, req.extra)  # type: ignore[arg-type]
+            req.keys.append(key)
+            i += 1
+
+    # ------------------------------------------------------------------ fork / free
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
+        """Make `child_id` share every written block of `parent_id` (copy-on-write later)."""
+        parent = self._resident(parent_id, "fork")
+        try:
+            known = child_id in self._requests
+        except TypeError:
+            raise ConfigError(f"request id {child_id!r} is not hashable") from None
+        if known:
+            raise DuplicateRequestError(f"request id {child_id!r} is already admitted")
+        shared = -(-parent.seq_len // self.block_size)
+        own = len(parent.blocks) - shared  # the parent's pending prompt reservation
+        if own > self.pool.num_free:
+            raise CapacityError(
+                f"cannot fork {parent_id!r} into {child_id!r}: its prompt reservation needs "
+                f"{own} blocks, {self.pool.num_free} free"
+            )
+        blocks = parent.blocks[:shared]
+        for b in blocks:
+            self.pool.incref(b)
+        blocks.extend(self.pool.allocate_many(own))
+        self._requests[child_id] = parent.copy_as(child_id, self._next_order(), blocks)
+
+    def free(self, request_id: RequestId) -> None:
+        """Release the request: its blocks tail first (or its CPU blocks if swapped)."""
+        req = self._get(request_id)
+        if req.swapped:
+            self.swap.release(req.blocks)
+        else:
+            self.pool.release(req.blocks)
+        del self._requests[request_id]
+
+    # ------------------------------------------------------------------ swap
+    def swap_out(self, request_id: RequestId) -> None:
+        """Copy all the request's blocks to CPU swap space and release them on the device."""
+        req = self._resident(request_id, "swap out")
+        cpu = self.swap.allocate_many(len(req.blocks), f"request {request_id!r} ")
+        if self._k is not None and self._v is not None:
+            assert self.swap.k is not None and self.swap.v is not None
+            mapping = torch.tensor(list(zip(req.blocks, cpu, strict=True)), dtype=torch.int64)
+            for layer in range(self._geometry.num_layers):
+                ops.swap_blocks(
+                    self._k[layer], self.swap.k[layer], mapping, backend=self.kernel_backend
+                )
+                ops.swap_blocks(
+                    self._v[layer], self.swap.v[layer], mapping, backend=self.kernel_backend
+                )
+        self.pool.release(req.blocks)
+        req.blocks = cpu
+        req.swapped = True
+        self.swap_outs += 1
+
+    def swap_in(self, request_id: RequestId) -> None:
+        """Bring a swapped-out request back into fresh device blocks, bit for bit.
+
+        Admission-like: needs free - blocks >= watermark blocks (CapacityError otherwise).
+        """
+        req = self._get(request_id)
+        if not req.swapped:
+            raise RequestStateError(f"cannot swap in request {request_id!r}: it is not swapped")
+        need, free = len(req.blocks), self.pool.num_free
+        if free - need < self.watermark_blocks:
+            raise CapacityError(
+                f"cannot swap in request {request_id!r}: needs {need} blocks, {free} free, "
+                f"watermark keeps {self.watermark_blocks}"
+            )
+        gpu = self.pool.allocate_many(need)
+        if self._k is not None and self._v is not None:
+            assert self.swap.k is not None and self.swap.v is not None
+            mapping = torch.tensor(list(zip(req.blocks, gpu, strict=True)), dtype=torch.int64)
+            for layer in range(self._geometry.num_layers):
+                ops.swap_blocks(
+                    self.swap.k[layer], self._k[layer], mapping, backend=self.kernel_backend
+                )
+                ops.swap_blocks(
+                    self.swap.v[layer], self._v[layer], mapping, backend=self.kernel_backend
+                )
+        bs = self.block_size
+        for i, b in enumerate(gpu):
+            self.pool.set_fill(b, min(bs, max(0, req.seq_len - i * bs)))
+        self.swap.release(req.blocks)
+        req.blocks = gpu
+        req.swapped = False
+        if self.prefix is not None and req.tokens is not None:
+            for i, key in enumerate(req.keys):
+                parent = req.keys[i - 1] if i else None
+                chunk = req.tokens[i * bs : (i + 1) * bs]
+                self.prefix.insert(gpu[i], key, parent, chunk, req.extra)  # type: ignore[arg-type]
+        self.swap_ins += 1
+
+    # ------------------------------------------------------------------ read
+    def gather(self, request_id: RequestId) -> tuple[torch.Tensor, torch.Tensor]:
+        """The request's K and V [num_layers, seq_len, num_kv_heads, head_dim] (copies)."""
+        req = self._resident(request_id, "gather")
+        k, v = self._storage()
+        slots = slot_mapping(req.blocks, self.block_size, 0, req.seq_len).to(self._device)
+        flat = (k.shape[0], self.num_blocks * self.block_size, *k.shape[3:])
+        return k.view(flat)[:, slots].contiguous(), v.view(flat)[:, slots].contiguous()
+
+    def attend(
+        self,
+        request_ids: Sequence[RequestId],
+        query: torch.Tensor,
+        layer: int = 0,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        """Decode attention of one query per request through `paged_decode_attention`."""
+        g = self._geometry
+        reqs = [self._resident(r, "attend over") for r in request_ids]
+        k, v = self._storage()
+        expected = (len(reqs), g.num_q_heads, g.head_dim)
+        if not isinstance(query, torch.Tensor) or query.dim() != 3:
+            raise ShapeError(f"query must be a tensor {list(expected)}, got {query!r:.80}")
+        if tuple(query.shape) != expected:
+            raise ShapeError(f"query must be {list(expected)}, got {tuple(query.shape)}")
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < g.num_layers:
+            raise ConfigError(f"layer {layer!r} outside [0, {g.num_layers})")
+        for rid, req in zip(request_ids, reqs, strict=True):
+            if req.seq_len == 0:
+                raise ShapeError(f"request {rid!r} has no cached tokens to attend over")
+        if not reqs:
+            return query.clone()
+        tables, lens = block_table_tensor(
+            [r.blocks for r in reqs], [r.seq_len for r in reqs], self.block_size
+        )
+        scale = 1.0 / math.sqrt(g.head_dim) if scale is None else float(scale)
+        return ops.paged_decode_attention(
+            query.to(self._device),
+            k[layer],
+            v[layer],
+            tables.to(self._device),
+            lens.to(self._device),
+            scale,
+            backend=self.kernel_backend,
+        )
+
+    # ------------------------------------------------------------------ stats
+    def _reservation_slots(self, req: RequestState) -> int:
+        """Pending prompt slots in blocks the request holds alone (a shared partial block's
+        free tail is nobody's reservation: the first write copies the block)."""
+        pending = req.pending_prompt
+        if not pending or req.swapped:
+            return 0
+        bs, s = self.block_size, req.seq_len
+        if s % bs and self.pool.ref[req.blocks[s // bs]] > 1:
+            pending -= min(req.prompt_len, (s // bs + 1) * bs) - s
+        return pending
+
+    def stats(self) -> CacheStats:
+        """Memory snapshot (O(requests + blocks)); see CacheStats for the slot accounting.
+
+        Paged specifics: reservation_slots are pending prompt slots in blocks a request
+        holds alone; internal fragmentation is the rest of the used blocks' empty slots;
+        free_slots include evictable cached blocks; logical_tokens counts running
+        requests (a slot shared by n requests counts n times there, once in live_slots);
+        num_requests includes swapped ones; cached_blocks are the prefix index's entries
+        (in use or evictable); shared_blocks have refcount > 1; swapped_blocks are CPU
+        blocks held now; cow_copies is cumulative.
+        """
+        bs, pool = self.block_size, self.pool
+        running = [r for r in self._requests.values() if not r.swapped]
+        reservation = sum(self._reservation_slots(r) for r in running)
+        used_slots = pool.num_used * bs
+        return CacheStats(
+            capacity_slots=self.num_blocks * bs,
+            live_slots=pool.live_slots,
+            reservation_slots=reservation,
+            internal_fragmentation_slots=used_slots - pool.live_slots - reservation,
+            free_slots=pool.num_free * bs,
+            external_fragmentation_slots=0,
+            logical_tokens=sum(r.seq_len for r in running),
+            num_requests=len(self._requests),
+            bytes_per_slot=self._geometry.bytes_per_token,
+            block_size=bs,
+            total_blocks=self.num_blocks,
+            free_blocks=pool.num_free,
+            used_blocks=pool.num_used,
+            cached_blocks=len(self.prefix) if self.prefix is not None else 0,
+            shared_blocks=sum(1 for c in pool.ref if c > 1),
+            cow_copies=self.cow_copies,
+            swapped_blocks=self.swap.num_used,
+        )
+
+    def prefix_stats(self) -> PrefixCacheStats:
+        """Prefix-cache counters (all zero when prefix caching is off)."""
+        p = self.prefix
+        if p is None:
+            return PrefixCacheStats(0, 0, 0, 0, 0, 0, 0)
+        return PrefixCacheStats(
+            p.lookups,
+            p.queried_tokens,
+            p.hit_blocks,
+            p.hit_tokens,
+            p.evictions,
+            len(p),
+            self.pool.num_evictable,
+        )
+
+    # ------------------------------------------------------------------ checking
+    def snapshot(self) -> dict[str, object]:
+        """The whole state as comparable values and tensor copies (for atomicity tests;
+        compare two with `snapshots_equal`). Expensive: copies the KV pools."""
+        snap: dict[str, object] = {
+            "pool": self.pool.snapshot(),
+            "prefix": self.prefix.snapshot() if self.prefix is not None else None,
+            "swap": self.swap.snapshot(),
+            "requests": [r.snapshot() for r in self._requests.values()],
+            "counters": (self._order, self.cow_copies, self.swap_outs, self.swap_ins),
+        }
+        for name, t in (
+            ("k", self._k),
+            ("v", self._v),
+            ("cpu_k", self.swap.k),
+            ("cpu_v", self.swap.v),
+        ):
+            snap[name] = None if t is None else t.clone()
+        return snap
+
+    def check(self) -> None:
+        """Assert every invariant: the pool's, the prefix index's, the swap space's, and
+        that request tables account for every reference (none from a freed request)."""
+        self.pool.check()
+        bs, pool = self.block_size, self.pool
+        refs = [0] * self.num_blocks
+        for rid, req in self._requests.items():
+            assert len(req.blocks) == max(-(-req.seq_len // bs), -(-req.prompt_len // bs)), (
+                f"request {rid!r} holds {len(req.blocks)} blocks for {req.seq_len} tokens"
+            )
+            assert req.seq_len <= self.max_seq_len
+            if req.tokens is not None:
+                assert len(req.tokens) == req.seq_len, f"request {rid!r} token ids out of step"
+            assert len(req.keys) <= req.seq_len // bs
+            if req.swapped:
+                continue
+            for i, b in enumerate(req.blocks):
+                refs[b] += 1
+                want = min(bs, max(0, req.seq_len - i * bs))
+                assert pool.fill[b] == want, (
+                    f"request {rid!r} block {i} (physical {b}) fill {pool.fill[b]} != {want}"
+                )
+                if i * bs >= req.seq_len:
+                    assert pool.ref[b] == 1, f"reserved block {b} of {rid!r} is shared"
+                key = self.prefix.key_of(b) if self.prefix is not None else None
+                if key is not None:
+                    assert i < len(req.keys) and req.keys[i] == key, (
+                        f"request {rid!r} holds cached block {b} of another prefix"
+                    )
+        assert refs == pool.ref, "refcounts differ from the block tables' references"
+        self.swap.check(r.blocks for r in self._requests.values() if r.swapped)
+        s = self.stats()
+        assert s.internal_fragmentation_slots >= 0 and s.reservation_slots >= 0
+        assert s.free_slots + s.reserved_slots == s.capacity_slots
+
+
+def snapshots_equal(a: dict[str, object], b: dict[str, object]) -> bool:
+    """Whether two `PagedKVCache.snapshot()` results are identical (tensors bitwise)."""
+    if a.keys() != b.keys():
+        return False
+    for name in a:
+        x, y = a[name], b[name]
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return False
+            # bitwise: compare raw bytes so NaNs and -0.0 count as themselves
+            if not torch.equal(x.view(torch.uint8), y.view(torch.uint8)):
+                return False
+        elif x != y:
+            return False
+    return True

@@ -1,0 +1,191 @@
+"""Prefix cache: content keys of full blocks and the index from key to physical block.
+
+Key of a full block (see `block_key`): sha256 over a canonical byte encoding of
+(parent block's key or "root", the block's token ids, the extra keys). The extra keys are
+(isolation salt, adapter id) and go into every block's key, so requests with different salts
+or adapters never share a block. Because each key chains its parent's, equal keys mean equal
+whole prefixes, not just equal blocks.
+
+A hash is only a claim: every hit is verified against the entry's stored parent key, token
+ids and extra keys, so a collision (possible with an injected weak `key_fn`) is a miss,
+never wrong KV.
+
+Only full blocks are ever inserted, and a full block is never written again, so an entry
+stays valid for as long as its block is not reallocated (the block pool drops the entry
+when it evicts the block).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+#: Extra keys of a block: (isolation salt, adapter id); None means "none".
+ExtraKeys = tuple[str | None, ...]
+KeyFn = Callable[[bytes | None, Sequence[int], ExtraKeys], bytes]
+
+_DOMAIN = b"kvbench.block.v1\x00"
+
+
+def block_key(parent: bytes | None, tokens: Sequence[int], extra: ExtraKeys) -> bytes:
+    """The sha256 key of a full block (32 bytes).
+
+    Canonical encoding: a domain tag; parent as 0x00 (root) or 0x01 + its length (u32 LE)
+    + its bytes; the token count (u32 LE) and each token id as int64 LE; the number of
+    extra keys (u32 LE) and each as 0x00 (None) or 0x01 + UTF-8 length (u32 LE) + bytes.
+    """
+    h = hashlib.sha256(_DOMAIN)
+    if parent is None:
+        h.update(b"\x00")
+    else:
+        h.update(b"\x01" + struct.pack("<I", len(parent)) + parent)
+    h.update(struct.pack(f"<I{len(tokens)}q", len(tokens), *tokens))
+    h.update(struct.pack("<I", len(extra)))
+    for item in extra:
+        if item is None:
+            h.update(b"\x00")
+        else:
+            raw = item.encode("utf-8")
+            h.update(b"\x01" + struct.pack("<I", len(raw)) + raw)
+    return h.digest()
+
+
+@dataclass(frozen=True)
+class _Entry:
+    key: bytes
+    parent: bytes | None
+    tokens: tuple[int, ...]
+    extra: ExtraKeys
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """Prefix-cache counters since construction (successful admissions only).
+
+    lookups: admissions that looked up their prompt; queried_tokens: prompt tokens of
+    those admissions; hit_blocks / hit_tokens: blocks and tokens served from the cache;
+    hit_rate = hit_tokens / queried_tokens; evictions: cached blocks reallocated;
+    cached_blocks: entries in the index now (in use or evictable);
+    evictable_blocks: cached blocks at reference count 0.
+    """
+
+    lookups: int
+    queried_tokens: int
+    hit_blocks: int
+    hit_tokens: int
+    evictions: int
+    cached_blocks: int
+    evictable_blocks: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+class PrefixCache:
+    """The key -> block index with verified lookup. Knows nothing of reference counts;
+    the block pool owns block states and calls `drop` when it evicts a cached block.
+
+    Invariant: `_by_key` and `_by_block` are inverse bijections (checked by `check`).
+    """
+
+    def __init__(self, key_fn: KeyFn = block_key) -> None:
+        self.key_fn = key_fn
+        self._by_key: dict[bytes, int] = {}
+        self._by_block: dict[int, _Entry] = {}
+        self.lookups = 0
+        self.queried_tokens = 0
+        self.hit_blocks = 0
+        self.hit_tokens = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def is_cached(self, block: int) -> bool:
+        return block in self._by_block
+
+    def key_of(self, block: int) -> bytes | None:
+        entry = self._by_block.get(block)
+        return entry.key if entry else None
+
+    def get(
+        self, key: bytes, parent: bytes | None, tokens: Sequence[int], extra: ExtraKeys
+    ) -> int | None:
+        """The block cached under `key` if its stored content matches exactly, else None."""
+        block = self._by_key.get(key)
+        if block is None:
+            return None
+        entry = self._by_block[block]
+        if entry.parent != parent or entry.extra != extra or entry.tokens != tuple(tokens):
+            return None  # a hash collision: never serve another prefix's KV
+        return block
+
+    def match(
+        self, tokens: Sequence[int], extra: ExtraKeys, block_size: int, max_blocks: int
+    ) -> tuple[list[bytes], list[int]]:
+        """Walk the chain of the leading full blocks of `tokens`; return the keys and
+        physical blocks of the longest cached prefix of at most `max_blocks` blocks."""
+        keys: list[bytes] = []
+        blocks: list[int] = []
+        parent: bytes | None = None
+        for i in range(max_blocks):
+            chunk = tokens[i * block_size : (i + 1) * block_size]
+            key = self.key_fn(parent, chunk, extra)
+            block = self.get(key, parent, chunk, extra)
+            if block is None:
+                break
+            keys.append(key)
+            blocks.append(block)
+            parent = key
+        return keys, blocks
+
+    def insert(
+        self,
+        block: int,
+        key: bytes,
+        parent: bytes | None,
+        tokens: Sequence[int],
+        extra: ExtraKeys,
+    ) -> bool:
+        """Index a full block under `key`; False (nothing changes) if the key is taken
+        (another block already holds this prefix) or the block is already indexed."""
+        if key in self._by_key or block in self._by_block:
+            return False
+        self._by_key[key] = block
+        self._by_block[block] = _Entry(key, parent, tuple(tokens), extra)
+        return True
+
+    def drop(self, block: int) -> None:
+        """Forget a block (the pool is reallocating it)."""
+        entry = self._by_block.pop(block)
+        del self._by_key[entry.key]
+        self.evictions += 1
+
+    def record_lookup(self, queried_tokens: int, hit_blocks: int, hit_tokens: int) -> None:
+        self.lookups += 1
+        self.queried_tokens += queried_tokens
+        self.hit_blocks += hit_blocks
+        self.hit_tokens += hit_tokens
+
+    def snapshot(self) -> tuple:
+        """Everything, as plain comparable values (for atomicity tests)."""
+        return (
+            dict(self._by_key),
+            dict(self._by_block),
+            self.lookups,
+            self.queried_tokens,
+            self.hit_blocks,
+            self.hit_tokens,
+            self.evictions,
+        )
+
+    def check(self) -> None:
+        """Assert the index is a bijection and every entry's key matches its content."""
+        assert len(self._by_key) == len(self._by_block)
+        for key, block in self._by_key.items():
+            entry = self._by_block[block]
+            assert entry.key == key, f"block {block} indexed under a key not its own"
+            assert entry.tokens, f"block {block} cached with no tokens"

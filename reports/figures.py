@@ -1,0 +1,313 @@
+"""Figures of the report: matplotlib line and bar charts rendered to SVG text.
+
+Each sweep (suite) has zero or more `FigureSpec`s: an x case parameter, one or more
+metrics on y, optional fixed case parameters (a slice of the grid) and scales. Every case
+parameter that still varies becomes part of the series label, so a figure never silently
+mixes cases. Suites without a spec get a table only.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from reports.tables import BOOKKEEPING_METRICS, case_columns, latest, varying
+
+plt.rcParams.update(
+    {
+        "svg.hashsalt": "kvbench",  # deterministic element ids
+        "svg.fonttype": "path",  # no font dependency in the browser
+        "figure.dpi": 100,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "font.size": 9,
+    }
+)
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """One figure of one suite (see the module docstring)."""
+
+    suite: str
+    title: str
+    x: str
+    metrics: tuple[str, ...]
+    fixed: dict[str, Any] = field(default_factory=dict)
+    kind: str = "line"  # or "bar"
+    logx: bool = False
+    logy: bool = False
+    ylabel: str = ""
+    percent: bool = False  # y values are fractions: show as %
+
+    @property
+    def slug(self) -> str:
+        return "".join(c if c.isalnum() else "-" for c in f"{self.suite}-{self.title}").lower()
+
+
+SPECS: tuple[FigureSpec, ...] = (
+    FigureSpec(
+        "capacity.footprint",
+        "KV bytes per token by model",
+        "model",
+        ("bytes_per_token",),
+        kind="bar",
+        ylabel="bytes per token",
+        logy=True,
+    ),
+    FigureSpec(
+        "serving.batch",
+        "Utilization vs batch size (scheduler replay)",
+        "batch",
+        ("utilization",),
+        percent=True,
+        ylabel="live / held slots",
+    ),
+    FigureSpec(
+        "serving.batch",
+        "Modeled throughput vs batch size",
+        "batch",
+        ("tokens_per_second",),
+        ylabel="tokens / s (modeled)",
+    ),
+    FigureSpec(
+        "serving.batch",
+        "Peak concurrency vs batch size",
+        "batch",
+        ("peak_concurrency",),
+        ylabel="running requests",
+    ),
+    FigureSpec(
+        "serving.block_size",
+        "Modeled throughput vs block size",
+        "block_size",
+        ("tokens_per_second",),
+        logx=True,
+        ylabel="tokens / s (modeled)",
+    ),
+    FigureSpec(
+        "serving.block_size",
+        "Utilization vs block size",
+        "block_size",
+        ("utilization",),
+        logx=True,
+        percent=True,
+        ylabel="live / held slots",
+    ),
+    FigureSpec(
+        "capacity.concurrency",
+        "Requests held in a 42 GB budget",
+        "avg_len",
+        ("paged_requests", "contiguous_requests"),
+        logx=True,
+        logy=True,
+        ylabel="concurrent requests",
+    ),
+    FigureSpec(
+        "capacity.prefix_formula",
+        "Prefix storage saved vs block size",
+        "block_size",
+        ("saved_fraction",),
+        logx=True,
+        percent=True,
+        ylabel="saved",
+    ),
+    FigureSpec(
+        "utilization.static",
+        "Utilization vs batch size",
+        "batch",
+        ("utilization",),
+        logx=True,
+        percent=True,
+        ylabel="live / held slots",
+    ),
+    FigureSpec(
+        "kernel.decode",
+        "Paged decode overhead vs context length",
+        "ctx_len",
+        ("paged_overhead",),
+        fixed={"block_size": 16},
+        logx=True,
+        percent=True,
+        ylabel="paged / contiguous - 1",
+    ),
+    FigureSpec(
+        "kernel.decode",
+        "Decode time vs context length",
+        "ctx_len",
+        ("time_paged", "time_contiguous"),
+        fixed={"block_size": 16},
+        logx=True,
+        logy=True,
+        ylabel="seconds per call",
+    ),
+    FigureSpec(
+        "kernel.decode",
+        "Paged decode overhead vs block size",
+        "block_size",
+        ("paged_overhead",),
+        fixed={"ctx_len": 1024},
+        logx=True,
+        percent=True,
+        ylabel="paged / contiguous - 1",
+    ),
+    FigureSpec(
+        "kernel.decode",
+        "Achieved bandwidth vs copy peak",
+        "ctx_len",
+        ("bandwidth_fraction", "contiguous_bandwidth_fraction"),
+        fixed={"block_size": 16},
+        logx=True,
+        percent=True,
+        ylabel="of copy peak",
+    ),
+    FigureSpec(
+        "kernel.prefill",
+        "Prefill time vs context length",
+        "ctx_len",
+        ("time_paged", "time_contiguous"),
+        logx=True,
+        logy=True,
+        ylabel="seconds per call",
+    ),
+    FigureSpec(
+        "cow.parallel_sampling",
+        "KV saved by sharing among n samples",
+        "n",
+        ("saved_fraction",),
+        percent=True,
+        ylabel="saved (time-averaged)",
+    ),
+    FigureSpec(
+        "cow.beam_search",
+        "KV saved by sharing beams",
+        "width",
+        ("saved_fraction",),
+        percent=True,
+        ylabel="saved (time-averaged)",
+    ),
+    FigureSpec(
+        "prefix.scenarios",
+        "Prefix caching savings by scenario",
+        "scenario",
+        ("saved_fraction", "published_saved_fraction"),
+        kind="bar",
+        percent=True,
+        ylabel="KV memory saved",
+    ),
+    FigureSpec(
+        "prefix.shared_prompt",
+        "100 requests sharing 1,000 prompt tokens",
+        "mode",
+        ("saved_fraction",),
+        kind="bar",
+        percent=True,
+        ylabel="prefix blocks saved",
+    ),
+    FigureSpec(
+        "preempt.swap_vs_recompute",
+        "Swap vs recompute cost",
+        "seq_len",
+        ("swap_seconds", "recompute_seconds"),
+        fixed={"block_size": 16},
+        logx=True,
+        logy=True,
+        ylabel="seconds",
+    ),
+)
+
+
+def specs_for(suite: str) -> list[FigureSpec]:
+    """The figure specs of `suite` (possibly none)."""
+    return [s for s in SPECS if s.suite == suite]
+
+
+def _select(frame: pd.DataFrame, spec: FigureSpec) -> pd.DataFrame:
+    sub = latest(frame[frame["suite"] == spec.suite])
+    for key, val in spec.fixed.items():
+        if key in sub.columns:
+            sub = sub[sub[key] == val]
+    return sub[sub["metric"].isin(spec.metrics) & ~sub["metric"].isin(BOOKKEEPING_METRICS)]
+
+
+def _label(parts: list[tuple[str, Any]]) -> str:
+    out = []
+    for k, v in parts:
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        out.append(f"{k}={v}" if k not in ("metric", "run_id") else str(v))
+    return ", ".join(out) or "value"
+
+
+def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
+    """The figure as SVG text, or None when the frame holds nothing for it."""
+    sub = _select(frame, spec)
+    if sub.empty or spec.x not in sub.columns or sub[spec.x].isna().all():
+        return None
+    params = [c for c in case_columns(sub) if c != spec.x]
+    series_keys = (["run_id"] if sub["run_id"].nunique() > 1 else []) + varying(sub, params)
+    if len(spec.metrics) > 1:
+        series_keys = ["metric", *series_keys]
+    fig, ax = plt.subplots(figsize=(7.0, 3.8))
+    try:
+        groups = (
+            list(sub.groupby(series_keys, dropna=False, sort=True)) if series_keys else [((), sub)]
+        )
+        if spec.kind == "bar":
+            _bars(ax, groups, series_keys, spec)
+        else:
+            for key, g in groups:
+                key = key if isinstance(key, tuple) else (key,)
+                g = g.sort_values(spec.x)
+                ax.plot(
+                    g[spec.x],
+                    g["value"],
+                    marker="o",
+                    ms=3,
+                    label=_label(list(zip(series_keys, key, strict=True))),
+                )
+        if spec.logx and spec.kind != "bar":
+            ax.set_xscale("log", base=2)
+        if spec.logy:
+            ax.set_yscale("log")
+        if spec.percent:
+            ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+        ax.set_xlabel(spec.x)
+        ax.set_ylabel(spec.ylabel or ", ".join(spec.metrics))
+        ax.set_title(spec.title)
+        if len(groups) > 1 or series_keys:
+            ax.legend(fontsize=7, loc="best", ncol=1 if len(groups) < 8 else 2)
+        fig.tight_layout()
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": "kvbench"})
+    finally:
+        plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg") :]
+
+
+def _bars(ax: Any, groups: list, series_keys: list[str], spec: FigureSpec) -> None:
+    cats = list(dict.fromkeys(str(v) for g in groups for v in g[1][spec.x]))
+    width = 0.8 / max(1, len(groups))
+    for i, (key, g) in enumerate(groups):
+        key = key if isinstance(key, tuple) else (key,)
+        vals = {str(x): v for x, v in zip(g[spec.x], g["value"], strict=True)}
+        xs = [j + i * width for j in range(len(cats))]
+        ax.bar(
+            xs,
+            [vals.get(c, math.nan) for c in cats],
+            width,
+            label=_label(list(zip(series_keys, key, strict=True))),
+        )
+    ax.set_xticks([j + width * (len(groups) - 1) / 2 for j in range(len(cats))])
+    ax.set_xticklabels(
+        cats, rotation=20 if len(cats) > 4 else 0, ha="right" if len(cats) > 4 else "center"
+    )

@@ -1,0 +1,131 @@
+"""Timing: a warm-up + repeats + median harness on CPU, `triton.testing.do_bench` on GPU,
+and a copy-bandwidth peak to judge achieved bandwidth against.
+
+Timings are in seconds. Statistics are over repeats: median, q1, q3 (25th / 75th
+percentiles), min, max, mean and n. Very short calls are batched (`inner` calls per
+sample) so one sample is long enough for the clock to resolve.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from workloads.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How hard to time: warm-up calls, repeats, and the shortest sample (seconds)."""
+
+    warmup: int = 3
+    repeats: int = 15
+    min_sample_s: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.repeats < 1 or self.min_sample_s < 0:
+            raise ConfigError(f"bad timing config {self!r}: need warmup >= 0, repeats >= 1")
+
+
+def summarize(samples: list[float], inner: int = 1) -> dict[str, float | int]:
+    """Repeat statistics of per-call times (seconds)."""
+    if not samples:
+        raise ConfigError("no samples to summarize")
+    ordered = sorted(samples)
+    if len(ordered) >= 2:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        q1 = q3 = ordered[0]
+    return {
+        "median": statistics.median(ordered),
+        "q1": q1,
+        "q3": q3,
+        "min": ordered[0],
+        "max": ordered[-1],
+        "mean": statistics.fmean(ordered),
+        "n": len(ordered),
+        "inner": inner,
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_cpu(
+    fn: Callable[[], object], config: TimingConfig = TimingConfig(), device: str = "cpu"
+) -> dict[str, float | int]:
+    """Time `fn` with warm-up and repeats; returns per-call statistics in seconds.
+
+    One calibration call decides how many calls (`inner`) make one sample of at least
+    `config.min_sample_s`; each sample's time is divided by `inner`.
+    """
+    dev = torch.device(device)
+    for _ in range(config.warmup):
+        fn()
+    _sync(dev)
+    start = time.perf_counter()
+    fn()
+    _sync(dev)
+    once = max(time.perf_counter() - start, 1e-9)
+    inner = (
+        max(1, min(10_000, int(config.min_sample_s / once) + 1))
+        if once < config.min_sample_s
+        else 1
+    )
+    samples = []
+    for _ in range(config.repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        _sync(dev)
+        samples.append((time.perf_counter() - start) / inner)
+    return summarize(samples, inner)
+
+
+def time_gpu(
+    fn: Callable[[], object], config: TimingConfig = TimingConfig()
+) -> dict[str, float | int]:
+    """Time `fn` on a CUDA device with `triton.testing.do_bench` (warm-up, cold L2 between
+    calls); per-call statistics in seconds."""
+    from triton.testing import do_bench
+
+    quantiles = [0.5, 0.25, 0.75, 0.0, 1.0]
+    med, q1, q3, lo, hi = do_bench(fn, warmup=25, rep=100, quantiles=quantiles)
+    mean = do_bench(fn, warmup=5, rep=50, return_mode="mean")
+    return {
+        "median": med / 1e3,
+        "q1": q1 / 1e3,
+        "q3": q3 / 1e3,
+        "min": lo / 1e3,
+        "max": hi / 1e3,
+        "mean": float(mean) / 1e3,
+        "n": config.repeats,
+        "inner": 1,
+    }
+
+
+def time_fn(
+    fn: Callable[[], object], device: torch.device, config: TimingConfig = TimingConfig()
+) -> dict[str, float | int]:
+    """`time_gpu` on CUDA, `time_cpu` elsewhere."""
+    if device.type == "cuda":
+        return time_gpu(fn, config)
+    return time_cpu(fn, config, str(device))
+
+
+def copy_peak(
+    device: torch.device, nbytes: int = 64 * 2**20, config: TimingConfig = TimingConfig()
+) -> tuple[float, dict[str, float | int]]:
+    """Achievable copy bandwidth (bytes per second) of `device`: a `nbytes` buffer copied
+    into another, counting bytes read plus bytes written. Returns (B/s, timing stats)."""
+    n = max(1, nbytes // 4)
+    src = torch.rand(n, device=device)
+    dst = torch.empty_like(src)
+    stats = time_fn(lambda: dst.copy_(src), device, config)
+    return 2 * n * 4 / stats["median"], stats

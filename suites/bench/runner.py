@@ -1,0 +1,230 @@
+"""Run sweeps into the results store: plan the cases, shard them, skip measured ones,
+measure the rest one case at a time and append each case's rows at once.
+
+Completion marker: after a case's measurements the runner records `case_wall_time`
+(seconds the case took). `--resume` treats a case as done only when that row is there,
+so a case killed half-way through writing its rows is measured again (the report keeps
+the last row per case and metric).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from reports.results import (
+    DEFAULT_RESULTS_DIR,
+    ResultWriter,
+    case_key,
+    load_run,
+    resolve_run,
+)
+from suites.bench.context import BenchContext
+from suites.bench.harness import TimingConfig
+from suites.bench.registry import Case, Sweep, select
+from workloads.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: Metric written last for every finished case (the resume marker).
+DONE_METRIC = "case_wall_time"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard K of N (1-based): keeps planned cases whose index i has i % N == K - 1."""
+
+    k: int
+    n: int
+
+    @classmethod
+    def parse(cls, spec: str) -> Shard:
+        """Parse 'K/N' with 1 <= K <= N; ConfigError names the bad spec."""
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(spec))
+        if not m:
+            raise ConfigError(f"bad shard {spec!r}: use K/N, e.g. 2/8 (shard 2 of 8)")
+        k, n = int(m.group(1)), int(m.group(2))
+        if n < 1 or not 1 <= k <= n:
+            raise ConfigError(f"bad shard {spec!r}: need 1 <= K <= N (shards are 1-based)")
+        return cls(k, n)
+
+    def keeps(self, index: int) -> bool:
+        return index % self.n == self.k - 1
+
+    def __str__(self) -> str:
+        return f"{self.k}/{self.n}"
+
+
+@dataclass
+class PlannedCase:
+    sweep: Sweep
+    case: Case
+
+    @property
+    def key(self) -> str:
+        return case_key(self.sweep.name, self.case)
+
+
+@dataclass
+class BenchPlan:
+    """What a bench invocation will do."""
+
+    cases: list[PlannedCase]
+    skipped_done: int = 0
+    waiting: dict[str, list[str]] = field(default_factory=dict)  # sweep -> missing modules
+
+
+def plan(
+    names: Sequence[str] | None = None,
+    *,
+    full: bool = False,
+    shard: Shard | None = None,
+    done_keys: set[str] | None = None,
+) -> BenchPlan:
+    """The cases to measure: every runnable selected sweep's grid, sharded, minus done."""
+    from suites.bench import catalog  # noqa: F401  (registers the sweeps)
+
+    waiting: dict[str, list[str]] = {}
+    every: list[PlannedCase] = []
+    for sw in select(names, full=full):
+        missing = sw.missing()
+        if missing:
+            waiting[sw.name] = missing
+            continue
+        every.extend(PlannedCase(sw, dict(c)) for c in sw.cases(full))
+    if shard is not None:
+        every = [pc for i, pc in enumerate(every) if shard.keeps(i)]
+    skipped = 0
+    if done_keys:
+        kept = [pc for pc in every if pc.key not in done_keys]
+        skipped = len(every) - len(kept)
+        every = kept
+    return BenchPlan(every, skipped, waiting)
+
+
+@dataclass
+class BenchResult:
+    run_id: str
+    path: Path
+    measured: int
+    skipped_done: int
+    failures: list[tuple[str, str]]
+    waiting: dict[str, list[str]]
+    wall_s: float
+
+
+def done_case_keys(path: Path) -> set[str]:
+    """Cases of a run file that finished (their DONE_METRIC row is there)."""
+    run = load_run(path)
+    return {case_key(r["suite"], r["case"]) for r in run.rows if r["metric"] == DONE_METRIC}
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def run_bench(
+    names: Sequence[str] | None = None,
+    *,
+    full: bool = False,
+    shard: Shard | None = None,
+    resume: str | None = None,
+    run_id: str | None = None,
+    out_dir: str | Path = DEFAULT_RESULTS_DIR,
+    device: torch.device | None = None,
+    timing: TimingConfig | None = None,
+    progress: bool = True,
+    seed: int = 0,
+) -> BenchResult:
+    """Measure the planned cases, appending each case's rows as soon as it is measured.
+
+    `resume` names an existing run (id, prefix or path): its finished cases are skipped
+    and new rows are appended to its file. A case that raises is logged and listed in
+    `failures` (nothing is recorded for it, so a later resume retries it).
+    """
+    started = time.perf_counter()
+    session = 0
+    done: set[str] = set()
+    if resume is not None:
+        if run_id is not None:
+            raise ConfigError("give either --resume RUN or --run-id ID, not both")
+        path = resolve_run(resume, out_dir, kind="bench")
+        done = done_case_keys(path)
+        session = 1 + len(load_run(path).resumes)
+        out_dir, run_id = path.parent, path.name.removesuffix(".jsonl")
+    the_plan = plan(names, full=full, shard=shard, done_keys=done)
+    for name, missing in the_plan.waiting.items():
+        log.warning(
+            "sweep %s is waiting for %s (not importable here); skipped", name, ", ".join(missing)
+        )
+    dev = device or default_device()
+    header = {
+        "bench": {
+            "sweeps": list(names) if names else "all",
+            "full": full,
+            "shard": str(shard) if shard else None,
+            "seed": seed,
+            "waiting": the_plan.waiting,
+            "descriptions": {
+                "copy_peak": "device-to-device copy bandwidth (bytes read + written per "
+                "second), measured once per process; the peak kernel bandwidth is judged by",
+                **{sw.name: sw.description for sw in _selected(names)},
+            },
+        }
+    }
+    failures: list[tuple[str, str]] = []
+    measured = 0
+    with ResultWriter(run_id, out_dir, header_fields=header) as writer:
+        ctx = BenchContext(dev, timing or TimingConfig(), full, writer, session, seed)
+        bar = _progress(len(the_plan.cases), progress, writer.run_id)
+        try:
+            for pc in the_plan.cases:
+                if bar is not None:
+                    bar.set_postfix_str(pc.sweep.name, refresh=False)
+                t0 = time.perf_counter()
+                try:
+                    rows = list(pc.sweep.measure(dict(pc.case), ctx))
+                except Exception as exc:  # a broken case must not lose the rest of the run
+                    log.warning("%s %s failed: %s", pc.sweep.name, pc.case, exc)
+                    failures.append((f"{pc.sweep.name} {pc.case}", f"{type(exc).__name__}: {exc}"))
+                else:
+                    for m in rows:
+                        writer.record(pc.sweep.name, pc.case, m.metric, m.value, m.unit, m.stats)
+                    writer.record(
+                        pc.sweep.name, pc.case, DONE_METRIC, time.perf_counter() - t0, "s"
+                    )
+                    measured += 1
+                if bar is not None:
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+    return BenchResult(
+        writer.run_id,
+        writer.path,
+        measured,
+        the_plan.skipped_done,
+        failures,
+        the_plan.waiting,
+        time.perf_counter() - started,
+    )
+
+
+def _selected(names: Sequence[str] | None) -> list[Sweep]:
+    from suites.bench import catalog  # noqa: F401
+
+    return select(names)
+
+
+def _progress(total: int, enabled: bool, run_id: str):  # type: ignore[no-untyped-def]
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"bench {run_id}", unit="case", dynamic_ncols=True)

@@ -1,0 +1,1 @@
+"""Sweep modules; each registers its sweeps on import (see suites.bench.catalog)."""

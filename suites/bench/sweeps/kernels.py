@@ -1,0 +1,258 @@
+"""Kernel sweeps: paged decode and prefill attention (kernels.ops) against SDPA on the
+same KV laid out contiguously, over block size x context length x batch x dtype x GQA.
+
+On a GPU the ops dispatch to the Triton kernels and are timed with do_bench; on a CPU
+they dispatch to the torch versions and are timed with the warm-up / repeats / median
+harness. Each case records both times, the paged overhead (paged / contiguous - 1), the
+bytes one call must move (K and V of every cached token, the queries and the outputs, the
+block tables), the achieved bandwidth and its fraction of the copy peak measured in the
+same run, and the relative difference between the two outputs (proof they did the same
+work).
+
+Pool layout: each sequence's blocks are scattered over the pool by a seeded permutation,
+as in a pool that has served many requests.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from suites.bench.context import BenchContext
+from suites.bench.registry import Case, Measurement, sweep
+from workloads.torch_dtypes import torch_dtype
+
+NUM_KV_HEADS = 8
+HEAD_DIM = 128
+
+
+def _default_dtypes(full: bool) -> list[str]:
+    if torch.cuda.is_available():
+        return ["float16", "bfloat16", "float32"] if full else ["float16"]
+    return ["float32", "bfloat16"] if full else ["float32"]
+
+
+def _decode_cases(full: bool) -> list[Case]:
+    dtypes = _default_dtypes(full)
+    if full:
+        return [
+            {"block_size": bs, "ctx_len": L, "batch": b, "dtype": dt, "gqa": g}
+            for dt in dtypes
+            for g in (1, 4, 8)
+            for b in (1, 8, 16, 32, 64, 128)
+            for L in (128, 256, 512, 1024, 2048, 4096, 8192)
+            for bs in (8, 16, 32, 64, 128)
+        ]
+    gpu = torch.cuda.is_available()
+    batch = 32 if gpu else 8
+    seq = [
+        {"block_size": 16, "ctx_len": L, "batch": batch, "dtype": dtypes[0], "gqa": 4}
+        for L in (128, 512, 1024, 2048, 4096)
+    ]
+    blocks = [
+        {"block_size": bs, "ctx_len": 1024, "batch": batch, "dtype": dtypes[0], "gqa": 4}
+        for bs in (8, 32, 64, 128)
+    ]
+    batches = [
+        {"block_size": 16, "ctx_len": 1024, "batch": b, "dtype": dtypes[0], "gqa": 4}
+        for b in ((1, 16, 64) if gpu else (1, 16))
+    ]
+    return seq + blocks + batches
+
+
+def scattered_pool(
+    keys: torch.Tensor, values: torch.Tensor, block_size: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lay contiguous K/V ([B, H, L, D]) out as a paged pool with scattered blocks.
+
+    Returns (k_cache, v_cache, block_tables): caches [num_blocks, block_size, H, D],
+    tables int32 [B, ceil(L / block_size)] (a seeded permutation of the pool's blocks).
+    """
+    b, h, length, d = keys.shape
+    nb = -(-length // block_size)
+    pad = nb * block_size - length
+    perm = torch.randperm(b * nb, generator=gen).to(keys.device)
+    tables = perm.view(b, nb).to(torch.int32)
+
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        x = F.pad(x, (0, 0, 0, pad))  # [B, H, nb*bs, D]
+        blocks = (
+            x.view(b, h, nb, block_size, d).permute(0, 2, 3, 1, 4).reshape(b * nb, block_size, h, d)
+        )
+        out = torch.empty_like(blocks)
+        out[perm] = blocks
+        return out.contiguous()
+
+    return pool(keys), pool(values), tables
+
+
+def _backend(device: torch.device) -> str:
+    """Triton kernels on a GPU; the torch versions on a CPU (the Triton interpreter is a
+    correctness tool, far too slow to time)."""
+    return "triton" if device.type == "cuda" else "torch"
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    return float(torch.linalg.vector_norm(a64 - b64) / torch.linalg.vector_norm(b64))
+
+
+def _bandwidth(ctx: BenchContext, nbytes: int, seconds: float) -> list[Measurement]:
+    bw = nbytes / seconds
+    return [
+        Measurement("achieved_bandwidth", bw, "B/s"),
+        Measurement("bandwidth_fraction", bw / ctx.copy_peak(), "fraction"),
+    ]
+
+
+@sweep(
+    "kernel.decode",
+    "paged decode attention vs SDPA on contiguous KV: time, overhead, bandwidth",
+    _decode_cases,
+    requires=("kernels.ops",),
+    tags=("kernel",),
+)
+def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
+    from kernels import ops
+
+    dev, dt = ctx.device, torch_dtype(case["dtype"])
+    b, length, bs, g = case["batch"], case["ctx_len"], case["block_size"], case["gqa"]
+    h, d = NUM_KV_HEADS, HEAD_DIM
+    gen = torch.Generator().manual_seed(hash((b, length, bs, g)) & 0xFFFF)
+    keys = torch.randn(b, h, length, d, generator=gen).to(dev, dt)
+    values = torch.randn(b, h, length, d, generator=gen).to(dev, dt)
+    query = torch.randn(b, h * g, d, generator=gen).to(dev, dt)
+    k_cache, v_cache, tables = scattered_pool(keys, values, bs, gen)
+    tables = tables.to(dev)
+    seq_lens = torch.full((b,), length, dtype=torch.int32, device=dev)
+    scale = 1.0 / math.sqrt(d)
+    out = torch.empty_like(query)
+    q4 = query.view(b, h, g, d)
+
+    def paged() -> torch.Tensor:
+        return ops.paged_decode_attention(
+            query,
+            k_cache,
+            v_cache,
+            tables,
+            seq_lens,
+            scale,
+            out=out,
+            check_indices=False,
+            backend=_backend(dev),
+        )
+
+    def contiguous() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q4, keys, values, scale=scale)
+
+    diff = _rel(paged().clone(), contiguous().reshape(b, h * g, d))
+    t_paged = ctx.time(paged)
+    t_contig = ctx.time(contiguous)
+    esize = keys.element_size()
+    nbytes = 2 * b * length * h * d * esize + 2 * b * h * g * d * esize + tables.numel() * 4
+    backend = _backend(dev)
+    return [
+        Measurement("time_paged", t_paged["median"], "s", t_paged),
+        Measurement("time_contiguous", t_contig["median"], "s", t_contig),
+        Measurement("paged_overhead", t_paged["median"] / t_contig["median"] - 1, "fraction"),
+        Measurement("bytes_per_call", nbytes, "B"),
+        *_bandwidth(ctx, nbytes, t_paged["median"]),
+        Measurement(
+            "contiguous_bandwidth_fraction",
+            nbytes / t_contig["median"] / ctx.copy_peak(),
+            "fraction",
+        ),
+        Measurement("rel_diff_vs_sdpa", diff, "fraction"),
+        Measurement("backend_is_triton", float(backend == "triton"), "bool"),
+    ]
+
+
+def _prefill_cases(full: bool) -> list[Case]:
+    dtypes = _default_dtypes(full)
+    if full:
+        return [
+            {"block_size": bs, "ctx_len": L, "q_len": q, "batch": b, "dtype": dt, "gqa": 4}
+            for dt in dtypes
+            for b in (1, 4, 16)
+            for q in (16, 128, 512)
+            for L in (512, 1024, 2048, 4096, 8192)
+            for bs in (8, 16, 32, 64, 128)
+            if q <= L
+        ]
+    return [
+        {"block_size": bs, "ctx_len": L, "q_len": 128, "batch": 2, "dtype": dtypes[0], "gqa": 4}
+        for bs, L in ((16, 512), (16, 2048), (64, 2048))
+    ]
+
+
+@sweep(
+    "kernel.prefill",
+    "paged prefill/extend attention vs causal SDPA on contiguous KV",
+    _prefill_cases,
+    requires=("kernels.ops",),
+    tags=("kernel",),
+)
+def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
+    from kernels import ops
+
+    dev, dt = ctx.device, torch_dtype(case["dtype"])
+    b, length, bs, g, n = (
+        case["batch"],
+        case["ctx_len"],
+        case["block_size"],
+        case["gqa"],
+        case["q_len"],
+    )
+    h, d = NUM_KV_HEADS, HEAD_DIM
+    gen = torch.Generator().manual_seed(hash((b, length, bs, g, n)) & 0xFFFF)
+    keys = torch.randn(b, h, length, d, generator=gen).to(dev, dt)
+    values = torch.randn(b, h, length, d, generator=gen).to(dev, dt)
+    query = torch.randn(b * n, h * g, d, generator=gen).to(dev, dt)
+    k_cache, v_cache, tables = scattered_pool(keys, values, bs, gen)
+    tables = tables.to(dev)
+    seq_lens = torch.full((b,), length, dtype=torch.int32, device=dev)
+    cu = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device=dev)
+    scale = 1.0 / math.sqrt(d)
+    out = torch.empty_like(query)
+    qpos = torch.arange(length - n, length, device=dev).unsqueeze(1)
+    mask = torch.arange(length, device=dev).unsqueeze(0) <= qpos  # [n, L]
+    q4 = query.view(b, n, h * g, d).transpose(1, 2)  # [B, Hq, n, D]
+
+    def paged() -> torch.Tensor:
+        return ops.paged_prefill_attention(
+            query,
+            k_cache,
+            v_cache,
+            tables,
+            cu,
+            seq_lens,
+            scale,
+            out=out,
+            check_indices=False,
+            backend=_backend(dev),
+        )
+
+    def contiguous() -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q4, keys, values, attn_mask=mask, scale=scale, enable_gqa=g > 1
+        )
+
+    ref = contiguous().transpose(1, 2).reshape(b * n, h * g, d)
+    diff = _rel(paged().clone(), ref)
+    t_paged = ctx.time(paged)
+    t_contig = ctx.time(contiguous)
+    esize = keys.element_size()
+    nbytes = 2 * b * length * h * d * esize + 2 * b * n * h * g * d * esize + tables.numel() * 4
+    flops = 4 * b * h * g * d * (n * (length - n) + n * (n + 1) // 2)
+    return [
+        Measurement("time_paged", t_paged["median"], "s", t_paged),
+        Measurement("time_contiguous", t_contig["median"], "s", t_contig),
+        Measurement("paged_overhead", t_paged["median"] / t_contig["median"] - 1, "fraction"),
+        Measurement("bytes_per_call", nbytes, "B"),
+        Measurement("flops_per_call", flops, "FLOP"),
+        Measurement("achieved_flops", flops / t_paged["median"], "FLOP/s"),
+        *_bandwidth(ctx, nbytes, t_paged["median"]),
+        Measurement("rel_diff_vs_sdpa", diff, "fraction"),
+    ]

@@ -1,0 +1,126 @@
+"""Serving sweeps through the scheduler (`paged.scheduler_setup.simulate`): seeded traces
+replayed, memory-only, on the paged cache and the contiguous max-reservation cache with
+the same KV budget, timed by the device profile's model (decode = bytes / bandwidth,
+prefill = FLOPs / peak; see workloads.profiles).
+
+* serving.batch: utilization, peak concurrency and modeled throughput against the batch
+  size limit (max running sequences, 10 ... 200), Llama-2-70B with a 42 GB KV budget on
+  the A100-80GB profile. The contiguous cache runs out of memory first.
+* serving.block_size: block-size ablation under memory pressure (KV budget set so the
+  batch limit of 256 does not bind), ShareGPT-like and Alpaca-like. This model prices
+  memory only (fragmentation -> concurrency -> throughput); the kernel's block-size cost
+  is on the kernel.decode page.
+"""
+
+from __future__ import annotations
+
+from suites.bench.context import BenchContext
+from suites.bench.registry import Case, Measurement, sweep
+
+_TRACES: dict[tuple[str, int, int], object] = {}
+
+
+def _trace(workload: str, requests: int, seed: int):  # type: ignore[no-untyped-def]
+    from workloads.sharing import generate
+
+    key = (workload, requests, seed)
+    if key not in _TRACES:
+        _TRACES[key] = generate(workload, requests, seed=seed)
+    return _TRACES[key]
+
+
+def _simulate(case: Case, ctx: BenchContext, budget: str, max_seqs: int) -> dict:
+    from paged.scheduler_model import SchedulerConfig
+    from paged.scheduler_setup import CacheSpec, simulate
+
+    trace = _trace(case["workload"], case["requests"], ctx.seed)
+    spec = CacheSpec(
+        kind=case["cache"],
+        model="llama-2-70b",
+        kv_budget=budget,
+        block_size=case["block_size"],
+        max_seq_len=2048,
+    )
+    result = simulate(
+        trace,
+        spec,
+        policy="auto",
+        profile=case["profile"],
+        config=SchedulerConfig(max_num_seqs=max_seqs),
+    )
+    return result.summary()
+
+
+def _metrics(s: dict) -> list[Measurement]:
+    return [
+        Measurement("utilization", s["utilization"], "fraction"),
+        Measurement("peak_concurrency", s["peak_concurrency"], "requests"),
+        Measurement("mean_running", s["mean_running"], "requests"),
+        Measurement("tokens_per_second", s["tokens_per_second"], "tokens/s"),
+        Measurement("tokens_per_step", s["tokens_per_step"], "tokens"),
+        Measurement("modeled_seconds", s["modeled_seconds"], "s"),
+        Measurement("preemptions", s["preemptions"], "count"),
+        Measurement("simulation_wall_time", s["wall_seconds"], "s"),
+    ]
+
+
+def _batch_cases(full: bool) -> list[Case]:
+    workloads = ("sharegpt", "alpaca") if full else ("sharegpt",)
+    return [
+        {
+            "workload": w,
+            "requests": 2000 if full else 500,
+            "batch": b,
+            "cache": c,
+            "block_size": 16,
+            "profile": "a100-80gb",
+            "kv_budget": "42GB",
+        }
+        for w in workloads
+        for c in ("contiguous-max", "paged")
+        for b in (10, 25, 50, 100, 150, 200)
+    ]
+
+
+@sweep(
+    "serving.batch",
+    "scheduler replay: utilization, peak concurrency and modeled throughput vs batch "
+    "size, contiguous (max reservation) vs paged, same 42 GB KV budget",
+    _batch_cases,
+    requires=("paged.scheduler_setup",),
+    tags=("serving",),
+)
+def serving_batch(case: Case, ctx: BenchContext) -> list[Measurement]:
+    return _metrics(_simulate(case, ctx, case["kv_budget"], case["batch"]))
+
+
+#: KV budgets that make memory, not the 256-sequence limit, bind (see module docstring).
+ABLATION_BUDGET = {"sharegpt": "20GB", "alpaca": "4GB"}
+
+
+def _block_cases(full: bool) -> list[Case]:
+    sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256) if full else (8, 16, 32, 64, 128, 256)
+    return [
+        {
+            "workload": w,
+            "requests": 1000 if full else 400,
+            "block_size": b,
+            "cache": "paged",
+            "profile": "a100-80gb",
+            "kv_budget": ABLATION_BUDGET[w],
+        }
+        for w in ("sharegpt", "alpaca")
+        for b in sizes
+    ]
+
+
+@sweep(
+    "serving.block_size",
+    "scheduler replay under memory pressure: utilization and modeled throughput vs "
+    "block size (ShareGPT-like, Alpaca-like)",
+    _block_cases,
+    requires=("paged.scheduler_setup",),
+    tags=("serving",),
+)
+def serving_block_size(case: Case, ctx: BenchContext) -> list[Measurement]:
+    return _metrics(_simulate(case, ctx, case["kv_budget"], 256))

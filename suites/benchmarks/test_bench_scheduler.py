@@ -1,0 +1,54 @@
+"""Benchmarks of the serving engine's memory-only replay (pytest-benchmark).
+
+    replay-10k    10,000 ShareGPT-like requests, Llama-2-70B geometry, 8,400 blocks of 16
+                  tokens (seed 001's 42 GB pool), prefix caching on, event-driven mode
+    replay-100k   the same with 100,000 requests (~33 million decode tokens); the issue's
+                  goal is 20 s or less on the 2-core build machine. Marked `slow`.
+
+Each benchmark runs once (pedantic, one round: a replay is seconds to minutes) and
+attaches to extra_info: wall seconds, CPU seconds of the process (the honest figure on
+a shared machine), events (decoder block-boundary / finish events,
+admissions, finishes) and events per second, decode tokens and tokens per wall second,
+processed versus total steps, and the simulated utilization and preemptions.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from paged.scheduler_setup import CacheSpec, simulate
+from workloads.sharing import generate
+
+SPEC = CacheSpec(kind="paged", model="llama-2-70b", kv_budget="42GB", block_size=16)
+
+
+def _replay(benchmark, num_requests: int) -> None:
+    trace = generate("sharegpt", num_requests, seed=0)
+    decode_tokens = sum(r.output_len for r in trace.requests)
+    result = benchmark.pedantic(lambda: simulate(trace, SPEC, "auto"), rounds=1, iterations=1)
+    assert result.generated_tokens == decode_tokens
+    assert result.utilization >= 0.96
+    wall = result.wall_seconds
+    benchmark.extra_info.update(
+        requests=num_requests,
+        blocks=SPEC.blocks(),
+        wall_seconds=wall,
+        cpu_seconds=result.info["cpu_seconds"],
+        events=result.info["events"],
+        events_per_s=result.info["events"] / wall,
+        decode_tokens=decode_tokens,
+        decode_tokens_per_s=decode_tokens / wall,
+        steps=result.steps,
+        processed_steps=result.processed_steps,
+        utilization=result.utilization,
+        preemptions=result.preemptions,
+    )
+
+
+def test_bench_replay_10k(benchmark) -> None:
+    _replay(benchmark, 10_000)
+
+
+@pytest.mark.slow
+def test_bench_replay_100k(benchmark) -> None:
+    _replay(benchmark, 100_000)

@@ -1,0 +1,96 @@
+"""`kvbench bench`: run the bench sweeps into the results store.
+
+    kvbench bench                      # the default grid (<= 10 min on a 2-core CPU)
+    kvbench bench --full               # the whole grid (meant for a GPU)
+    kvbench bench --only kernel.decode utilization.static
+    kvbench bench --only kernel.       # every sweep whose name starts with 'kernel.'
+    kvbench bench --shard 3/8          # every 8th case, starting with the 3rd (Slurm arrays)
+    kvbench bench --resume RUN         # measure only the cases RUN has not finished
+    kvbench bench --list               # the sweeps, their case counts, and what they wait for
+
+Every case's rows are appended (and fsynced) as soon as it is measured, so Ctrl-C or a
+kill loses only the case in flight. Shard files join with `kvbench merge`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from reports.results import DEFAULT_RESULTS_DIR
+from suites.bench.harness import TimingConfig
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `bench` subcommand."""
+    p = subparsers.add_parser(
+        "bench",
+        help="run benchmark sweeps into out/results/<run-id>.jsonl",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--only", nargs="+", metavar="NAME", help="sweeps to run (default: all)")
+    p.add_argument("--full", action="store_true", help="the whole grid, not the default one")
+    p.add_argument("--shard", metavar="K/N", help="run shard K of N (1-based)")
+    p.add_argument("--resume", metavar="RUN", help="continue RUN, skipping finished cases")
+    p.add_argument("--run-id", help="id of the new run (default: time + random suffix)")
+    p.add_argument("--out-dir", default=DEFAULT_RESULTS_DIR, help="results folder (%(default)s)")
+    p.add_argument("--repeats", type=int, default=15, help="timed repeats per case (%(default)s)")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up calls per case (%(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random workloads")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--list", action="store_true", help="list sweeps and exit")
+    p.set_defaults(func=run)
+
+
+def _list(args: argparse.Namespace) -> int:
+    from suites.bench import catalog  # noqa: F401
+    from suites.bench.registry import select
+
+    for sw in select(args.only, full=True):
+        missing = sw.missing()
+        state = (
+            f"waiting for {', '.join(missing)}" if missing else f"{len(sw.cases(args.full))} cases"
+        )
+        if not sw.in_default:
+            state += " (only when named, or --full)"
+        print(f"{sw.name:<28} {state:<34} {sw.description}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bench; 0 when every case was measured, 1 when some case failed."""
+    from suites.bench.runner import Shard, run_bench
+
+    if args.list:
+        return _list(args)
+    shard = Shard.parse(args.shard) if args.shard else None
+    timing = TimingConfig(warmup=args.warmup, repeats=args.repeats)
+    try:
+        result = run_bench(
+            args.only,
+            full=args.full,
+            shard=shard,
+            resume=args.resume,
+            run_id=args.run_id,
+            out_dir=args.out_dir,
+            timing=timing,
+            progress=not args.no_progress,
+            seed=args.seed,
+        )
+    except KeyboardInterrupt:
+        sys.stderr.write(
+            "kvbench bench: interrupted; every finished case is saved. "
+            "Continue with: kvbench bench --resume latest (plus the same options)\n"
+        )
+        return 130
+    for name, missing in result.waiting.items():
+        print(f"skipped {name}: waiting for {', '.join(missing)}")
+    print(
+        f"run {result.run_id}: measured {result.measured} cases"
+        + (f", skipped {result.skipped_done} already measured" if result.skipped_done else "")
+        + f" in {result.wall_s:.1f} s -> {result.path}"
+    )
+    for case, why in result.failures:
+        print(f"FAILED {case}: {why}", file=sys.stderr)
+    return 1 if result.failures else 0

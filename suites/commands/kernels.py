@@ -1,0 +1,90 @@
+"""`kvbench kernels`: compile every kernel configuration for sm_80 and sm_90 (no GPU needed)
+and show what each costs.
+
+    kvbench kernels                      # the full table, rows written to out/results
+    kvbench kernels --headline           # the representative float16 / head dim 128 set
+    kvbench kernels --arch 90 --no-results
+    kvbench kernels --json out/aot.json  # the records as a JSON list as well
+
+Rows go to the results store (suite "kernels.aot", one row per metric: registers,
+spills, shared_bytes, sass_instructions; case: kernel, arch, config as canonical JSON,
+triton version, kernel source hash). Records are cached under out/aot, so a repeated run
+is quick. Exit status 1 when any configuration spills or exceeds a limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from tqdm import tqdm
+
+from kernels import aot
+from reports.results import DEFAULT_RESULTS_DIR, ResultWriter
+
+SUITE = "kernels.aot"
+
+#: Config keys shown in the table (others are in the rows and the JSON).
+_SHOWN = ("dtype", "D_PAD", "QH", "SINGLE", "BLOCK_M", "TILE_N", "SRC_IDENTITY", "num_warps")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `kernels` subcommand."""
+    p = subparsers.add_parser(
+        "kernels",
+        help="compile every kernel configuration for sm_80/sm_90 and show their costs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--arch", type=int, nargs="+", choices=aot.ARCHS, default=list(aot.ARCHS))
+    p.add_argument("--headline", action="store_true", help="only the representative set")
+    p.add_argument("--workers", type=int, default=None, help="compile processes")
+    p.add_argument("--results-dir", default=DEFAULT_RESULTS_DIR, help="(%(default)s)")
+    p.add_argument("--run-id", default=None, help="append to this run (default: a new one)")
+    p.add_argument("--no-results", action="store_true", help="do not write result rows")
+    p.add_argument("--json", type=Path, default=None, help="also write the records here")
+    p.set_defaults(func=run)
+
+
+def format_table(records: list[aot.CompileRecord]) -> str:
+    """A fixed-width text table of records, one line each."""
+    head = f"{'kernel':<20} {'arch':<6} {'config':<58} {'regs':>5} {'spill':>5} {'shared':>7} {'sass':>6}"
+    lines = [head, "-" * len(head)]
+    for r in records:
+        cfg = " ".join(f"{k}={r.config[k]}" for k in _SHOWN if k in r.config)
+        flag = "  <- " + "; ".join(r.violations()) if r.violations() else ""
+        lines.append(
+            f"{r.kernel:<20} {r.arch:<6} {cfg:<58} {r.registers:>5} {r.spills:>5} "
+            f"{r.shared_bytes:>7} {r.sass_instructions:>6}{flag}"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compile, print, record; returns 1 if any configuration breaks a rule."""
+    cfgs = aot.headline_configs() if args.headline else None
+    bar = tqdm(desc="compiling kernels", unit="cfg", leave=False)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        records = aot.compile_all(cfgs, archs=args.arch, workers=args.workers, progress=progress)
+    finally:
+        bar.close()
+    print(format_table(records))
+    bad = [r for r in records if r.violations()]
+    print(f"\n{len(records)} configurations x architectures, {len(bad)} breaking a rule")
+    if not args.no_results:
+        with ResultWriter(args.run_id, args.results_dir) as writer:
+            for row in aot.as_rows(records):
+                writer.record(SUITE, row["case"], row["metric"], row["value"], row["unit"])
+        print(f"wrote {writer.rows_written} rows to {writer.path}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([asdict(r) for r in records], indent=1))
+    return 1 if bad else 0

@@ -1,0 +1,36 @@
+"""`kvbench merge`: join the result files of a sharded bench (`--shard K/N`) into one run.
+
+    kvbench merge RUN_A RUN_B ... [--into RUN_ID]
+
+The merged header records every part's run id and environment. A case measured by more
+than one part keeps the first part's rows (and says how many were dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from reports.results import DEFAULT_RESULTS_DIR, load_runs, merge_runs
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `merge` subcommand."""
+    p = subparsers.add_parser(
+        "merge",
+        help="join shard result files into one run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, prefixes or paths")
+    p.add_argument("--into", metavar="RUN_ID", help="id of the merged run (default: new id)")
+    p.add_argument("--dir", default=DEFAULT_RESULTS_DIR, help="results folder (%(default)s)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Merge the runs; returns the exit status."""
+    runs = load_runs(args.runs, args.dir)
+    path, kept, dupes = merge_runs(runs, args.into, args.dir)
+    extra = f"; dropped {dupes} duplicate rows" if dupes else ""
+    print(f"merged {len(runs)} runs into {path}: {kept} rows{extra}")
+    return 0

@@ -1,0 +1,144 @@
+"""`kvbench simulate`: replay a workload through the serving engine and print a summary.
+
+Examples:
+    kvbench simulate --workload sharegpt --requests 1000 --model llama-2-70b \
+        --kv-budget 42GB --block-size 16 --policy auto
+    kvbench simulate --trace out/traces/sg.jsonl --cache paged,contiguous-max
+    kvbench simulate --workload sharegpt --requests 1000 --cache all --out out/sim
+
+Each cache kind (`--cache`, comma-separated, or `all`) runs the same trace; the table has
+one row per kind. With `--out DIR` the trace that was replayed (`trace.jsonl`), one
+summary line per kind (`summary.jsonl`), each kind's per-sequence records
+(`records-<kind>.jsonl`: admission, first-token and finish steps, preemptions) and its
+per-step metrics (`timeline-<kind>.jsonl`: running, decoding, waiting, swapped, free /
+used / cached blocks, live tokens, reserved slots, modeled picoseconds; a row with
+span > 1 stands for that many quiet steps) are written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from tqdm import tqdm
+
+from paged.scheduler_model import SchedulerConfig
+from paged.scheduler_setup import CACHE_KINDS, CacheSpec, simulate
+from suites.commands.workload import add_generator_args, trace_from_args
+from workloads.errors import ConfigError
+from workloads.trace import Trace
+
+_COLUMNS = (
+    ("cache", "cache", "{}"),
+    ("utilization", "util %", "{:.1%}"),
+    ("peak_concurrency", "peak", "{}"),
+    ("mean_running", "mean run", "{:.1f}"),
+    ("preemptions", "preempt", "{}"),
+    ("swaps", "swap", "{}"),
+    ("recomputes", "recomp", "{}"),
+    ("steps", "steps", "{}"),
+    ("tokens_per_step", "tok/step", "{:.1f}"),
+    ("modeled_seconds", "model s", "{:.1f}"),
+    ("tokens_per_second", "tok/s", "{:.0f}"),
+    ("wall_seconds", "wall s", "{:.2f}"),
+)
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain-text table of simulation summaries."""
+    cells = [[head for _, head, _ in _COLUMNS]]
+    for row in rows:
+        cells.append([fmt.format(row[key]) for key, _, fmt in _COLUMNS])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    trace = Trace.read(args.trace) if args.trace else trace_from_args(args)
+    kinds = CACHE_KINDS if args.cache == "all" else tuple(k.strip() for k in args.cache.split(","))
+    for k in kinds:
+        if k not in CACHE_KINDS:
+            raise ConfigError(f"unknown cache kind {k!r}; known: {', '.join(CACHE_KINDS)}, all")
+    config = SchedulerConfig(
+        max_batched_tokens=args.max_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        chunked_prefill=not args.no_chunked_prefill,
+        preemption=args.policy,
+        max_preemptions=args.max_preemptions,
+        batching=args.batching,
+        static_batch_size=args.static_batch_size,
+        mode=args.mode,
+    )
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        trace.write(out / "trace.jsonl")
+    rows = []
+    for kind in kinds:
+        spec = CacheSpec(
+            kind=kind,
+            model=args.model,
+            kv_budget=args.kv_budget,
+            block_size=args.block_size,
+            max_seq_len=args.max_seq_len,
+            watermark=args.watermark,
+            prefix_caching=not args.no_prefix_caching,
+        )
+        with tqdm(
+            total=sum(r.n for r in trace.requests),
+            desc=kind,
+            unit="seq",
+            disable=args.quiet or None,
+            file=sys.stderr,
+        ) as bar:
+            result = simulate(
+                trace, spec, args.policy, args.profile, config, bar.update, args.model
+            )
+        row = result.summary()
+        rows.append(row)
+        if out is not None:
+            with (out / "summary.jsonl").open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row) + "\n")
+            with (out / f"records-{kind}.jsonl").open("w", encoding="utf-8") as fh:
+                for rec in result.records:
+                    fh.write(json.dumps(asdict(rec)) + "\n")
+            with (out / f"timeline-{kind}.jsonl").open("w", encoding="utf-8") as fh:
+                for step in result.timeline:
+                    fh.write(json.dumps(asdict(step)) + "\n")
+    sys.stdout.write(
+        f"{len(trace)} requests, model {args.model}, KV budget {args.kv_budget}, block "
+        f"{args.block_size}, policy {args.policy}, {args.batching} batching, profile "
+        f"{args.profile}\n"
+    )
+    sys.stdout.write(format_table(rows) + "\n")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("simulate", help="replay a workload through the serving engine")
+    add_generator_args(p)
+    p.add_argument("--trace", default=None, help="replay this trace file instead of generating")
+    p.add_argument("--cache", default="paged", help=f"{', '.join(CACHE_KINDS)}, or all")
+    p.add_argument("--model", default="llama-2-70b")
+    p.add_argument("--kv-budget", default="42GB")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--watermark", type=float, default=0.01)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--policy", default="auto", help="preemption: swap | recompute | auto")
+    p.add_argument("--profile", default="a100-80gb", help="device profile for modeled time")
+    p.add_argument("--batching", default="continuous", help="continuous | static")
+    p.add_argument("--static-batch-size", type=int, default=0)
+    p.add_argument("--max-batched-tokens", type=int, default=4096)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-preemptions", type=int, default=8)
+    p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument("--mode", default="event", help="event | token")
+    p.add_argument("--out", default=None, help="folder for trace, summaries and records")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)

@@ -1,0 +1,295 @@
+"""The bench runner: sweep registry, sharding, resume after kill -9, failures, and the
+sweeps' measurements against independent arithmetic."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from reports import results as R
+from suites.bench import (
+    catalog,  # noqa: F401  (registers the sweeps)
+    registry,
+)
+from suites.bench.context import BenchContext
+from suites.bench.harness import TimingConfig, summarize, time_cpu
+from suites.bench.runner import DONE_METRIC, Shard, done_case_keys, plan, run_bench
+from suites.cli import main as kvbench
+from workloads import capacity as cap
+from workloads.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = TimingConfig(warmup=1, repeats=3, min_sample_s=0.0)
+
+
+def _ctx() -> BenchContext:
+    return BenchContext(torch.device("cpu"), FAST)
+
+
+# ----------------------------------------------------------------- a test-only sweep
+
+_calls: list[int] = []
+
+
+def _toy_cases(full: bool) -> list[dict]:
+    return [{"i": i} for i in range(12 if full else 6)]
+
+
+@registry.sweep("test.toy", "squares (test only)", _toy_cases)
+def _toy(case: dict, ctx: BenchContext) -> list[registry.Measurement]:
+    _calls.append(case["i"])
+    if case["i"] == 4 and os.environ.get("KVBENCH_TOY_FAIL"):
+        raise RuntimeError("case 4 broke")
+    return [registry.Measurement("square", case["i"] ** 2, "")]
+
+
+# ----------------------------------------------------------------- shards and plans
+
+
+@pytest.mark.parametrize("spec", ["3/2", "0/2", "1/0", "a/b", "2", "-1/3", ""])
+def test_bad_shard_specs_are_refused(spec: str) -> None:
+    with pytest.raises(ConfigError, match="shard"):
+        Shard.parse(spec)
+
+
+def test_bad_shard_exits_2_with_one_line(capsys: pytest.CaptureFixture) -> None:
+    assert kvbench(["bench", "--shard", "3/2", "--only", "test.toy"]) == 2
+    err = capsys.readouterr().err
+    assert "3/2" in err and "Traceback" not in err
+
+
+def test_unknown_sweep_exits_2_naming_it(capsys: pytest.CaptureFixture) -> None:
+    assert kvbench(["bench", "--only", "no.such.sweep", "--list"]) == 2
+    err = capsys.readouterr().err
+    assert "no.such.sweep" in err and "capacity.footprint" in err
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_shards_partition_the_plan(n: int) -> None:
+    names = ["capacity.footprint", "capacity.concurrency", "test.toy"]
+    whole = [pc.key for pc in plan(names).cases]
+    parts = [[pc.key for pc in plan(names, shard=Shard(k, n)).cases] for k in range(1, n + 1)]
+    assert sorted(k for p in parts for k in p) == sorted(whole)
+    assert len(set(whole)) == len(whole)
+
+
+def test_prefix_selection_and_full_grid() -> None:
+    chosen = [s.name for s in registry.select(["capacity."])]
+    assert chosen and all(n.startswith("capacity.") for n in chosen)
+    assert len(plan(["test.toy"], full=True).cases) == 12
+    assert len(plan(["test.toy"]).cases) == 6
+
+
+# ----------------------------------------------------------------- running and resuming
+
+
+def test_run_appends_every_case_with_a_done_marker(tmp_path: Path) -> None:
+    res = run_bench(["test.toy"], out_dir=tmp_path, run_id="r", progress=False, timing=FAST)
+    assert res.measured == 6 and not res.failures
+    run = R.load_run(tmp_path / "r.jsonl")
+    squares = {r["case"]["i"]: r["value"] for r in run.rows if r["metric"] == "square"}
+    assert squares == {i: i * i for i in range(6)}
+    assert sum(r["metric"] == DONE_METRIC for r in run.rows) == 6
+    assert run.header["bench"]["descriptions"]["test.toy"] == "squares (test only)"
+    again = run_bench(["test.toy"], resume="r", out_dir=tmp_path, progress=False)
+    assert (again.measured, again.skipped_done) == (0, 6)
+
+
+def test_a_failing_case_is_reported_and_retried_on_resume(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("KVBENCH_TOY_FAIL", "1")
+    res = run_bench(["test.toy"], out_dir=tmp_path, run_id="f", progress=False)
+    assert res.measured == 5 and len(res.failures) == 1 and "case 4 broke" in res.failures[0][1]
+    monkeypatch.delenv("KVBENCH_TOY_FAIL")
+    _calls.clear()
+    res = run_bench(["test.toy"], resume="f", out_dir=tmp_path, progress=False)
+    assert res.measured == 1 and _calls == [4]
+    assert len(done_case_keys(tmp_path / "f.jsonl")) == 6
+
+
+def test_kill_9_mid_run_then_resume_finishes(tmp_path: Path) -> None:
+    """A bench killed with SIGKILL keeps its finished cases; --resume measures the rest."""
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from suites.bench import registry
+        from suites.bench.runner import run_bench
+
+        def cases(full):
+            return [{{"i": i}} for i in range(40)]
+
+        @registry.sweep("test.slow", "slow squares", cases)
+        def slow(case, ctx):
+            time.sleep(0.05)
+            return [registry.Measurement("square", case["i"] ** 2, ""),
+                    registry.Measurement("cube", case["i"] ** 3, "")]
+
+        run_bench(["test.slow"], out_dir={str(tmp_path)!r}, run_id="k", progress=False)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    path = tmp_path / "k.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(DONE_METRIC.encode()) >= 8:
+            break
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = R.load_run(path)
+    done_before = done_case_keys(path)
+    assert 8 <= len(done_before) < 40
+
+    @registry.sweep("test.slow", "slow squares", lambda full: [{"i": i} for i in range(40)])
+    def slow(case: dict, ctx: BenchContext) -> list[registry.Measurement]:
+        return [
+            registry.Measurement("square", case["i"] ** 2, ""),
+            registry.Measurement("cube", case["i"] ** 3, ""),
+        ]
+
+    try:
+        res = run_bench(["test.slow"], resume=str(path), progress=False)
+    finally:
+        registry._REGISTRY.pop("test.slow", None)
+    assert res.skipped_done == len(done_before)
+    assert res.measured == 40 - len(done_before)
+    after = R.load_run(path)
+    assert after.rows[: len(before.rows)] == before.rows  # nothing measured was lost
+    assert len(done_case_keys(path)) == 40
+    frame = R.to_frame([after])
+    from reports.tables import latest
+
+    cubes = latest(frame)[lambda f: f.metric == "cube"].set_index("i")["value"]
+    assert {int(i): v for i, v in cubes.items()} == {i: i**3 for i in range(40)}
+
+
+def test_shard_files_merge_into_the_whole_run(tmp_path: Path) -> None:
+    for k in (1, 2, 3):
+        run_bench(["test.toy"], shard=Shard(k, 3), out_dir=tmp_path, run_id=f"s{k}", progress=False)
+    assert kvbench(["merge", "s1", "s2", "s3", "--into", "all", "--dir", str(tmp_path)]) == 0
+    merged = R.load_run(tmp_path / "all.jsonl")
+    assert sorted(r["case"]["i"] for r in merged.rows if r["metric"] == "square") == list(range(6))
+
+
+# ----------------------------------------------------------------- harness
+
+
+def test_harness_statistics_are_ordered_and_positive() -> None:
+    stats = time_cpu(lambda: sum(range(1000)), TimingConfig(warmup=1, repeats=7))
+    assert stats["n"] == 7
+    assert 0 < stats["min"] <= stats["q1"] <= stats["median"] <= stats["q3"] <= stats["max"]
+    s = summarize([3.0, 1.0, 2.0])
+    assert (s["median"], s["min"], s["max"]) == (2.0, 1.0, 3.0)
+
+
+# ----------------------------------------------------------------- sweeps vs arithmetic
+
+
+def test_kernel_decode_measures_the_same_attention_both_ways() -> None:
+    sw = registry.get_sweep("kernel.decode")
+    case = {"block_size": 16, "ctx_len": 40, "batch": 3, "dtype": "float32", "gqa": 2}
+    got = {m.metric: m for m in sw.measure(case, _ctx())}
+    assert got["rel_diff_vs_sdpa"].value < 1e-5
+    assert got["time_paged"].value > 0 and got["time_contiguous"].value > 0
+    assert (
+        got["bytes_per_call"].value == 2 * 3 * 40 * 8 * 128 * 4 + 2 * 3 * 16 * 128 * 4 + 3 * 3 * 4
+    )
+    assert math.isclose(
+        got["paged_overhead"].value, got["time_paged"].value / got["time_contiguous"].value - 1
+    )
+    assert got["bandwidth_fraction"].value > 0
+
+
+def test_kernel_prefill_matches_causal_sdpa() -> None:
+    sw = registry.get_sweep("kernel.prefill")
+    case = {"block_size": 8, "ctx_len": 37, "q_len": 5, "batch": 2, "dtype": "float32", "gqa": 4}
+    got = {m.metric: m.value for m in sw.measure(case, _ctx())}
+    assert got["rel_diff_vs_sdpa"] < 1e-5
+
+
+def test_utilization_static_matches_block_arithmetic() -> None:
+    sw = registry.get_sweep("utilization.static")
+    ctx = _ctx()
+    from suites.bench.sweeps.utilization import WORKLOADS, sample_lengths
+
+    for impl in ("contiguous-max", "paged", "paged-formula"):
+        case = {"workload": "seed002", "batch": 25, "impl": impl, "max_len": 2048, "block_size": 16}
+        got = {m.metric: m.value for m in sw.measure(case, ctx)}
+        lengths = sample_lengths("seed002", 25, ctx.rng(25, WORKLOADS.index("seed002")), 2048)
+        held = (
+            25 * 2048
+            if impl == "contiguous-max"
+            else sum(cap.slots_for_tokens(int(n), 16) for n in lengths)
+        )
+        assert got["held_slots"] == held
+        assert got["utilization"] == pytest.approx(lengths.sum() / held)
+
+
+def test_prefix_shared_prompt_counts_blocks_like_seed_000() -> None:
+    sw = registry.get_sweep("prefix.shared_prompt")
+    base = {"requests": 100, "prefix_tokens": 1000, "block_size": 16}
+    fork = {m.metric: m.value for m in sw.measure({**base, "mode": "fork"}, _ctx())}
+    assert fork["blocks_held"] == 63 and fork["blocks_without_sharing"] == 6300
+    cached = {m.metric: m.value for m in sw.measure({**base, "mode": "prefix-cache"}, _ctx())}
+    assert cached["blocks_held"] == 62 + 100  # full blocks shared, each keeps its last block
+
+
+def test_prefix_scenarios_and_cow_savings_are_bounded_and_ordered() -> None:
+    sw = registry.get_sweep("prefix.scenarios")
+    none = {
+        m.metric: m.value
+        for m in sw.measure({"scenario": "no-shared-prefix", "block_size": 16}, _ctx())
+    }
+    assert none["saved_fraction"] == 0.0
+    rag = {m.metric: m.value for m in sw.measure({"scenario": "rag", "block_size": 16}, _ctx())}
+    assert abs(rag["saved_fraction"] - rag["token_formula_saved_fraction"]) < 0.02
+    par = registry.get_sweep("cow.parallel_sampling")
+    saved = [
+        {
+            m.metric: m.value
+            for m in par.measure(
+                {"workload": "alpaca", "n": n, "requests": 4, "block_size": 16}, _ctx()
+            )
+        }["saved_fraction"]
+        for n in (2, 6)
+    ]
+    assert 0 < saved[0] < 1 and 0 < saved[1] < 1
+
+
+def test_serving_batch_contiguous_hits_the_memory_wall_first() -> None:
+    sw = registry.get_sweep("serving.batch")
+    base = {
+        "workload": "sharegpt",
+        "requests": 120,
+        "batch": 100,
+        "block_size": 16,
+        "profile": "a100-80gb",
+        "kv_budget": "42GB",
+    }
+    contiguous = {
+        m.metric: m.value for m in sw.measure({**base, "cache": "contiguous-max"}, _ctx())
+    }
+    paged = {m.metric: m.value for m in sw.measure({**base, "cache": "paged"}, _ctx())}
+    # 42 GB (42,000 MiB) of 320 KiB tokens holds 134,400 slots: 65 reservations of 2,048
+    assert contiguous["peak_concurrency"] == 65
+    assert paged["peak_concurrency"] > 65
+    assert 0 < contiguous["utilization"] < 0.5 < 0.9 < paged["utilization"] <= 1
+    assert paged["tokens_per_second"] > contiguous["tokens_per_second"]
+
+
+def test_opt_in_sweeps_run_only_when_named_or_full() -> None:
+    opt_in = [s.name for s in registry.all_sweeps() if not s.in_default]
+    assert "kernel.static" in opt_in
+    default = {pc.sweep.name for pc in plan(None).cases}
+    assert not default & set(opt_in)
+    assert "kernel.static" in {s.name for s in registry.select(None, full=True)}
+    assert {s.name for s in registry.select(["kernel.static"], full=False)} == {"kernel.static"}

@@ -1,0 +1,90 @@
+"""The gate on real compiled kernels (sm_90 cubins from `kernels.aot`, no GPU needed).
+
+* Unchanged code passes: a fresh compile of a decode configuration reproduces the cached
+  record exactly, and the gate passes it.
+* A heavier kernel fails: the real decode kernel rebuilt with every K tile loaded twice
+  (`gate_variants.heavier_decode`) makes the gate fail, naming `paged_decode` and the
+  metrics that grew (SASS instructions, shared memory), and nothing else.
+
+One configuration (float16, head dim 128, GQA 4, split-KV), compiled three times: about
+20-40 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reports import gate
+
+aot = pytest.importorskip("kernels.aot")
+configs = pytest.importorskip("kernels.configs")
+triton_kernels = pytest.importorskip("kernels.triton_kernels")
+
+from suites.conformance.gate_variants import heavier_decode  # noqa: E402
+from suites.gate.static import to_static  # noqa: E402
+
+ARCH = 90
+
+
+@pytest.fixture(scope="module")
+def decode_cfg():
+    return configs.decode_config(torch.float16, 128, 4, single=False)
+
+
+@pytest.fixture(scope="module")
+def baseline(decode_cfg, tmp_path_factory):
+    """A real sm_90 baseline of the decode configuration (through the AOT cache)."""
+    records = [to_static(r) for r in aot.compile_all([decode_cfg], archs=[ARCH], workers=1)]
+    cand = gate.Candidate(
+        run_id="baseline-run",
+        environment={"triton": aot_triton()},
+        triton_version=aot_triton(),
+        static=records,
+        conformance=[{"label": "check=paged_decode", "case": {}, "passed": True}],
+        source_hash=aot.source_hash(),
+    )
+    doc = gate.make_baseline(cand, "sm_90", "2026-01-01T00:00:00Z")
+    path = gate.write_baseline(doc, tmp_path_factory.mktemp("gate") / "sm90.json")
+    return gate.load_baseline(path)
+
+
+def aot_triton() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def candidate(records):
+    return gate.Candidate(
+        run_id="candidate-run",
+        environment={},
+        triton_version=aot_triton(),
+        static=[to_static(r) for r in records],
+        conformance=[{"label": "check=paged_decode", "case": {}, "passed": True}],
+    )
+
+
+def test_unchanged_kernel_recompiled_passes(baseline, decode_cfg):
+    fresh = aot.compile_one(decode_cfg, ARCH)  # no cache: a real second compile
+    assert fresh.spills == 0
+    result = gate.evaluate([baseline], candidate([fresh]))
+    assert result.exit_code == 0, gate.format_table(result, show_all=True)
+    assert {r.verdict for r in result.rows} == {gate.PASS}
+
+
+def test_decode_kernel_loading_k_twice_fails(baseline, decode_cfg, tmp_path, monkeypatch):
+    monkeypatch.setitem(triton_kernels.JIT, "paged_decode", heavier_decode(tmp_path))
+    heavy = aot.compile_one(decode_cfg, ARCH)
+    result = gate.evaluate([baseline], candidate([heavy]))
+    table = gate.format_table(result)
+    assert result.exit_code == 1, table
+    failing = {(r.subject.split("[")[0], r.metric) for r in result.failures}
+    assert failing, table
+    assert {k for k, _ in failing} == {"paged_decode"}
+    assert ("paged_decode", "sass_instructions") in failing or (
+        "paged_decode",
+        "shared_bytes",
+    ) in failing, table
+    for kernel, metric in failing:
+        assert any(kernel in line and metric in line for line in table.splitlines())

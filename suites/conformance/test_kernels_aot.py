@@ -1,0 +1,104 @@
+"""Ahead-of-time compile checks: the kernels are real sm_80 / sm_90 code, and affordable.
+
+Each configuration is compiled with Triton's own compiler for a GPU target that this
+machine does not have; the test fails if a configuration does not compile, spills
+registers to local memory, or exceeds the architecture's shared memory or register limits.
+The ci profile builds a representative set (float16, head dim 128: split and
+single-partition decode, the reduction, prefill, the copy kernel); the whole table of
+configurations the dispatch can choose is the slow test (cached under out/aot, so a rerun
+with unchanged kernels takes seconds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import aot, configs
+
+
+def _assert_clean(records: list[aot.CompileRecord]) -> None:
+    problems = [
+        f"{r.kernel} {r.config} {r.arch}: {r.violations()}" for r in records if r.violations()
+    ]
+    assert not problems, "\n".join(problems)
+    for r in records:
+        assert r.registers > 0 and r.sass_instructions > 0, r
+
+
+def test_headline_configurations_compile_clean() -> None:
+    cfgs = aot.headline_configs()
+    records = aot.compile_all(cfgs, workers=2)
+    assert len(records) == len(cfgs) * len(aot.ARCHS)
+    assert {r.arch for r in records} == {"sm_80", "sm_90"}
+    _assert_clean(records)
+    # the split decode kernel holds the GQA group's accumulators and a K/V tile
+    decode = [r for r in records if r.kernel == "paged_decode"]
+    assert all(r.shared_bytes > 0 for r in decode)
+    # a second call is served from the cache, record for record
+    assert aot.compile_all(cfgs, workers=1) == records
+
+
+@pytest.mark.slow
+def test_every_configuration_compiles_clean() -> None:
+    records = aot.compile_all(workers=2)
+    assert len(records) == len(configs.all_configs()) * len(aot.ARCHS)
+    _assert_clean(records)
+
+
+def test_configuration_table_covers_the_dispatch() -> None:
+    """Every configuration the launchers can pick for the supported dtypes, head dims,
+    GQA ratios (1..8, MQA up to 128 heads) and partition modes is in the AOT table."""
+    table = {
+        (c.kernel, c.dtype, tuple(sorted(c.constexprs.items()))) for c in configs.all_configs()
+    }
+
+    def key(c: configs.KernelConfig) -> tuple:
+        return (c.kernel, c.dtype, tuple(sorted(c.constexprs.items())))
+
+    for dtype in configs.DTYPES:
+        for head_dim in (16, 64, 80, 96, 128, 256):
+            for group in (1, 2, 3, 4, 6, 8, 16, 32, 48, 64, 128):
+                for single in (True, False):
+                    assert key(configs.decode_config(dtype, head_dim, group, single)) in table
+            assert key(configs.reduce_config(dtype, head_dim)) in table
+            assert key(configs.prefill_config(dtype, head_dim)) in table
+    for size in (2, 4):
+        for identity in (True, False):
+            assert key(configs.copy_config(size, identity)) in table
+
+
+def test_violations_are_reported() -> None:
+    """The limits check itself can fail: spills, shared memory and registers over limit."""
+    ok = aot.CompileRecord("k", {}, "sm_80", 128, 0, 1024, 100, 4, "3")
+    assert ok.violations() == []
+    assert "spills" in dataclasses.replace(ok, spills=8).violations()[0]
+    assert "shared" in dataclasses.replace(ok, shared_bytes=200_000).violations()[0]
+    assert dataclasses.replace(ok, shared_bytes=200_000, arch="sm_90").violations() == []
+    assert any("registers" in v for v in dataclasses.replace(ok, registers=256).violations())
+    assert dataclasses.replace(ok, registers=255, num_warps=16).violations()  # block file
+
+
+def test_result_rows_name_the_configuration() -> None:
+    rec = aot.CompileRecord(
+        "paged_decode", {"D_PAD": 128, "dtype": "fp16"}, "sm_90", 168, 0, 39168, 1300, 4, "3.9.0"
+    )
+    rows = aot.as_rows([rec])
+    assert {r["metric"] for r in rows} == set(aot.METRICS)
+    case = rows[0]["case"]
+    assert case["config"] == '{"D_PAD":128,"dtype":"fp16"}'
+    assert case["source_hash"] == aot.source_hash() and case["triton"] == "3.9.0"
+    assert {r["metric"]: r["value"] for r in rows}["shared_bytes"] == 39168
+
+
+def test_compile_failure_names_the_configuration(tmp_path: Path) -> None:
+    bad = configs.KernelConfig(
+        "paged_decode",
+        torch.float16,
+        {**configs.decode_config(torch.float16, 128, 4, False).constexprs, "D_PAD": 96},
+    )  # tl.arange sizes must be powers of two
+    with pytest.raises(aot.CompileCheckError, match="'D_PAD': 96"):
+        aot.compile_all([bad], archs=(80,), cache_dir=tmp_path, workers=1)

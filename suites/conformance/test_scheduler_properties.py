@@ -1,0 +1,260 @@
+"""Scheduler properties on random traces (hypothesis).
+
+* every sequence finishes with exactly its output length; none lost, none duplicated;
+* admission (and swap-in) never leaves free blocks below the watermark;
+* event-driven and token-stepping engines make identical decisions (per-sequence
+  admission / first-token / finish steps, preemptions, swaps, recomputes, prefix hits)
+  and identical metrics (utilization sums, modeled time), on paged and contiguous caches;
+* with KV tensors, every sequence - preempted by swap or recompute or not - ends holding
+  exactly the KV of its tokens (prompt + generated), as if it had never been preempted;
+  and a memory-only cache makes exactly the decisions the cache with tensors makes;
+* n-sampling (forked children) holds fewer blocks than the same work without sharing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from paged.cache import PagedKVCache
+from paged.scheduler import Engine, RequestTooLargeError, kv_for_tokens
+from paged.scheduler_model import SchedulerConfig, TimeModel
+from reference.contiguous import ContiguousKVCache
+from workloads.geometry import KVGeometry
+from workloads.profiles import get_profile
+from workloads.trace import SYNTH_BASE, Trace, TraceRequest
+
+GEOM = KVGeometry(2, 2, 4, "float32", 4)
+TM = TimeModel(get_profile("a100-80gb"), GEOM, weight_bytes=10**9, params=5e8, block_size=4)
+
+
+@st.composite
+def traces(draw: st.DrawFn, allow_n: bool = True) -> Trace:
+    count = draw(st.integers(1, 10))
+    shared = draw(st.lists(st.integers(0, 50), min_size=4, max_size=16))
+    reqs, t = [], 0.0
+    for i in range(count):
+        if draw(st.booleans()):
+            t += draw(st.sampled_from([0.0, 0.0005, 0.002, 0.01]))
+        plen = draw(st.integers(1, 24))
+        out = draw(st.integers(1, 20))
+        prompt = None
+        if draw(st.integers(0, 2)):
+            own = draw(st.lists(st.integers(0, 50), min_size=1, max_size=plen))
+            prompt = tuple(shared + own)
+            plen = len(prompt)
+        n = draw(st.integers(1, 3)) if allow_n and draw(st.booleans()) else 1
+        salt = draw(st.sampled_from([None, None, "a", "b"]))
+        out_ids = None
+        prev = reqs[-1] if reqs else None
+        if prompt is not None and draw(st.booleans()):
+            # multi-turn: generated ids are given, and may continue the previous turn
+            out_ids = tuple(draw(st.lists(st.integers(0, 50), min_size=out, max_size=out)))
+            if prev is not None and prev.output_tokens is not None and draw(st.booleans()):
+                prompt = prev.prompt + prev.output_tokens + prompt[-2:]
+                plen, salt = len(prompt), prev.salt
+                if plen + out > 44:
+                    prompt, plen = prompt[: 44 - out], 44 - out
+        reqs.append(TraceRequest(f"q{i}", t, plen, out, prompt, salt, n=n, output_tokens=out_ids))
+    return Trace(tuple(reqs))
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> SchedulerConfig:
+    seqs = draw(st.integers(1, 8))
+    return SchedulerConfig(
+        max_batched_tokens=draw(st.integers(max(seqs, 4), 64)),
+        max_num_seqs=seqs,
+        chunked_prefill=draw(st.booleans()),
+        preemption=draw(st.sampled_from(["swap", "recompute", "auto"])),
+        max_preemptions=draw(st.integers(1, 4)),
+        batching=draw(st.sampled_from(["continuous", "continuous", "continuous", "static"])),
+    )
+
+
+class WatchedPaged(PagedKVCache):
+    """A PagedKVCache that asserts the watermark after every admission and swap-in."""
+
+    def admit(self, *args, **kwargs):  # type: ignore[override]
+        out = super().admit(*args, **kwargs)
+        assert self.num_free_blocks >= self.watermark_blocks, "admission broke the watermark"
+        return out
+
+    def swap_in(self, request_id):  # type: ignore[override]
+        super().swap_in(request_id)
+        assert self.num_free_blocks >= self.watermark_blocks, "swap-in broke the watermark"
+
+
+def paged(draw: st.DrawFn, store_kv: bool = False) -> PagedKVCache:
+    return WatchedPaged(
+        GEOM,
+        draw(st.integers(6, 40)),
+        draw(st.sampled_from([2, 4, 8])),
+        watermark=draw(st.sampled_from([0.0, 0.05, 0.2])),
+        num_cpu_blocks=draw(st.sampled_from([0, 4, 64])),
+        enable_prefix_caching=draw(st.booleans()),
+        store_kv=store_kv,
+    )
+
+
+def run_both(make_cache, trace: Trace, cfg: SchedulerConfig):
+    results = []
+    for mode in ("token", "event"):
+        cache = make_cache()
+        try:
+            results.append(Engine(cache, _with(cfg, mode), TM).run(trace))
+        except RequestTooLargeError:
+            assume(False)  # a request that can never fit this cache: rejected up front
+    return results
+
+
+def _with(cfg: SchedulerConfig, mode: str) -> SchedulerConfig:
+    from dataclasses import replace
+
+    return replace(cfg, mode=mode)
+
+
+def check_complete(result, trace: Trace) -> None:
+    expected = {}
+    for r in trace.requests:
+        for k in range(r.n):
+            expected[str(r.id) if k == 0 else f"{r.id}#{k}"] = r.output_len
+    ids = [rec.id for rec in result.records]
+    assert len(ids) == len(set(ids)), "a sequence was duplicated"
+    assert set(ids) == set(expected), "a sequence was lost"
+    for rec in result.records:
+        assert rec.generated == expected[rec.id], rec
+        assert 0 <= rec.admit_step <= rec.first_token_step <= rec.finish_step
+    assert result.generated_tokens == sum(expected.values())
+
+
+@given(st.data(), traces(), configs())
+def test_paged_event_equals_token_and_completes(data, trace: Trace, cfg: SchedulerConfig) -> None:
+    seed = data.draw(st.integers(0, 2**31))
+
+    def make():
+        import random
+
+        rnd = random.Random(seed)
+        return WatchedPaged(
+            GEOM,
+            rnd.randint(6, 24),
+            rnd.choice([2, 4, 8]),
+            watermark=rnd.choice([0.0, 0.05, 0.2]),
+            num_cpu_blocks=rnd.choice([0, 4, 64, 64]),
+            enable_prefix_caching=rnd.random() < 0.7,
+            store_kv=False,
+        )
+
+    tok, ev = run_both(make, trace, cfg)
+    check_complete(tok, trace)
+    assert ev.decisions() == tok.decisions()
+    for field in ("utilization", "modeled_seconds", "steps", "peak_concurrency", "mean_running"):
+        assert getattr(ev, field) == getattr(tok, field), field
+    assert ev.processed_steps <= tok.processed_steps
+
+
+@given(traces(), configs(), st.sampled_from(["max", "pow2", "oracle"]), st.integers(40, 200))
+def test_contiguous_event_equals_token(trace, cfg, policy, capacity) -> None:
+    def make():
+        return ContiguousKVCache(GEOM, capacity, 48, policy, store_kv=False)
+
+    tok, ev = run_both(make, trace, cfg)
+    check_complete(tok, trace)
+    assert ev.decisions() == tok.decisions()
+    assert ev.utilization == tok.utilization and ev.modeled_seconds == tok.modeled_seconds
+
+
+def expected_tokens(trace: Trace, sid: str) -> list[int]:
+    """A sequence's tokens, computed independently of the engine."""
+    base, _, child = sid.partition("#")
+    k = int(child) if child else 0
+    index = next(i for i, r in enumerate(trace.requests) if str(r.id) == base)
+    r = trace.requests[index]
+    prompt = list(r.prompt_ids(index))
+    if k == 0 and r.output_tokens is not None:
+        outputs = list(r.output_tokens)
+    else:
+        out0 = SYNTH_BASE * (index + 1) + (SYNTH_BASE // 64) * (k + 1)
+        outputs = [out0 + j for j in range(r.output_len)]
+    # KV holds prompt + all generated tokens but the last
+    return prompt + outputs[: r.output_len - 1]
+
+
+class CheckedPaged(WatchedPaged):
+    """Checks, when a sequence is freed at its finish (only then is it prompt + output - 1
+    tokens long), that its KV is exactly the KV of its tokens, which `expected_tokens`
+    computes without the engine."""
+
+    trace: Trace
+    checked: int = 0
+
+    def free(self, request_id):  # type: ignore[override]
+        toks = expected_tokens(self.trace, request_id)
+        if not self.is_swapped(request_id) and self.seq_len(request_id) == len(toks):
+            k, v = self.gather(request_id)
+            ek, ev = kv_for_tokens(toks, range(len(toks)), self)
+            assert torch.equal(k, ek) and torch.equal(v, ev), f"KV of {request_id} differs"
+            self.checked += 1
+        super().free(request_id)
+
+
+@given(st.data(), traces(), configs())
+def test_preempted_sequences_keep_exact_kv(data, trace: Trace, cfg: SchedulerConfig) -> None:
+    """...and the memory-only cache makes the same decisions as the one with tensors."""
+    params = dict(
+        num_blocks=data.draw(st.integers(8, 24)),
+        block_size=data.draw(st.sampled_from([2, 4])),
+        watermark=0.0,
+        num_cpu_blocks=data.draw(st.sampled_from([0, 64])),
+        enable_prefix_caching=data.draw(st.booleans()),
+    )
+    cache = CheckedPaged(GEOM, store_kv=True, **params)
+    cache.trace = trace
+    mode = data.draw(st.sampled_from(["token", "event"]))
+    try:
+        result = Engine(cache, _with(cfg, mode), TM).run(trace)
+    except RequestTooLargeError:
+        assume(False)
+        return
+    check_complete(result, trace)
+    memory_only = Engine(PagedKVCache(GEOM, store_kv=False, **params), _with(cfg, mode), TM)
+    other = memory_only.run(trace)
+    assert other.decisions() == result.decisions()
+    assert other.utilization == result.utilization
+    # every sequence that reached the cache was checked at its finish
+    in_cache = sum(r.n for r in trace.requests if r.output_len > 1) + sum(
+        1 for r in trace.requests if r.output_len == 1
+    )
+    assert cache.checked == in_cache
+
+
+def test_n_sampling_shares_blocks() -> None:
+    """n samples of one prompt hold fewer blocks than the same work as n copies."""
+    prompt = tuple(range(100, 164))  # 64 tokens = 8 full blocks of 8
+    shared = Trace(tuple(TraceRequest(f"p{i}", 0.0, 64, 24, prompt, n=4) for i in range(3)))
+    copies = Trace(
+        tuple(
+            TraceRequest(f"p{i}c{k}", 0.0, 64, 24, prompt, salt=f"{i}-{k}")
+            for i in range(3)
+            for k in range(4)
+        )
+    )
+    used = []
+    for trace in (shared, copies):
+        cache = PagedKVCache(GEOM, 400, 8, enable_prefix_caching=False, store_kv=False)
+        res = Engine(cache, SchedulerConfig(max_num_seqs=32), TM).run(trace)
+        check_complete(res, trace)
+        used.append(sum(row.used_blocks * row.span for row in res.timeline))
+        used.append(max(row.used_blocks for row in res.timeline))
+    assert used[0] < used[2] and used[1] < used[3]
+
+
+def test_oversized_request_rejected_with_line() -> None:
+    trace = Trace((TraceRequest("ok", 0.0, 4, 4), TraceRequest("huge", 0.0, 300, 10)))
+    cache = PagedKVCache(GEOM, 10, 4, store_kv=False)
+    with pytest.raises(RequestTooLargeError, match=r"line 3: request 'huge' needs"):
+        Engine(cache, SchedulerConfig(), TM).run(trace)
+    assert cache.request_ids() == []

@@ -1,0 +1,73 @@
+"""Seeded request arrival processes (times in seconds from the start of a trace).
+
+Three processes cover the serving benchmarks the seeds discuss:
+
+    all        every request at t = 0 (an offline batch: the throughput setting);
+    poisson    exponential inter-arrival gaps at `rate` requests per second;
+    burst      groups of `size` requests arriving together every `interval` seconds.
+
+Every function returns a non-decreasing float64 array of length n, the order a trace
+requires. Spec strings for the CLI: "all", "poisson:RATE", "burst:SIZE:INTERVAL".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from workloads.errors import ConfigError
+
+ArrivalProcess = Callable[[int, np.random.Generator], np.ndarray]
+
+
+def _check_n(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ConfigError(f"request count must be an integer >= 0, got {n!r}")
+
+
+def all_at_once(n: int, rng: np.random.Generator | None = None) -> np.ndarray:
+    """n arrivals at time 0."""
+    _check_n(n)
+    return np.zeros(n, dtype=np.float64)
+
+
+def poisson(n: int, rng: np.random.Generator, rate: float) -> np.ndarray:
+    """n arrivals of a Poisson process at `rate` requests/s (first gap included)."""
+    _check_n(n)
+    if not (isinstance(rate, (int, float)) and rate > 0 and np.isfinite(rate)):
+        raise ConfigError(f"poisson rate must be a positive number of requests/s, got {rate!r}")
+    return np.cumsum(rng.exponential(1.0 / rate, size=n))
+
+
+def bursts(n: int, size: int, interval: float) -> np.ndarray:
+    """Bursts of `size` requests at t = 0, interval, 2 * interval, ..."""
+    _check_n(n)
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ConfigError(f"burst size must be an integer >= 1, got {size!r}")
+    if not (isinstance(interval, (int, float)) and interval >= 0 and np.isfinite(interval)):
+        raise ConfigError(f"burst interval must be a number of seconds >= 0, got {interval!r}")
+    return (np.arange(n, dtype=np.int64) // size).astype(np.float64) * float(interval)
+
+
+def parse_arrivals(spec: str) -> ArrivalProcess:
+    """An arrival process from a spec string: 'all', 'poisson:RATE', 'burst:SIZE:INTERVAL'."""
+    parts = str(spec).strip().lower().split(":")
+    try:
+        if parts == ["all"]:
+            return lambda n, rng: all_at_once(n)
+        if parts[0] == "poisson" and len(parts) == 2:
+            rate = float(parts[1])
+            poisson(0, np.random.default_rng(0), rate)  # validate now, not at first use
+            return lambda n, rng: poisson(n, rng, rate)
+        if parts[0] == "burst" and len(parts) == 3:
+            size, interval = int(parts[1]), float(parts[2])
+            bursts(0, size, interval)
+            return lambda n, rng: bursts(n, size, interval)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"bad number in arrival spec {spec!r}: {exc}") from None
+    raise ConfigError(
+        f"cannot parse arrival spec {spec!r}; use 'all', 'poisson:RATE' or 'burst:SIZE:INTERVAL'"
+    )

@@ -1,0 +1,354 @@
+"""Replayable request traces: a versioned JSON-lines format that round-trips.
+
+Format (UTF-8, one JSON object per line):
+
+    line 1      header: {"format": "kvbench-trace", "version": 1, "num_requests": N,
+                         "meta": {...free-form: generator, seed, ...}}
+    line 2..N+1 one request each, fields:
+        id            str or int, unique in the trace                        (required)
+        arrival       seconds >= 0, non-decreasing down the file              (required)
+        output_len    tokens to generate, >= 1                                (required)
+        prompt        list of token ids (ints >= 0)      } at least one; if both,
+        prompt_len    prompt length, >= 1                } they must agree
+        salt          str or null: prefix-cache isolation key (tenant)        (optional)
+        n             parallel samples of this prompt, >= 1 (default 1)       (optional)
+        beam_width    beam search width, >= 1 (default 1; not with n > 1)     (optional)
+        output_tokens token ids the request will generate (len == output_len) (optional)
+
+A request given by `prompt_len` only gets synthetic prompt ids that depend on its
+position in the trace and never coincide with another request's (see
+`TraceRequest.prompt_ids`), so such requests never share prefix-cache blocks.
+
+Loading validates everything and raises `TraceError` naming the line number, the field
+and the bad value: malformed or truncated JSON, a missing or unknown field, a wrong type,
+a negative length, an output length of 0, an arrival out of order, a duplicate id, or
+fewer request lines than the header promises.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workloads.errors import ConfigError
+
+FORMAT = "kvbench-trace"
+VERSION = 1
+_HEADER_FIELDS = {"format", "version", "num_requests", "meta"}
+_REQUEST_FIELDS = {
+    "id",
+    "arrival",
+    "prompt",
+    "prompt_len",
+    "output_len",
+    "salt",
+    "n",
+    "beam_width",
+    "output_tokens",
+}
+#: Synthetic prompt ids of request i occupy [SYNTH_BASE * (i + 1), SYNTH_BASE * (i + 2)).
+SYNTH_BASE = 1 << 24
+
+
+class TraceError(ConfigError):
+    """A trace file or trace request is invalid. `line` (1-based, 0 if not from a file)
+    and `field` say where."""
+
+    def __init__(self, message: str, line: int = 0, field: str | None = None) -> None:
+        where = f"line {line}: " if line else ""
+        where += f"field {field!r}: " if field else ""
+        super().__init__(where + message)
+        self.line = line
+        self.field = field
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace (see the module docstring for the fields' meaning)."""
+
+    id: str | int
+    arrival: float
+    prompt_len: int
+    output_len: int
+    prompt: tuple[int, ...] | None = None
+    salt: str | None = None
+    n: int = 1
+    beam_width: int = 1
+    output_tokens: tuple[int, ...] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        _validate_request(self, line=0)
+
+    def prompt_ids(self, index: int) -> tuple[int, ...]:
+        """The prompt's token ids: the given ones, or synthetic ids unique to `index`
+        (the request's position in its trace)."""
+        if self.prompt is not None:
+            return self.prompt
+        base = SYNTH_BASE * (index + 1)
+        return tuple(range(base, base + self.prompt_len))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON object of this request (defaults omitted)."""
+        out: dict[str, Any] = {"id": self.id, "arrival": self.arrival}
+        if self.prompt is not None:
+            out["prompt"] = list(self.prompt)
+        else:
+            out["prompt_len"] = self.prompt_len
+        out["output_len"] = self.output_len
+        if self.salt is not None:
+            out["salt"] = self.salt
+        if self.n != 1:
+            out["n"] = self.n
+        if self.beam_width != 1:
+            out["beam_width"] = self.beam_width
+        if self.output_tokens is not None:
+            out["output_tokens"] = list(self.output_tokens)
+        return out
+
+
+@dataclass(frozen=True)
+class Trace:
+    """An ordered list of requests plus free-form metadata (generator, seed, ...)."""
+
+    requests: tuple[TraceRequest, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "requests", tuple(self.requests))
+        seen: set[str | int] = set()
+        last = 0.0
+        for i, req in enumerate(self.requests):
+            if req.id in seen:
+                raise TraceError(f"duplicate request id {req.id!r}", i + 2, "id")
+            if req.arrival < last:
+                raise TraceError(
+                    f"arrival {req.arrival!r} is before the previous request's {last!r}",
+                    i + 2,
+                    "arrival",
+                )
+            seen.add(req.id)
+            last = req.arrival
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "num_requests": len(self.requests),
+            "meta": self.meta,
+        }
+
+    def lines(self) -> Iterator[str]:
+        """The trace as JSON lines (no newlines)."""
+        yield json.dumps(self.header(), sort_keys=True)
+        for req in self.requests:
+            yield json.dumps(req.as_dict())
+
+    def dumps(self) -> str:
+        return "\n".join(self.lines()) + "\n"
+
+    def write(self, path: str | Path) -> Path:
+        """Write the trace to `path` (parent folders are created)."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", encoding="utf-8") as fh:
+            for line in self.lines():
+                fh.write(line + "\n")
+        return out
+
+    @classmethod
+    def loads(cls, text: str) -> Trace:
+        return cls.from_lines(text.splitlines())
+
+    @classmethod
+    def read(cls, path: str | Path) -> Trace:
+        """Load and validate a trace file (raises TraceError naming line and field)."""
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"trace file {str(p)!r} does not exist")
+        with p.open("r", encoding="utf-8") as fh:
+            return cls.from_lines(fh)
+
+    @classmethod
+    def from_lines(cls, lines: Iterable[str]) -> Trace:
+        it = iter(lines)
+        header_line = next(it, None)
+        if header_line is None or not header_line.strip():
+            raise TraceError("empty trace: the header line is missing", 1)
+        header = _parse_object(header_line, 1)
+        for key in header:
+            if key not in _HEADER_FIELDS:
+                raise TraceError(f"unknown header field (value {header[key]!r})", 1, key)
+        if header.get("format") != FORMAT:
+            raise TraceError(f"expected {FORMAT!r}, got {header.get('format')!r}", 1, "format")
+        if header.get("version") != VERSION:
+            raise TraceError(
+                f"unsupported version {header.get('version')!r} (this kvbench reads {VERSION})",
+                1,
+                "version",
+            )
+        expected = header.get("num_requests")
+        if isinstance(expected, bool) or not isinstance(expected, int) or expected < 0:
+            raise TraceError(f"must be an integer >= 0, got {expected!r}", 1, "num_requests")
+        meta = header.get("meta", {})
+        if not isinstance(meta, dict):
+            raise TraceError(f"must be an object, got {meta!r}", 1, "meta")
+        requests: list[TraceRequest] = []
+        seen: set[str | int] = set()
+        last_arrival = 0.0
+        for lineno, raw in enumerate(it, start=2):
+            if not raw.strip():
+                raise TraceError("empty line (each line must be one request)", lineno)
+            req = _request_from_obj(_parse_object(raw, lineno), lineno)
+            if req.id in seen:
+                raise TraceError(f"duplicate request id {req.id!r}", lineno, "id")
+            if req.arrival < last_arrival:
+                raise TraceError(
+                    f"arrival {req.arrival!r} is before the previous request's "
+                    f"{last_arrival!r} (requests must be in arrival order)",
+                    lineno,
+                    "arrival",
+                )
+            seen.add(req.id)
+            last_arrival = req.arrival
+            requests.append(req)
+        if len(requests) != expected:
+            raise TraceError(
+                f"header promises {expected} requests but the file has {len(requests)} "
+                "(truncated or extended trace)",
+                len(requests) + 2,
+                "num_requests",
+            )
+        return cls(tuple(requests), dict(meta))
+
+
+def _parse_object(raw: str, lineno: int) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"malformed JSON ({exc.msg} at column {exc.colno})", lineno) from None
+    if not isinstance(obj, dict):
+        raise TraceError(f"expected a JSON object, got {type(obj).__name__}", lineno)
+    return obj
+
+
+def _int_field(obj: dict[str, Any], name: str, lineno: int, minimum: int, default: int | None):
+    if name not in obj:
+        if default is None:
+            raise TraceError("missing required field", lineno, name)
+        return default
+    value = obj[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceError(f"must be an integer, got {value!r}", lineno, name)
+    if value < minimum:
+        raise TraceError(f"must be >= {minimum}, got {value!r}", lineno, name)
+    return value
+
+
+def _token_list(value: Any, lineno: int, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise TraceError(f"must be a list of token ids, got {type(value).__name__}", lineno, name)
+    for t in value:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise TraceError(f"token id {t!r} is not an integer >= 0", lineno, name)
+    return tuple(value)
+
+
+def _request_from_obj(obj: dict[str, Any], lineno: int) -> TraceRequest:
+    for key in obj:
+        if key not in _REQUEST_FIELDS:
+            raise TraceError(f"unknown request field (value {obj[key]!r})", lineno, key)
+    if "id" not in obj:
+        raise TraceError("missing required field", lineno, "id")
+    rid = obj["id"]
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        raise TraceError(f"must be a string or integer, got {rid!r}", lineno, "id")
+    if "arrival" not in obj:
+        raise TraceError("missing required field", lineno, "arrival")
+    arrival = obj["arrival"]
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)):
+        raise TraceError(f"must be a number of seconds, got {arrival!r}", lineno, "arrival")
+    output_len = _int_field(obj, "output_len", lineno, 1, None)
+    prompt = _token_list(obj["prompt"], lineno, "prompt") if "prompt" in obj else None
+    if prompt is None and "prompt_len" not in obj:
+        raise TraceError("missing: give 'prompt' or 'prompt_len'", lineno, "prompt_len")
+    prompt_len = _int_field(obj, "prompt_len", lineno, 1, len(prompt) if prompt else 0)
+    salt = obj.get("salt")
+    if salt is not None and not isinstance(salt, str):
+        raise TraceError(f"must be a string or null, got {salt!r}", lineno, "salt")
+    out_tokens = None
+    if "output_tokens" in obj:
+        out_tokens = _token_list(obj["output_tokens"], lineno, "output_tokens")
+    values = dict(
+        id=rid,
+        arrival=float(arrival),
+        prompt_len=prompt_len,
+        output_len=output_len,
+        prompt=prompt,
+        salt=salt,
+        n=_int_field(obj, "n", lineno, 1, 1),
+        beam_width=_int_field(obj, "beam_width", lineno, 1, 1),
+        output_tokens=out_tokens,
+    )
+    try:
+        return TraceRequest(**values)
+    except TraceError as exc:
+        raise TraceError(str(exc).split(": ", 1)[-1], lineno, exc.field) from None
+
+
+def _validate_request(req: TraceRequest, line: int) -> None:
+    """Cross-field checks shared by construction and loading."""
+    if isinstance(req.id, bool) or not isinstance(req.id, (str, int)):
+        raise TraceError(f"must be a string or integer, got {req.id!r}", line, "id")
+    if (
+        not (isinstance(req.arrival, numbers.Real) and req.arrival >= 0)
+        or req.arrival != req.arrival
+    ):
+        raise TraceError(f"must be a number of seconds >= 0, got {req.arrival!r}", line, "arrival")
+    for name, minimum in (("prompt_len", 1), ("output_len", 1), ("n", 1), ("beam_width", 1)):
+        value = getattr(req, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise TraceError(f"must be an integer >= {minimum}, got {value!r}", line, name)
+    if req.prompt is not None and len(req.prompt) != req.prompt_len:
+        raise TraceError(
+            f"prompt_len {req.prompt_len} disagrees with the prompt's {len(req.prompt)} ids",
+            line,
+            "prompt_len",
+        )
+    if req.output_tokens is not None and len(req.output_tokens) != req.output_len:
+        raise TraceError(
+            f"has {len(req.output_tokens)} ids but output_len is {req.output_len}",
+            line,
+            "output_tokens",
+        )
+    if req.n > 1 and req.beam_width > 1:
+        raise TraceError(
+            f"n={req.n} and beam_width={req.beam_width}: a request samples or beams, not both",
+            line,
+            "beam_width",
+        )
+    if req.salt is not None and not isinstance(req.salt, str):
+        raise TraceError(f"must be a string or null, got {req.salt!r}", line, "salt")
+
+
+def requests_from_arrays(
+    arrivals: Sequence[float],
+    prompt_lens: Sequence[int],
+    output_lens: Sequence[int],
+    id_prefix: str = "r",
+) -> list[TraceRequest]:
+    """Independent requests (synthetic prompts) from parallel arrays of equal length."""
+    if not len(arrivals) == len(prompt_lens) == len(output_lens):
+        raise ConfigError(
+            f"array lengths differ: {len(arrivals)}, {len(prompt_lens)}, {len(output_lens)}"
+        )
+    return [
+        TraceRequest(f"{id_prefix}{i}", float(a), int(p), int(o))
+        for i, (a, p, o) in enumerate(zip(arrivals, prompt_lens, output_lens, strict=True))
+    ]
