@@ -44,6 +44,7 @@ from paged.block_table import RequestState, block_table_tensor, slot_mapping
 from paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, PrefixCacheStats, block_key
 from paged.swap import SwapSpace
 from reference.contract import CacheStats, RequestId
+from reference.validation import validate_kv_append
 from workloads.errors import (
     CapacityError,
     ConfigError,
@@ -54,6 +55,9 @@ from workloads.errors import (
 )
 from workloads.geometry import KVGeometry, require_positive
 from workloads.torch_dtypes import torch_dtype
+
+#: Token id types checked at C speed; anything else goes through numbers.Integral.
+_PLAIN_TOKEN_TYPES = frozenset({int, type(None)})
 
 
 class PagedKVCache:
@@ -339,32 +343,6 @@ class PagedKVCache:
         return self._order
 
     # ------------------------------------------------------------------ append
-    def _validate_kv(self, keys: torch.Tensor, values: torch.Tensor) -> int:
-        g = self._geometry
-        for name, t in (("keys", keys), ("values", values)):
-            if not isinstance(t, torch.Tensor):
-                raise ShapeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if (
-                t.dim() != 4
-                or t.shape[0] != g.num_layers
-                or tuple(t.shape[2:])
-                != (
-                    g.num_kv_heads,
-                    g.head_dim,
-                )
-            ):
-                raise ShapeError(
-                    f"{name} must be [num_layers={g.num_layers}, n, num_kv_heads="
-                    f"{g.num_kv_heads}, head_dim={g.head_dim}], got {tuple(t.shape)}"
-                )
-            if t.dtype != self._dtype:
-                raise ShapeError(f"{name} dtype {t.dtype} does not match the cache's {self._dtype}")
-        if keys.shape != values.shape:
-            raise ShapeError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} differ")
-        if keys.shape[1] == 0:
-            raise ShapeError("cannot append 0 tokens")
-        return int(keys.shape[1])
-
     def _check_growth(
         self, request_id: RequestId, n: int, token_ids: Sequence[int | None] | None
     ) -> tuple[RequestState, int, bool]:
@@ -372,11 +350,13 @@ class PagedKVCache:
         if token_ids is not None:
             if len(token_ids) != n:
                 raise ShapeError(f"token_ids has {len(token_ids)} ids for {n} tokens")
-            for t in token_ids:
-                if t is not None and (
-                    isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0
-                ):
-                    raise ConfigError(f"token id {t!r} is not a non-negative integer or None")
+            plain = set(map(type, token_ids)) <= _PLAIN_TOKEN_TYPES
+            if not plain or min((t for t in token_ids if t is not None), default=0) < 0:
+                for t in token_ids:  # the rare path: find the offender and name it
+                    if t is not None and (
+                        isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0
+                    ):
+                        raise ConfigError(f"token id {t!r} is not a non-negative integer or None")
         new_len = req.seq_len + n
         if new_len > self.max_seq_len:
             raise CapacityError(
@@ -400,7 +380,7 @@ class PagedKVCache:
     ) -> None:
         """Write n tokens' K and V ([num_layers, n, num_kv_heads, head_dim]) after the
         request's last token (see the module docstring)."""
-        n = self._validate_kv(keys, values)
+        n = validate_kv_append(self._geometry, self._dtype, keys, values)
         req, fresh, cow = self._check_growth(request_id, n, token_ids)
         start = self._grow(req, n, fresh, cow, token_ids)
         if self._k is not None and self._v is not None:

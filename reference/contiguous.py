@@ -24,6 +24,7 @@ import torch
 
 from reference.contract import CacheStats, RequestId
 from reference.oracle import decode_attention
+from reference.validation import validate_kv_append
 from workloads.errors import (
     CapacityError,
     ConfigError,
@@ -194,32 +195,6 @@ class ContiguousKVCache:
         self._requests[request_id] = _Request(start, size, 0, prompt_ids, output_len, salt)
         return 0
 
-    def _validate_kv(self, keys: torch.Tensor, values: torch.Tensor) -> int:
-        g = self._geometry
-        for name, t in (("keys", keys), ("values", values)):
-            if not isinstance(t, torch.Tensor):
-                raise ShapeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if (
-                t.dim() != 4
-                or t.shape[0] != g.num_layers
-                or tuple(t.shape[2:])
-                != (
-                    g.num_kv_heads,
-                    g.head_dim,
-                )
-            ):
-                raise ShapeError(
-                    f"{name} must be [num_layers={g.num_layers}, n, num_kv_heads="
-                    f"{g.num_kv_heads}, head_dim={g.head_dim}], got {tuple(t.shape)}"
-                )
-            if t.dtype != self._dtype:
-                raise ShapeError(f"{name} dtype {t.dtype} does not match the cache's {self._dtype}")
-        if keys.shape != values.shape:
-            raise ShapeError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} differ")
-        if keys.shape[1] == 0:
-            raise ShapeError("cannot append 0 tokens")
-        return int(keys.shape[1])
-
     def append(
         self,
         request_id: RequestId,
@@ -230,7 +205,7 @@ class ContiguousKVCache:
         """Write n tokens after the request's last one, relocating it if it has outgrown
         its reservation (pow2/oracle)."""
         req = self._get(request_id)
-        n = self._validate_kv(keys, values)
+        n = validate_kv_append(self._geometry, self._dtype, keys, values)
         if token_ids is not None and len(token_ids) != n:
             raise ShapeError(f"token_ids has {len(token_ids)} ids for {n} tokens")
         new_len = req.length + n
