@@ -211,7 +211,7 @@ def test_preempted_sequences_keep_exact_kv(data, trace: Trace, cfg: SchedulerCon
         num_cpu_blocks=data.draw(st.sampled_from([0, 64])),
         enable_prefix_caching=data.draw(st.booleans()),
     )
-    cache = CheckedPaged(GEOM, store_kv=True, **params)
+    cache = CheckedPaged(GEOM, store_kv=True, kernel_backend="torch", **params)
     cache.trace = trace
     mode = data.draw(st.sampled_from(["token", "event"]))
     try:
