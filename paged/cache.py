@@ -44,7 +44,7 @@ from paged.block_table import RequestState, block_table_tensor, slot_mapping
 from paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, PrefixCacheStats, block_key
 from paged.swap import SwapSpace
 from reference.contract import CacheStats, RequestId
-from reference.validation import validate_kv_append
+from reference.validation import validate_kv_append, validate_prompt, validate_token_ids
 from workloads.errors import (
     CapacityError,
     ConfigError,
@@ -55,9 +55,6 @@ from workloads.errors import (
 )
 from workloads.geometry import KVGeometry, require_positive
 from workloads.torch_dtypes import torch_dtype
-
-#: Token id types checked at C speed; anything else goes through numbers.Integral.
-_PLAIN_TOKEN_TYPES = frozenset({int, type(None)})
 
 
 class PagedKVCache:
@@ -261,27 +258,6 @@ class PagedKVCache:
         return self.blocks_needed_to_grow(request_id, n) <= self.pool.num_free
 
     # ------------------------------------------------------------------ admit
-    def _validate_prompt(self, prompt: Sequence[int]) -> Sequence[int]:
-        try:
-            n = len(prompt)
-        except TypeError:
-            raise ConfigError(f"prompt must be a sequence of token ids, got {prompt!r}") from None
-        if n == 0:
-            raise ConfigError("prompt is empty; a request needs at least one token")
-        if n > self.max_seq_len:
-            raise ConfigError(f"prompt of {n} tokens is longer than max_seq_len={self.max_seq_len}")
-        if not self._track_tokens:
-            return prompt  # memory-only without prefix caching uses the length alone
-        if isinstance(prompt, range):
-            if prompt[0] >= 0 and prompt[-1] >= 0:
-                return tuple(prompt)
-        elif set(map(type, prompt)) == {int} and min(prompt) >= 0:
-            return tuple(prompt)  # the common case, checked at C speed
-        for t in prompt:
-            if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-                raise ConfigError(f"token id {t!r} is not a non-negative integer")
-        return tuple(int(t) for t in prompt)
-
     def admit(
         self,
         request_id: RequestId,
@@ -299,7 +275,7 @@ class PagedKVCache:
             raise ConfigError(f"request id {request_id!r} is not hashable") from None
         if known:
             raise DuplicateRequestError(f"request id {request_id!r} is already admitted")
-        prompt = self._validate_prompt(prompt)
+        prompt = validate_prompt(prompt, self.max_seq_len, check_ids=self._track_tokens)
         if output_len is not None and (
             isinstance(output_len, bool) or not isinstance(output_len, int) or output_len < 0
         ):
@@ -350,13 +326,7 @@ class PagedKVCache:
         if token_ids is not None:
             if len(token_ids) != n:
                 raise ShapeError(f"token_ids has {len(token_ids)} ids for {n} tokens")
-            plain = set(map(type, token_ids)) <= _PLAIN_TOKEN_TYPES
-            if not plain or min((t for t in token_ids if t is not None), default=0) < 0:
-                for t in token_ids:  # the rare path: find the offender and name it
-                    if t is not None and (
-                        isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0
-                    ):
-                        raise ConfigError(f"token id {t!r} is not a non-negative integer or None")
+            validate_token_ids(token_ids)
         new_len = req.seq_len + n
         if new_len > self.max_seq_len:
             raise CapacityError(

@@ -16,7 +16,6 @@ Every operation validates everything before it changes anything.
 from __future__ import annotations
 
 import bisect
-import numbers
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -24,7 +23,7 @@ import torch
 
 from reference.contract import CacheStats, RequestId
 from reference.oracle import decode_attention
-from reference.validation import validate_kv_append
+from reference.validation import validate_kv_append, validate_prompt
 from workloads.errors import (
     CapacityError,
     ConfigError,
@@ -179,7 +178,7 @@ class ContiguousKVCache:
         """Reserve a contiguous range for the request (see KVCache.admit). Returns 0."""
         if request_id in self._requests:
             raise DuplicateRequestError(f"request id {request_id!r} is already admitted")
-        prompt_ids = _validate_prompt(prompt, self.max_seq_len)
+        prompt_ids = tuple(validate_prompt(prompt, self.max_seq_len))
         if output_len is not None and (isinstance(output_len, bool) or output_len < 0):
             raise ConfigError(f"output_len must be >= 0, got {output_len!r}")
         size = self._reservation_for(len(prompt_ids), output_len)
@@ -344,20 +343,3 @@ class ContiguousKVCache:
             num_requests=len(self._requests),
             bytes_per_slot=self._geometry.bytes_per_token,
         )
-
-
-def _validate_prompt(prompt: Sequence[int], max_seq_len: int) -> tuple[int, ...]:
-    """Check a prompt is a non-empty sequence of non-negative ints no longer than
-    max_seq_len; return it as a tuple."""
-    try:
-        ids = tuple(prompt)
-    except TypeError:
-        raise ConfigError(f"prompt must be a sequence of token ids, got {prompt!r}") from None
-    if not ids:
-        raise ConfigError("prompt is empty; a request needs at least one token")
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-            raise ConfigError(f"token id {t!r} is not a non-negative integer")
-    if len(ids) > max_seq_len:
-        raise ConfigError(f"prompt of {len(ids)} tokens is longer than max_seq_len={max_seq_len}")
-    return tuple(int(t) for t in ids)

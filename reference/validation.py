@@ -3,9 +3,12 @@ same bad input with the same message."""
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Sequence
+
 import torch
 
-from workloads.errors import ShapeError
+from workloads.errors import ConfigError, ShapeError
 from workloads.geometry import KVGeometry
 
 
@@ -30,3 +33,53 @@ def validate_kv_append(
     if keys.shape[1] == 0:
         raise ShapeError("cannot append 0 tokens")
     return int(keys.shape[1])
+
+
+#: Token id types checked at C speed; anything else goes through numbers.Integral.
+_PLAIN_TOKEN_TYPES = frozenset({int, type(None)})
+
+
+def _find_bad_token(token_ids: Sequence[int | None], allow_none: bool) -> None:
+    """Raise ConfigError naming the first id that is not a non-negative integer."""
+    for t in token_ids:
+        if t is None and allow_none:
+            continue
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+            what = "a non-negative integer or None" if allow_none else "a non-negative integer"
+            raise ConfigError(f"token id {t!r} is not {what}")
+
+
+def validate_prompt(
+    prompt: Sequence[int], max_seq_len: int, *, check_ids: bool = True
+) -> Sequence[int]:
+    """Check a prompt is a non-empty sequence of at most max_seq_len non-negative ints.
+
+    Returns the ids as a tuple of ints; with `check_ids=False` (a memory-only cache that
+    only needs the length) returns the prompt as given after the length checks. The common
+    case, plain ints or a range, is checked at C speed: this runs once per admission in
+    100k-request replays.
+    """
+    try:
+        n = len(prompt)
+    except TypeError:
+        raise ConfigError(f"prompt must be a sequence of token ids, got {prompt!r}") from None
+    if n == 0:
+        raise ConfigError("prompt is empty; a request needs at least one token")
+    if n > max_seq_len:
+        raise ConfigError(f"prompt of {n} tokens is longer than max_seq_len={max_seq_len}")
+    if not check_ids:
+        return prompt
+    if isinstance(prompt, range):
+        if prompt[0] >= 0 and prompt[-1] >= 0:
+            return tuple(prompt)
+    elif set(map(type, prompt)) == {int} and min(prompt) >= 0:
+        return tuple(prompt)
+    _find_bad_token(prompt, allow_none=False)
+    return tuple(int(t) for t in prompt)
+
+
+def validate_token_ids(token_ids: Sequence[int | None]) -> None:
+    """Check appended token ids are non-negative ints or None (an id not given)."""
+    plain = set(map(type, token_ids)) <= _PLAIN_TOKEN_TYPES
+    if not plain or min((t for t in token_ids if t is not None), default=0) < 0:
+        _find_bad_token(token_ids, allow_none=True)
