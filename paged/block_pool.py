@@ -120,13 +120,41 @@ class BlockPool:
 
     def release(self, blocks: Sequence[int]) -> None:
         """Drop one reference to each of a request's blocks, tail first."""
+        ref, fill, free, evictable = self.ref, self.fill, self._free, self._evictable
+        cached = self.prefix.indexed_blocks() if self.prefix is not None else ()
         for block in reversed(blocks):
-            self.decref(block)
+            count = ref[block]
+            if count > 1:
+                ref[block] = count - 1
+                continue
+            if count != 1:
+                self.decref(block)  # raises: no reference to drop
+            ref[block] = 0
+            self.num_used -= 1
+            self.live_slots -= fill[block]
+            if block in cached:
+                evictable[block] = None
+            else:
+                fill[block] = 0
+                free.append(block)
 
     def set_fill(self, block: int, fill: int) -> None:
         """Record that `fill` slots of a used block hold written KV."""
         self.live_slots += fill - self.fill[block]
         self.fill[block] = fill
+
+    def fill_span(self, blocks: Sequence[int], start: int, end: int) -> None:
+        """Record that token positions [start, end) of a block table were written: the
+        blocks they touch hold min(block_size, end - first position) slots each.
+        Positions before `start` must already be recorded (a request writes in order)."""
+        if end <= start:
+            return
+        bs, fill = self.block_size, self.fill
+        first, last = start // bs, -(-end // bs)
+        self.live_slots += end - start
+        for i in range(first, last - 1):
+            fill[blocks[i]] = bs
+        fill[blocks[last - 1]] = end - (last - 1) * bs
 
     # ------------------------------------------------------------------ checks
     def snapshot(self) -> tuple:

@@ -25,7 +25,9 @@ class RequestState:
         by this request alone (refcount 1).
     keys: prefix-cache keys of its leading full blocks whose token ids are all known.
     hashable: False once a block with an unknown token id fills (no later block is keyed).
-    tokens: ids of the cached tokens (None where not given), or None when not tracked.
+    tokens: ids of the cached tokens (None where not given), or None when not tracked;
+        the last `unknown_tail` of them are None and not stored (a memory-only replay
+        appends millions of unknown output ids): len(tokens) + unknown_tail == seq_len.
     """
 
     __slots__ = (
@@ -42,6 +44,7 @@ class RequestState:
         "seq_len",
         "swapped",
         "tokens",
+        "unknown_tail",
     )
 
     def __init__(
@@ -65,6 +68,7 @@ class RequestState:
         self.extra = extra
         self.output_len = output_len
         self.tokens = tokens
+        self.unknown_tail = 0
         self.seq_len = seq_len
         self.blocks = blocks
         self.keys = keys
@@ -91,7 +95,20 @@ class RequestState:
             list(self.keys),
         )
         child.hashable = self.hashable
+        child.unknown_tail = self.unknown_tail
         return child
+
+    def token_list(self) -> list[int | None] | None:
+        """The ids of all cached tokens (None where not given), or None when not tracked."""
+        if self.tokens is None:
+            return None
+        return self.tokens + [None] * self.unknown_tail
+
+    def materialize_tail(self) -> None:
+        """Store the unknown tail explicitly (before known ids are appended after it)."""
+        if self.unknown_tail and self.tokens is not None:
+            self.tokens.extend([None] * self.unknown_tail)
+            self.unknown_tail = 0
 
     def snapshot(self) -> tuple:
         return (
@@ -101,7 +118,7 @@ class RequestState:
             self.salt,
             self.extra,
             self.output_len,
-            None if self.tokens is None else tuple(self.tokens),
+            None if self.tokens is None else (*self.tokens, *([None] * self.unknown_tail)),
             self.seq_len,
             tuple(self.blocks),
             tuple(self.keys),

@@ -197,9 +197,10 @@ class PagedKVCache:
     def token_ids(self, request_id: RequestId) -> list[int | None]:
         """Ids of the request's cached tokens (None where never given)."""
         req = self._get(request_id)
-        if req.tokens is None:
+        tokens = req.token_list()
+        if tokens is None:
             raise ConfigError("token ids are not tracked (memory-only, no prefix caching)")
-        return list(req.tokens)
+        return tokens
 
     def block_tables(self, request_ids: Sequence[RequestId]) -> tuple[torch.Tensor, torch.Tensor]:
         """int32 block tables [batch, max_blocks] and seq_lens [batch] of running requests,
@@ -370,10 +371,51 @@ class PagedKVCache:
         """Memory-only append of n tokens (bookkeeping only; no KV is written)."""
         if self.store_kv:
             raise ConfigError("append_tokens is for memory-only caches; use append with KV")
+        if token_ids is None and type(n) is int and n > 0 and self._append_plain(request_id, n):
+            return
         require_positive("n", n)
         req, fresh, cow = self._check_growth(request_id, n, token_ids)
         self._grow(req, n, fresh, cow, token_ids)
         self._register_full_blocks(req)
+
+    def _append_plain(self, request_id: RequestId, n: int) -> bool:
+        """The common memory-only append (a resident request, no ids, no copy-on-write,
+        within max_seq_len) with the same checks and effects as the general path; False
+        (nothing changed) for anything else. Trace replays call it millions of times."""
+        try:
+            req = self._requests.get(request_id)
+        except TypeError:
+            return False
+        if req is None or req.swapped:
+            return False
+        s, bs, pool = req.seq_len, self.block_size, self.pool
+        end = s + n
+        blocks = req.blocks
+        idx = s // bs
+        if end > self.max_seq_len or (idx < len(blocks) and pool.ref[blocks[idx]] != 1):
+            return False
+        fresh = -(-end // bs) - len(blocks)
+        if fresh > 0:
+            if fresh > pool.num_free:
+                raise CapacityError(
+                    f"cannot append {n} tokens to request {request_id!r}: needs {fresh} "
+                    f"blocks ({fresh} new, 0 copy-on-write), {pool.num_free} free"
+                )
+            for _ in range(fresh):
+                blocks.append(pool.allocate())
+        pool.fill_span(blocks, s, end)
+        tokens = req.tokens
+        if tokens is not None:
+            if s < req.prompt_len:  # prompt ids are known (and no unknown tail precedes them)
+                part = req.prompt[s:end]
+                tokens.extend(part)
+                req.unknown_tail += n - len(part)
+            else:
+                req.unknown_tail += n
+        req.seq_len = end
+        if req.hashable and tokens is not None and self.prefix is not None:
+            self._register_full_blocks(req)
+        return True
 
     def _grow(
         self,
@@ -403,15 +445,15 @@ class PagedKVCache:
         for _ in range(fresh):
             req.blocks.append(pool.allocate())
         end = s + n
-        for i in range(idx, -(-end // bs)):
-            pool.set_fill(req.blocks[i], min(bs, end - i * bs))
+        pool.fill_span(req.blocks, s, end)
         if req.tokens is not None:
             if token_ids is not None:
+                req.materialize_tail()
                 req.tokens.extend(int(t) if t is not None else None for t in token_ids)
             else:
                 prompt_part = req.prompt[s:end] if s < req.prompt_len else ()
                 req.tokens.extend(prompt_part)
-                req.tokens.extend([None] * (n - len(prompt_part)))
+                req.unknown_tail += n - len(prompt_part)
         req.seq_len = end
         return s
 
@@ -422,7 +464,7 @@ class PagedKVCache:
         bs, i = self.block_size, len(req.keys)
         while (i + 1) * bs <= req.seq_len:
             chunk = req.tokens[i * bs : (i + 1) * bs]
-            if None in chunk:
+            if len(chunk) < bs or None in chunk:  # short: it reaches into the unknown tail
                 req.hashable = False
                 return
             parent = req.keys[-1] if req.keys else None
@@ -661,7 +703,9 @@ class PagedKVCache:
             )
             assert req.seq_len <= self.max_seq_len
             if req.tokens is not None:
-                assert len(req.tokens) == req.seq_len, f"request {rid!r} token ids out of step"
+                assert len(req.tokens) + req.unknown_tail == req.seq_len, (
+                    f"request {rid!r} token ids out of step"
+                )
             assert len(req.keys) <= req.seq_len // bs
             if req.swapped:
                 continue

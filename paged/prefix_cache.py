@@ -17,10 +17,12 @@ when it evicts the block).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, KeysView, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 #: Extra keys of a block: (isolation salt, adapter id); None means "none".
 ExtraKeys = tuple[str | None, ...]
@@ -36,24 +38,34 @@ def block_key(parent: bytes | None, tokens: Sequence[int], extra: ExtraKeys) -> 
     + its bytes; the token count (u32 LE) and each token id as int64 LE; the number of
     extra keys (u32 LE) and each as 0x00 (None) or 0x01 + UTF-8 length (u32 LE) + bytes.
     """
-    h = hashlib.sha256(_DOMAIN)
-    if parent is None:
-        h.update(b"\x00")
-    else:
-        h.update(b"\x01" + struct.pack("<I", len(parent)) + parent)
-    h.update(struct.pack(f"<I{len(tokens)}q", len(tokens), *tokens))
-    h.update(struct.pack("<I", len(extra)))
+    head = b"\x00" if parent is None else b"\x01" + _U32.pack(len(parent)) + parent
+    body = _token_struct(len(tokens)).pack(len(tokens), *tokens)
+    return hashlib.sha256(_DOMAIN + head + body + _extra_bytes(extra)).digest()
+
+
+_U32 = struct.Struct("<I")
+
+
+@functools.lru_cache(maxsize=256)
+def _token_struct(n: int) -> struct.Struct:
+    return struct.Struct(f"<I{n}q")
+
+
+@functools.lru_cache(maxsize=4096)
+def _extra_bytes(extra: ExtraKeys) -> bytes:
+    out = [_U32.pack(len(extra))]
     for item in extra:
         if item is None:
-            h.update(b"\x00")
+            out.append(b"\x00")
         else:
             raw = item.encode("utf-8")
-            h.update(b"\x01" + struct.pack("<I", len(raw)) + raw)
-    return h.digest()
+            out.append(b"\x01" + _U32.pack(len(raw)) + raw)
+    return b"".join(out)
 
 
-@dataclass(frozen=True)
-class _Entry:
+class _Entry(NamedTuple):
+    """What an index entry verifies a hit against (a tuple: one is made per full block)."""
+
     key: bytes
     parent: bytes | None
     tokens: tuple[int, ...]
@@ -106,6 +118,10 @@ class PrefixCache:
 
     def is_cached(self, block: int) -> bool:
         return block in self._by_block
+
+    def indexed_blocks(self) -> KeysView[int]:
+        """A live view of the indexed physical blocks (O(1) membership)."""
+        return self._by_block.keys()
 
     def key_of(self, block: int) -> bytes | None:
         entry = self._by_block.get(block)

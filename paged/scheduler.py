@@ -47,32 +47,34 @@ Entry point for other layers: `paged.scheduler_setup.simulate`.
 from __future__ import annotations
 
 import gc
-import heapq
 import logging
 import time
 from collections.abc import Callable, Sequence
+from heapq import heappop, heappush
 
-import torch
-
-from paged.cache import PagedKVCache
 from paged.scheduler_model import (
     SchedulerConfig,
-    SeqRecord,
     SimulationResult,
     StepRow,
     TimeModel,
 )
-from reference.contiguous import ContiguousKVCache, next_pow2
+from paged.scheduler_seq import (
+    CHILDREN,
+    FINISHED,
+    NEVER,
+    RUNNING,
+    SWAPPED,
+    WAITING,
+    CacheAdapter,
+    Seq,
+    by_order,
+)
+from reference.contiguous import next_pow2
 from reference.contract import KVCache
 from workloads.errors import CapacityError, ConfigError, KVBenchError
 from workloads.trace import SYNTH_BASE, Trace, TraceRequest
 
 log = logging.getLogger(__name__)
-
-WAITING, RUNNING, SWAPPED, FINISHED = 0, 1, 2, 3
-_NEVER = 1 << 62
-#: Synthetic output ids of child k of request i start at SYNTH_BASE*(i+1) + _OUT*(k+1).
-_OUT = SYNTH_BASE // 64
 
 
 class SchedulerError(KVBenchError):
@@ -82,145 +84,6 @@ class SchedulerError(KVBenchError):
 class RequestTooLargeError(SchedulerError):
     """A request that could never fit the cache (rejected before the run starts, so it
     is never retried forever)."""
-
-
-class _Seq:
-    """Engine-side state of one sequence."""
-
-    __slots__ = (
-        "base_c",
-        "base_g",
-        "base_step",
-        "computed",
-        "cow",
-        "decoding",
-        "event_step",
-        "forked",
-        "generated",
-        "index",
-        "order",
-        "out_base",
-        "out_tokens",
-        "prompt",
-        "rec",
-        "req",
-        "salt",
-        "sid",
-        "state",
-        "synced",
-        "target",
-        "version",
-    )
-
-    def __init__(self, req: TraceRequest, index: int, child: int, prompt: tuple[int, ...]):
-        self.req = req
-        self.index = index
-        self.order = (index, child)
-        self.sid = str(req.id) if child == 0 else f"{req.id}#{child}"
-        self.prompt = prompt
-        self.salt = req.salt
-        self.out_tokens = req.output_tokens if child == 0 else None
-        self.out_base = SYNTH_BASE * (index + 1) + _OUT * (child + 1)
-        self.state = WAITING
-        self.target = len(prompt)  # tokens to prefill before decoding
-        self.computed = 0  # KV tokens in the cache (prefill phase)
-        self.generated = 0
-        self.decoding = False
-        self.base_step = self.base_c = self.base_g = self.synced = 0
-        self.event_step = _NEVER
-        self.version = 0
-        self.cow = False
-        self.forked = child != 0
-        self.rec = SeqRecord(self.sid, req.id, req.arrival, len(prompt), req.output_len)
-
-    def token(self, p: int) -> int:
-        plen = len(self.prompt)
-        if p < plen:
-            return self.prompt[p]
-        j = p - plen
-        return self.out_tokens[j] if self.out_tokens is not None else self.out_base + j
-
-    def tokens(self, a: int, b: int) -> list[int]:
-        return [self.token(p) for p in range(a, b)]
-
-
-def kv_for_tokens(
-    token_ids: Sequence[int], positions: Sequence[int], cache: KVCache
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Deterministic K and V for tokens at positions ([layers, n, kv_heads, head_dim]).
-
-    KV depends only on (token id, position): a recomputed or swapped-in sequence must hold
-    exactly the KV it had, and a prefix-cache hit must serve exactly what was computed.
-    """
-    g = cache.geometry
-    tok = torch.tensor([t % 100_003 for t in token_ids], dtype=torch.float64)
-    pos = torch.tensor(list(positions), dtype=torch.float64)
-    base = (tok * 0.0137 + pos * 0.291).view(1, -1, 1, 1)
-    lay = torch.arange(g.num_layers, dtype=torch.float64).view(-1, 1, 1, 1) * 0.53
-    head = torch.arange(g.num_kv_heads, dtype=torch.float64).view(1, 1, -1, 1) * 0.71
-    dim = torch.arange(g.head_dim, dtype=torch.float64).view(1, 1, 1, -1) * 0.117
-    k = torch.sin(base + lay + head + dim)
-    v = torch.cos(1.3 * base - lay + head * 0.5 + dim * 1.7)
-    return k.to(cache.torch_dtype), v.to(cache.torch_dtype)
-
-
-class _Adapter:
-    """What the engine needs from a cache beyond the contract, per cache type."""
-
-    def __init__(self, cache: KVCache) -> None:
-        self.cache = cache
-        self.paged = isinstance(cache, PagedKVCache)
-        self.contiguous = isinstance(cache, ContiguousKVCache)
-        self.store_kv = bool(getattr(cache, "store_kv", True))
-        self.block_size = cache.block_size if self.paged else 0
-        self.can_swap = self.paged and cache.swap.num_blocks > 0
-        self.prefix = self.paged and cache.prefix is not None
-        self.exact_growth = self.paged or self.contiguous
-        g = cache.geometry
-        self._dummy = torch.zeros((), dtype=cache.torch_dtype)
-        self._shape = (g.num_layers, g.num_kv_heads, g.head_dim)
-
-    def growth_point(self, seq: _Seq, c: int) -> int:
-        """Smallest KV length >= c at which appending one more token needs memory."""
-        if seq.cow or not self.exact_growth:
-            return c
-        if self.paged:
-            bs = self.block_size
-            return -(-c // bs) * bs
-        cache = self.cache
-        if cache.policy == "pow2":
-            return min(next_pow2(max(c, 1)), cache.max_seq_len)
-        return _NEVER
-
-    def append(self, seq: _Seq, start: int, n: int, ids: list[int] | None) -> None:
-        cache = self.cache
-        if self.paged and not self.store_kv:
-            cache.append_tokens(seq.sid, n, ids)
-            return
-        if self.store_kv:
-            k, v = kv_for_tokens(seq.tokens(start, start + n), range(start, start + n), cache)
-        else:
-            L, H, D = self._shape
-            k = v = self._dummy.expand(L, n, H, D)
-        cache.append(seq.sid, k, v, ids)
-
-    def held_blocks(self, sid: str) -> int:
-        return len(self.cache.block_table(sid)) if self.paged else 0
-
-    def memory(self) -> tuple[int, int, int, int, int]:
-        """(free blocks, used blocks, evictable cached blocks, synced live slots,
-        reserved slots)."""
-        if self.paged:
-            pool = self.cache.pool
-            return (
-                pool.num_free,
-                pool.num_used,
-                pool.num_evictable,
-                pool.live_slots,
-                pool.num_used * self.block_size,
-            )
-        st = self.cache.stats()
-        return (0, 0, 0, st.live_slots, st.reserved_slots)
 
 
 class Engine:
@@ -241,7 +104,7 @@ class Engine:
         self.tm = time_model
         if self.cfg.preemption == "auto" and time_model is None:
             raise ConfigError("preemption 'auto' needs a time model (device profile)")
-        self.ad = _Adapter(cache)
+        self.ad = CacheAdapter(cache)
         if cache.request_ids():
             raise ConfigError("the engine needs an empty cache")
 
@@ -255,6 +118,11 @@ class Engine:
                 raise ConfigError(
                     f"trace line {i + 2}: request {r.id!r} has beam_width={r.beam_width}; "
                     "beam search is not simulated by this engine (use n for sampling)"
+                )
+            if r.n >= CHILDREN:
+                raise ConfigError(
+                    f"trace line {i + 2}: request {r.id!r} has n={r.n}; the engine serves "
+                    f"at most {CHILDREN - 1} sequences per request"
                 )
             if not self.cfg.chunked_prefill and r.prompt_len > self.cfg.max_batched_tokens:
                 raise RequestTooLargeError(
@@ -318,26 +186,36 @@ class Engine:
         reqs = trace.requests
         arrivals_ps = [round(r.arrival * 1e12) for r in reqs]
         next_arrival = 0
-        seqs: list[_Seq] = []
+        seqs: list[Seq] = []
 
-        waiting: list[tuple[tuple[int, int], _Seq]] = []  # heap by order
-        swapped: list[tuple[tuple[int, int], _Seq]] = []
-        running: list[_Seq] = []  # sorted by order
-        events: list[tuple[int, tuple[int, int], int, _Seq]] = []  # (step, order, version)
-        prefilling: list[_Seq] = []  # running, not yet decoding, sorted by order
+        waiting: list[tuple[tuple[int, int], Seq]] = []  # heap by order
+        swapped: list[tuple[tuple[int, int], Seq]] = []
+        running: list[Seq] = []  # sorted by order
+        # decoder events, a calendar queue: step -> [(version, seq)], plus a heap of the
+        # steps that have a bucket (an entry is stale once the sequence's version moved on)
+        buckets: dict[int, list[tuple[int, Seq]]] = {}
+        event_steps: list[int] = []
+        prefilling: list[Seq] = []  # running, not yet decoding, sorted by order
 
         # decoder aggregates: logical KV length at the start of step t is A + D * t
         agg = {"A": 0, "D": 0, "sync": 0}
 
-        def hashes(seq: _Seq) -> bool:
-            if not ad.prefix or hash_mode == "never":
-                return False
-            return hash_mode == "always" or seq.out_tokens is not None or big_prompt_ids
+        def hashes(seq: Seq) -> bool:
+            """Whether the sequence's output token ids go to the cache (so its full
+            output blocks are indexed by the prefix cache). Fixed for a sequence."""
+            return seq.hashed
 
-        def c_at(seq: _Seq, t: int) -> int:
+        def new_seq(req: TraceRequest, index: int, child: int, prompt: Sequence[int]) -> Seq:
+            seq = Seq(req, index, child, prompt)
+            if ad.prefix and hash_mode != "never":
+                seq.hashed = hash_mode == "always" or seq.out_tokens is not None or big_prompt_ids
+            seqs.append(seq)
+            return seq
+
+        def c_at(seq: Seq, t: int) -> int:
             return seq.base_c + (t - seq.base_step)
 
-        def start_decoding(seq: _Seq, t: int, c: int, synced: int) -> None:
+        def start_decoding(seq: Seq, t: int, c: int, synced: int) -> None:
             seq.decoding = True
             seq.base_step, seq.base_c, seq.base_g, seq.synced = t, c, seq.generated, synced
             agg["A"] += c - t
@@ -345,7 +223,7 @@ class Engine:
             agg["sync"] += synced
             schedule(seq, t)
 
-        def stop_decoding(seq: _Seq) -> None:
+        def stop_decoding(seq: Seq) -> None:
             if seq.decoding:
                 agg["A"] -= seq.base_c - seq.base_step
                 agg["D"] -= 1
@@ -353,23 +231,33 @@ class Engine:
                 seq.decoding = False
                 seq.version += 1
 
-        def schedule(seq: _Seq, t: int) -> None:
+        def schedule(seq: Seq, t: int) -> None:
             """Queue the decoder's next event at or after step t (its state is at the
             start of step t): the step that generates its last token, that appends at a
             growth point, or that fills an indexed block. Token mode: every step."""
-            seq.version += 1
+            version = seq.version = seq.version + 1
             nxt = t
             if event_mode:
-                c = c_at(seq, t)
-                g = seq.base_g + (t - seq.base_step)
-                nxt = t + (seq.req.output_len - g - 1)
-                nxt = min(nxt, t + (ad.growth_point(seq, c) - c))
-                if bs and hashes(seq):
-                    nxt = min(nxt, t + ((bs - 1 - c) % bs))
+                dt = t - seq.base_step
+                c = seq.base_c + dt
+                nxt = t + (seq.req.output_len - seq.base_g - dt - 1)
+                if bs and not seq.cow:
+                    gap = -c % bs  # tokens until the next block boundary
+                    if seq.hashed:
+                        gap = min(gap, (bs - 1 - c) % bs)
+                else:
+                    gap = ad.growth_point(seq, c) - c
+                if gap < nxt - t:
+                    nxt = t + gap
             seq.event_step = nxt
-            heapq.heappush(events, (nxt, seq.order, seq.version, seq))
+            bucket = buckets.get(nxt)
+            if bucket is None:
+                buckets[nxt] = [(version, seq)]
+                heappush(event_steps, nxt)
+            else:
+                bucket.append((version, seq))
 
-        def sync(seq: _Seq, upto: int) -> None:
+        def sync(seq: Seq, upto: int) -> None:
             """Flush a decoder's deferred appends so its cache length is `upto`."""
             n = upto - seq.synced
             if n > 0:
@@ -378,28 +266,28 @@ class Engine:
                 agg["sync"] += n
                 seq.synced = upto
 
-        def rebase(seq: _Seq, t: int, c: int, g: int) -> None:
+        def rebase(seq: Seq, t: int, c: int, g: int) -> None:
             """Make (c, g) the decoder's logical state at the start of step t."""
             agg["A"] += (c - t) - (seq.base_c - seq.base_step)
             seq.base_step, seq.base_c, seq.base_g = t, c, g
 
         # ---------------------------------------------------------------- bookkeeping
         # epoch: bumped by every cache change an admission could observe
-        st = {"epoch": 0, "fail_key": None, "preempted": False, "cursor": (-1, -1)}
+        st = {"epoch": 0, "fail_key": None, "preempted": False, "cursor": -1}
         st.update(swap_ps=0, dec=0, kv_read=0)
         totals = {"pre": 0, "swap": 0, "rec": 0, "gen": 0, "finished": 0, "overrides": 0}
         totals["events"] = 0  # decoder events + admissions + swap-ins + finishes
-        finished_now: list[_Seq] = []
+        finished_now: list[Seq] = []
 
         def bump() -> None:
             st["epoch"] += 1
 
-        def remove_running(seq: _Seq) -> None:
+        def remove_running(seq: Seq) -> None:
             running.remove(seq)
             if seq in prefilling:
                 prefilling.remove(seq)
 
-        def preempt(victim: _Seq, t: int) -> None:
+        def preempt(victim: Seq, t: int) -> None:
             st["preempted"] = True
             totals["pre"] += 1
             victim.rec.preemptions += 1
@@ -438,7 +326,7 @@ class Engine:
                 victim.computed = c
                 victim.rec.swaps += 1
                 totals["swap"] += 1
-                heapq.heappush(swapped, (victim.order, victim))
+                heappush(swapped, (victim.order, victim))
                 return
             cache.free(victim.sid)
             victim.state = WAITING
@@ -446,9 +334,9 @@ class Engine:
             victim.target = len(victim.prompt) + victim.generated
             victim.rec.recomputes += 1
             totals["rec"] += 1
-            heapq.heappush(waiting, (victim.order, victim))
+            heappush(waiting, (victim.order, victim))
 
-        def choose_victim() -> _Seq:
+        def choose_victim() -> Seq:
             """The latest-arrived running sequence below the preemption bound (else the
             latest-arrived), never one that already finished in this step."""
             fallback = None
@@ -463,7 +351,7 @@ class Engine:
             assert fallback is not None
             return fallback
 
-        def grow(seq: _Seq, t: int, c: int) -> bool:
+        def grow(seq: Seq, t: int, c: int) -> bool:
             """Append the decoder's step-t token at position c, preempting as needed.
             Returns False when the sequence itself was preempted."""
             ids = [seq.token(c)] if hashes(seq) else None
@@ -477,7 +365,7 @@ class Engine:
                     if victim is seq:
                         return False
 
-        def flush_and_grow(seq: _Seq, t: int, c: int) -> bool:
+        def flush_and_grow(seq: Seq, t: int, c: int) -> bool:
             """Deferred appends plus this step's token in one cache call when it fits;
             otherwise flush (never allocates) and grow with preemption."""
             n = c - seq.synced
@@ -486,11 +374,16 @@ class Engine:
                 try:
                     ad.append(seq, seq.synced, n + 1, ids)
                 except CapacityError:
-                    sync(seq, c)
-                    return grow(seq, t, c)
+                    return grow_after_flush(seq, t, c)
                 agg["sync"] += n
                 seq.synced = c
                 return True
+            return grow(seq, t, c)
+
+        def grow_after_flush(seq: Seq, t: int, c: int) -> bool:
+            """The one-call append did not fit: flush the deferred appends (they never
+            allocate) and grow by this step's token with preemption."""
+            sync(seq, c)
             return grow(seq, t, c)
 
         def retire(t: int) -> None:
@@ -502,7 +395,7 @@ class Engine:
                 done(seq, t)
             finished_now.clear()
 
-        def done(seq: _Seq, t: int) -> None:
+        def done(seq: Seq, t: int) -> None:
             seq.state = FINISHED
             seq.rec.finish_step = t
             seq.rec.generated = seq.generated
@@ -510,7 +403,7 @@ class Engine:
             totals["gen"] += seq.generated
             totals["finished"] += 1
 
-        def add_running(seq: _Seq) -> None:
+        def add_running(seq: Seq) -> None:
             lo, hi = 0, len(running)
             while lo < hi:
                 mid = (lo + hi) // 2
@@ -520,11 +413,10 @@ class Engine:
                     hi = mid
             running.insert(lo, seq)
 
-        def fork_children(parent: _Seq, t: int) -> None:
+        def fork_children(parent: Seq, t: int) -> None:
             r = parent.req
             for k in range(1, r.n):
-                child = _Seq(r, parent.index, k, parent.prompt)
-                seqs.append(child)
+                child = new_seq(r, parent.index, k, parent.prompt)
                 child.rec.admit_step = parent.rec.admit_step
                 child.rec.first_token_step = t
                 child.rec.cached_tokens = parent.rec.cached_tokens
@@ -547,8 +439,11 @@ class Engine:
                     start_decoding(child, t + 1, parent.computed, parent.computed)
                 else:  # no room to fork: the child recomputes prompt + its first token
                     child.target = len(child.prompt) + 1
-                    heapq.heappush(waiting, (child.order, child))
+                    heappush(waiting, (child.order, child))
             parent.cow = True
+
+        # memory-only paged caches take token counts directly (no KV to make)
+        plain_append = cache.append_tokens if ad.paged and not ad.store_kv else None
 
         # ---------------------------------------------------------------- main loop
         timeline: list[StepRow] = []
@@ -567,9 +462,8 @@ class Engine:
             nonlocal next_arrival
             while next_arrival < n_total and arrivals_ps[next_arrival] <= upto_ps:
                 r = reqs[next_arrival]
-                seq = _Seq(r, next_arrival, 0, r.prompt_ids(next_arrival))
-                seqs.append(seq)
-                heapq.heappush(waiting, (seq.order, seq))
+                seq = new_seq(r, next_arrival, 0, r.prompt_ids(next_arrival))
+                heappush(waiting, (seq.order, seq))
                 next_arrival += 1
 
         while True:
@@ -586,39 +480,53 @@ class Engine:
             st["dec"] = D
             st["kv_read"] = agg["A"] + D * t + D  # each decoder reads its c + 1 tokens
             # -- 2. decode appends of the sequences whose event is now (all, in token mode)
-            due: list[_Seq] = []
-            while events and events[0][0] <= t:
-                _, _, version, seq = heapq.heappop(events)
-                if version == seq.version and seq.decoding:
-                    due.append(seq)
-            due.sort(key=lambda s: s.order)
+            due: list[Seq] = []
+            while event_steps and event_steps[0] <= t:
+                for version, seq in buckets.pop(heappop(event_steps)):
+                    if version == seq.version and seq.decoding:
+                        due.append(seq)
+            due.sort(key=by_order)
             totals["events"] += len(due)
             for seq in due:
                 if not seq.decoding:
                     continue  # preempted earlier in this step
                 st["cursor"] = seq.order
-                c = c_at(seq, t)
-                g = seq.base_g + (t - seq.base_step)
-                allocating = seq.cow or ad.growth_point(seq, c) == c
-                if not flush_and_grow(seq, t, c):
+                dt = t - seq.base_step
+                c = seq.base_c + dt
+                g = seq.base_g + dt
+                if bs and not seq.cow:
+                    allocating = c % bs == 0
+                else:
+                    allocating = seq.cow or ad.growth_point(seq, c) == c
+                n = c - seq.synced
+                if plain_append is not None and not seq.hashed:
+                    try:  # deferred appends and this step's token in one call
+                        plain_append(seq.sid, n + 1)
+                    except CapacityError:
+                        if not grow_after_flush(seq, t, c):
+                            continue
+                    else:
+                        agg["sync"] += n
+                elif not flush_and_grow(seq, t, c):
                     continue
-                if allocating or (bs and hashes(seq) and (c + 1) % bs == 0):
-                    bump()
+                if allocating or (seq.hashed and (c + 1) % bs == 0):
+                    st["epoch"] += 1
                 seq.cow = False
                 seq.synced = c + 1
                 agg["sync"] += 1
                 seq.generated = g + 1
-                rebase(seq, t + 1, c + 1, g + 1)
-                if seq.generated >= seq.req.output_len:
+                # the decoder's line c - t is unchanged, so the aggregates are too
+                seq.base_step, seq.base_c, seq.base_g = t + 1, c + 1, g + 1
+                if g + 1 >= seq.req.output_len:
                     seq.version += 1  # no further events
                     finished_now.append(seq)
                 else:
                     schedule(seq, t + 1)
-            st["cursor"] = (_NEVER, 0)
+            st["cursor"] = NEVER
             decoders, kv_read = st["dec"], st["kv_read"]
             # -- 3. continuing prefills
             budget = cfg.max_batched_tokens - decoders
-            chunks: list[tuple[_Seq, int]] = []
+            chunks: list[tuple[Seq, int]] = []
             for seq in prefilling:
                 if budget <= 0:
                     break
@@ -639,7 +547,7 @@ class Engine:
                         cache.swap_in(seq.sid)
                     except CapacityError:
                         break
-                    heapq.heappop(swapped)
+                    heappop(swapped)
                     bump()
                     if tm is not None:
                         st["swap_ps"] += tm.swap_ps(blocks)
@@ -676,7 +584,7 @@ class Engine:
                             )
                         except CapacityError:
                             break
-                        heapq.heappop(waiting)
+                        heappop(waiting)
                         bump()
                         totals["events"] += 1
                         seq.state = RUNNING
@@ -774,7 +682,7 @@ class Engine:
             # -- 7. the next step: in event mode, skip the quiet stretch before it
             nxt = t + 1
             if event_mode and not prefilling and not had_finishes and not st["preempted"]:
-                horizon = events[0][0] if events else _NEVER
+                horizon = event_steps[0] if event_steps else NEVER
                 D, A = agg["D"], agg["A"]
                 adm_key = (
                     st["epoch"],
@@ -884,7 +792,7 @@ class Engine:
         if not weight_ps and not kv_ps:
             return horizon
         lo, hi = first, horizon
-        if hi >= _NEVER or start_of(hi) >= arrival_ps:
+        if hi >= NEVER or start_of(hi) >= arrival_ps:
             hi = min(hi, first + 1)
             while start_of(hi) < arrival_ps and hi < horizon:
                 lo, hi = hi, min(horizon, first + 2 * (hi - first))

@@ -54,7 +54,7 @@ def validate_prompt(
 ) -> Sequence[int]:
     """Check a prompt is a non-empty sequence of at most max_seq_len non-negative ints.
 
-    Returns the ids as a tuple of ints; with `check_ids=False` (a memory-only cache that
+    Returns the ids as an immutable sequence of ints (a tuple, or the range given); with `check_ids=False` (a memory-only cache that
     only needs the length) returns the prompt as given after the length checks. The common
     case, plain ints or a range, is checked at C speed: this runs once per admission in
     100k-request replays.
@@ -71,7 +71,7 @@ def validate_prompt(
         return prompt
     if isinstance(prompt, range):
         if prompt[0] >= 0 and prompt[-1] >= 0:
-            return tuple(prompt)
+            return prompt  # immutable already
     elif set(map(type, prompt)) == {int} and min(prompt) >= 0:
         return tuple(prompt)
     _find_bad_token(prompt, allow_none=False)

@@ -47,6 +47,9 @@ class FigureSpec:
     logy: bool = False
     ylabel: str = ""
     percent: bool = False  # y values are fractions: show as %
+    #: case parameters that never define a series of their own (they follow from others,
+    #: e.g. a peer's library version follows from the peer)
+    ignore: tuple[str, ...] = ()
 
     @property
     def slug(self) -> str:
@@ -213,6 +216,45 @@ SPECS: tuple[FigureSpec, ...] = (
         ylabel="prefix blocks saved",
     ),
     FigureSpec(
+        "peers.pool_ops",
+        "Block pool operations per second",
+        "impl",
+        ("ops_per_s",),
+        kind="bar",
+        ylabel="operations / s",
+        ignore=("version",),
+    ),
+    FigureSpec(
+        "peers.trace_replay",
+        "Trace replay time",
+        "impl",
+        ("time",),
+        kind="bar",
+        ylabel="seconds in allocator calls",
+        ignore=("version",),
+    ),
+    FigureSpec(
+        "peers.cpu_decode",
+        "CPU decode time vs context (batch 8)",
+        "context",
+        ("time",),
+        fixed={"batch": 8},
+        logx=True,
+        logy=True,
+        ylabel="seconds per decode step",
+        ignore=("version",),
+    ),
+    FigureSpec(
+        "peers.cpu_decode",
+        "CPU decode time / SDPA time (batch 8)",
+        "context",
+        ("ratio_vs_sdpa",),
+        fixed={"batch": 8},
+        logx=True,
+        ylabel="paged / contiguous SDPA",
+        ignore=("version",),
+    ),
+    FigureSpec(
         "preempt.swap_vs_recompute",
         "Swap vs recompute cost",
         "seq_len",
@@ -241,6 +283,8 @@ def _select(frame: pd.DataFrame, spec: FigureSpec) -> pd.DataFrame:
 def _label(parts: list[tuple[str, Any]]) -> str:
     out = []
     for k, v in parts:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            continue  # a parameter this series' cases do not have (e.g. SDPA's block size)
         if isinstance(v, float) and v.is_integer():
             v = int(v)
         out.append(f"{k}={v}" if k not in ("metric", "run_id") else str(v))
@@ -252,7 +296,7 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
     sub = _select(frame, spec)
     if sub.empty or spec.x not in sub.columns or sub[spec.x].isna().all():
         return None
-    params = [c for c in case_columns(sub) if c != spec.x]
+    params = [c for c in case_columns(sub) if c != spec.x and c not in spec.ignore]
     series_keys = (["run_id"] if sub["run_id"].nunique() > 1 else []) + varying(sub, params)
     if len(spec.metrics) > 1:
         series_keys = ["metric", *series_keys]

@@ -5,9 +5,12 @@
 Pages: `index.html` (runs with their environments, skipped lines, sweeps waiting for a
 module, and the list of sweeps), one `sweep-<name>.html` per sweep (its figures and its
 table, with the related published claims), `claims.html` (every claim of the seed
-literature with source, measured value and verdict, per run) and, with two or more runs,
-`compare.html` (the first two runs side by side). Figures are SVG files under `figures/`;
-nothing is fetched from the network, so the folder can be published as it is.
+literature with source, measured value and verdict, per run), `peers.html` (kvbench
+beside other implementations from the `peers.*` sweeps, with the ratios the bench
+measured and the properties that differ by design; without peer rows it says how to
+produce them) and, with two or more runs, `compare.html` (the first two runs side by
+side). Figures are SVG files under `figures/`; nothing is fetched from the network, so
+the folder can be published as it is.
 
 All text that comes from result files is escaped by jinja2's autoescaping; figure text is
 drawn as paths (no markup from the data reaches the SVG as text).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import re
 import shutil
 from collections.abc import Sequence
@@ -156,7 +160,8 @@ def build_site(
         "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "has_compare": len(runs) >= 2,
         "has_gate": bool(gates),
-        "nav_sweeps": [{"name": p.name, "href": p.href} for p in pages],
+        "nav_sweeps": [{"name": "peers", "href": PEERS_HREF}]
+        + [{"name": p.name, "href": p.href} for p in pages],
     }
 
     def write(name: str, template: str, **ctx: Any) -> None:
@@ -191,6 +196,7 @@ def build_site(
             for r in runs
         ],
     )
+    write(PEERS_HREF, "site_peers.html.j2", title="Peers", **peers_view(frame, fig_dir, hrefs))
     if gates:
         write("gate.html", "site_gate.html.j2", title="Gate", gates=list(gates))
     if len(runs) >= 2:
@@ -202,6 +208,230 @@ def build_site(
             **_compare(a, b, frame, per_run_claims),
         )
     return out / "index.html"
+
+
+# ---------------------------------------------------------------- peers page
+PEERS_HREF = "peers.html"
+#: The peer sweeps (suites/bench/sweeps/peers.py), the implementation column, the
+#: implementation every ratio is taken against, and the contiguous decode baseline.
+PEER_SUITES = ("peers.pool_ops", "peers.trace_replay", "peers.cpu_decode")
+PEER_IMPL, PEER_BASELINE, PEER_SDPA = "impl", "kvbench", "sdpa_contiguous"
+
+
+@dataclass
+class PeerSection:
+    """One peer sweep on the peers page: what it measured, figures, a side-by-side table."""
+
+    suite: str
+    title: str
+    text: str
+    href: str = ""
+    fixed: str = ""
+    impls: list[str] = field(default_factory=list)
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    n_keys: int = 0
+    figure_files: list[dict[str, str]] = field(default_factory=list)
+
+
+_PEER_TEXT = {
+    "peers.pool_ops": (
+        "Block pool operations per second",
+        "One seeded random sequence of admit / append / free operations (prefix caching on, "
+        "a pool that never runs dry) applied to each allocator; time is the median over "
+        "fresh allocators. Equal hit tokens show both did the same prefix-cache work.",
+    ),
+    "peers.trace_replay": (
+        "Trace replay",
+        "The same serving trace (8 shared 64-token system prompts plus unique suffixes, 64 "
+        "live requests, a pool small enough that cached prefixes are evicted) replayed "
+        "through each allocator; time counts the allocator's calls only.",
+    ),
+    "peers.cpu_decode": (
+        "CPU paged decode",
+        "One decode step, every sequence at the full context: kvbench's torch path "
+        "(kernels.ops), vLLM's native cpu_attention_with_kv_cache and torch SDPA over the "
+        "same K/V laid out contiguously. Both paged peers run at the same block size in "
+        "every row (vLLM's CPU op takes block 16 through its vec16 ISA and picks vec "
+        "at multiples of 32; its engine defaults to 128 on CPU), so each comparison is like "
+        "for like. A peer whose output differs from SDPA's by more than 1e-4 is not timed.",
+    ),
+}
+
+#: Columns of each peer table: (header, metric, unit, for the baseline too?) per
+#: implementation; ratios are the metrics the bench emitted (measured in one process).
+_PEER_COLUMNS: dict[str, list[tuple[str, str, str, bool]]] = {
+    "peers.pool_ops": [
+        ("ops/s", "ops_per_s", "ops/s", True),
+        ("time", "time", "s", True),
+        ("hit tokens", "hit_tokens", "tokens", True),
+        ("time / kvbench", "ratio_vs_kvbench", "ratio", False),
+    ],
+    "peers.trace_replay": [
+        ("time", "time", "s", True),
+        ("requests/s", "requests_per_s", "requests/s", True),
+        ("hit tokens", "hit_tokens", "tokens", True),
+        ("time / kvbench", "ratio_vs_kvbench", "ratio", False),
+    ],
+    "peers.cpu_decode": [
+        ("time", "time", "s", True),
+        ("time / SDPA", "ratio_vs_sdpa", "ratio", True),
+        ("time / kvbench", "ratio_vs_kvbench", "ratio", False),
+    ],
+}
+_PEER_KEYS = {
+    "peers.pool_ops": ["ops", "block_size", "num_blocks"],
+    "peers.trace_replay": ["requests", "window", "block_size", "num_blocks"],
+    "peers.cpu_decode": ["batch", "context", "block_size"],
+}
+
+
+def _fmt_cell(value: Any, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if unit == "ratio":
+        return f"{float(value):.3g}×"
+    if unit.endswith("/s") and unit != "B/s":  # rates: whole numbers with separators
+        return f"{float(value):,.0f}"
+    if unit == "s" and abs(float(value)) >= 1:
+        return f"{float(value):.4g} s"
+    return tables.format_value(value, unit)
+
+
+def _impl_order(impls: Sequence[str]) -> list[str]:
+    """kvbench first, SDPA last, the other peers by name between."""
+    rank = {PEER_BASELINE: 0, PEER_SDPA: 2}
+    return sorted(dict.fromkeys(impls), key=lambda n: (rank.get(n, 1), n))
+
+
+def _fixed_text(sub: pd.DataFrame, keys: Sequence[str]) -> str:
+    """Case parameters that hold one value in every row of `sub` (e.g. dtype, heads)."""
+    skip = {PEER_IMPL, "version", *keys}
+    parts = []
+    for c in tables.case_columns(sub):
+        vals = sub[c].dropna().unique()
+        if c not in skip and len(vals) == 1:
+            parts.append(f"{c}={tables.format_value(vals[0])}")
+    return ", ".join(parts)
+
+
+def _peer_table(suite: str, sub: pd.DataFrame, impls: list[str]) -> tuple[list, list, int]:
+    keys = _PEER_KEYS[suite]
+    columns = _PEER_COLUMNS[suite]
+    paged = [i for i in impls if i != PEER_SDPA]
+    metrics = [m for _, m, _, _ in columns]
+    table = tables.beside(sub[sub[PEER_IMPL] != PEER_SDPA], keys, metrics)
+    if table.empty:
+        return [], [], 0
+    index_names = list(table.index.names)
+    sdpa: dict[tuple, float] = {}
+    if PEER_SDPA in impls:  # contiguous SDPA has no block size: match on the other keys
+        sdpa_keys = [k for k in index_names if k != "block_size"]
+        st = tables.beside(sub[sub[PEER_IMPL] == PEER_SDPA], sdpa_keys, ["time"])
+        for idx, line in st.iterrows():
+            idx = idx if isinstance(idx, tuple) else (idx,)
+            sdpa[tuple(str(v) for v in idx)] = line.get(("time", PEER_SDPA), math.nan)
+    header = list(index_names)
+    plan: list[tuple[str, str, str]] = []  # (metric, impl, unit)
+    for label, metric, unit, for_baseline in columns:
+        for impl in paged:
+            if (metric, impl) not in table.columns or (impl == PEER_BASELINE and not for_baseline):
+                continue
+            header.append(f"{impl} {label}")
+            plan.append((metric, impl, unit))
+        if metric == "time" and sdpa:
+            header.append("SDPA contiguous time")
+            plan.append(("time", PEER_SDPA, "s"))
+    rows = []
+    for idx, line in table.iterrows():
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        cells = [tables.format_value(v) for v in idx]
+        named = dict(zip(index_names, idx, strict=True))
+        for metric, impl, unit in plan:
+            if impl == PEER_SDPA:
+                key = tuple(str(named[k]) for k in index_names if k != "block_size")
+                value = sdpa.get(key, math.nan)
+            else:
+                value = line.get((metric, impl), math.nan)
+            cells.append(_fmt_cell(value, unit))
+        rows.append(cells)
+    return header, rows, len(index_names)
+
+
+def _peer_figures(suite: str, sub: pd.DataFrame, fig_dir: Path) -> list[dict[str, str]]:
+    specs = [s for s in figures.specs_for(suite) if not s.fixed]
+    if suite == "peers.cpu_decode":  # one pair of figures per batch size measured
+        for b in sorted(sub["batch"].dropna().unique()):
+            b = int(b)
+            for metric, title, ylabel, logy in (
+                ("time", "Decode time vs context", "seconds per decode step", True),
+                ("ratio_vs_sdpa", "Decode time / SDPA vs context", "paged / SDPA", False),
+            ):
+                specs.append(
+                    figures.FigureSpec(
+                        suite,
+                        f"{title} (batch {b})",
+                        "context",
+                        (metric,),
+                        fixed={"batch": b},
+                        logx=True,
+                        logy=logy,
+                        ylabel=ylabel,
+                        ignore=("version",),
+                    )
+                )
+        specs.append(
+            figures.FigureSpec(
+                suite,
+                "Peer decode time / kvbench decode time (paired)",
+                "context",
+                ("ratio_vs_kvbench",),
+                logx=True,
+                ylabel="peer / kvbench",
+                ignore=("version",),
+            )
+        )
+    out = []
+    for i, spec in enumerate(specs):
+        svg = figures.render(sub, spec)
+        if svg is None:
+            continue
+        fname = f"peers-{_slug(suite)}-{i}.svg"
+        (fig_dir / fname).write_text(svg, encoding="utf-8")
+        out.append({"src": f"figures/{fname}", "title": spec.title})
+    return out
+
+
+def peers_view(frame: pd.DataFrame, fig_dir: Path, hrefs: dict[str, str]) -> dict[str, Any]:
+    """What site_peers.html.j2 shows: for each peer sweep with rows, its figures and a
+    table with the implementations side by side; which implementations (and versions)
+    were measured; and whether any peer besides kvbench was. Empty sections are left out
+    (the template then says how to produce the rows)."""
+    sections = []
+    versions: dict[str, str] = {}
+    for suite in PEER_SUITES:
+        sub = frame[frame["suite"] == suite] if not frame.empty else frame
+        if sub.empty or PEER_IMPL not in sub.columns:
+            continue
+        sub = sub[sub[PEER_IMPL].notna()]
+        if sub.empty:
+            continue
+        impls = _impl_order(sub[PEER_IMPL].astype(str))
+        if "version" in sub.columns:
+            for impl, ver in sub[[PEER_IMPL, "version"]].dropna().itertuples(index=False):
+                versions.setdefault(str(impl), str(ver))
+        title, text = _PEER_TEXT[suite]
+        section = PeerSection(suite, title, text, hrefs.get(suite, ""), impls=impls)
+        section.header, section.rows, section.n_keys = _peer_table(suite, sub, impls)
+        section.fixed = _fixed_text(sub, _PEER_KEYS[suite])
+        section.figure_files = _peer_figures(suite, sub, fig_dir)
+        sections.append(section)
+    measured = _impl_order({i for s in sections for i in s.impls})
+    return {
+        "sections": sections,
+        "impls": [(i, versions.get(i, "")) for i in measured],
+        "has_peer": any(i not in (PEER_BASELINE, PEER_SDPA) for i in measured),
+    }
 
 
 def _run_view(run: Run) -> dict[str, Any]:

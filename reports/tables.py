@@ -81,6 +81,27 @@ def _sort_key(v: Any) -> tuple[int, Any]:
     return (1, str(v))
 
 
+def beside(
+    frame: pd.DataFrame, keys: list[str], metrics: list[str], by: str = "impl"
+) -> pd.DataFrame:
+    """Implementations side by side: one line per unit of work (the `keys` case
+    parameters, plus run_id when the frame holds several runs), one column per
+    (metric, value of `by`), holding the last value measured. Keys missing from the
+    frame are dropped; rows missing a key (NaN) are left out. Empty frame in, empty out.
+    """
+    frame = latest(frame)
+    sub = frame[frame["metric"].isin(metrics)] if not frame.empty else frame
+    if sub.empty or by not in sub.columns:
+        return pd.DataFrame()
+    several = frame["run_id"].nunique() > 1 and "run_id" not in keys
+    index = (["run_id"] if several else []) + [k for k in keys if k in sub.columns]
+    sub = sub.dropna(subset=[*index, by])
+    if sub.empty:
+        return pd.DataFrame()
+    table = sub.pivot_table(index=index, columns=["metric", by], values="value", aggfunc="last")
+    return table.sort_index()
+
+
 def compare(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> pd.DataFrame:
     """Rows measured in both runs, side by side: suite, case, metric, unit, a, b, b / a."""
     cols = ["suite", "case_key", "metric", "unit", "value"]

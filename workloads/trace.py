@@ -83,13 +83,13 @@ class TraceRequest:
     def __post_init__(self) -> None:
         _validate_request(self, line=0)
 
-    def prompt_ids(self, index: int) -> tuple[int, ...]:
-        """The prompt's token ids: the given ones, or synthetic ids unique to `index`
-        (the request's position in its trace)."""
+    def prompt_ids(self, index: int) -> Sequence[int]:
+        """The prompt's token ids: the given ones (a tuple), or synthetic ids unique to
+        `index`, the request's position in its trace (a range: no list is built)."""
         if self.prompt is not None:
             return self.prompt
         base = SYNTH_BASE * (index + 1)
-        return tuple(range(base, base + self.prompt_len))
+        return range(base, base + self.prompt_len)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of this request (defaults omitted)."""

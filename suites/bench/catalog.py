@@ -4,6 +4,7 @@
 from suites.bench.sweeps import (  # noqa: F401
     capacity,
     kernels,
+    peers,
     scheduling,
     serving,
     static,

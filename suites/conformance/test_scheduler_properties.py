@@ -19,8 +19,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from paged.cache import PagedKVCache
-from paged.scheduler import Engine, RequestTooLargeError, kv_for_tokens
+from paged.scheduler import Engine, RequestTooLargeError
 from paged.scheduler_model import SchedulerConfig, TimeModel
+from paged.scheduler_seq import kv_for_tokens
 from reference.contiguous import ContiguousKVCache
 from workloads.geometry import KVGeometry
 from workloads.profiles import get_profile

