@@ -22,6 +22,9 @@ from reference.contract import KVCache
 from workloads.trace import SYNTH_BASE, TraceRequest
 
 if TYPE_CHECKING:
+    from paged.beams import BeamGroup
+
+if TYPE_CHECKING:
     pass
 
 WAITING, RUNNING, SWAPPED, FINISHED = 0, 1, 2, 3
@@ -48,11 +51,13 @@ class Seq:
         "event_step",
         "forked",
         "generated",
+        "group",
         "hashed",
         "index",
         "order",
         "out_base",
         "out_tokens",
+        "parked",
         "prompt",
         "rec",
         "req",
@@ -84,6 +89,8 @@ class Seq:
         self.cow = False
         self.forked = child != 0
         self.hashed = False  # whether its output token ids are given to the cache (engine)
+        self.group: BeamGroup | None = None  # its beam-search group, if any
+        self.parked = False  # a recomputed beam waiting for its group's other beams
         self.rec = SeqRecord(self.sid, req.id, req.arrival, len(prompt), req.output_len)
 
     def token(self, p: int) -> int:

@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
     for k in kinds:
         if k not in CACHE_KINDS:
             raise ConfigError(f"unknown cache kind {k!r}; known: {', '.join(CACHE_KINDS)}, all")
+    if args.cache == "all" and any(r.beam_width > 1 for r in trace.requests):
+        kinds = tuple(k for k in kinds if k.startswith("paged"))
+        sys.stderr.write("beam search needs block sharing: simulating the paged caches only\n")
     config = SchedulerConfig(
         max_batched_tokens=args.max_batched_tokens,
         max_num_seqs=args.max_num_seqs,

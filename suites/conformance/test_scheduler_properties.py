@@ -8,7 +8,12 @@
 * with KV tensors, every sequence - preempted by swap or recompute or not - ends holding
   exactly the KV of its tokens (prompt + generated), as if it had never been preempted;
   and a memory-only cache makes exactly the decisions the cache with tensors makes;
-* n-sampling (forked children) holds fewer blocks than the same work without sharing.
+* n-sampling (forked children) and beam search (forked and pruned every step) hold fewer
+  blocks than the same work without sharing.
+
+Beam requests are in the paged traces: their beams' token histories come from
+`beam_histories`, a model of the selection that knows nothing of scheduling, so the KV
+check holds the engine's forks, prunes, copy-on-writes, swaps and recomputes to it.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from paged.beams import BeamGroup, plan_selection
 from paged.cache import PagedKVCache
 from paged.scheduler import Engine, RequestTooLargeError
 from paged.scheduler_model import SchedulerConfig, TimeModel
 from paged.scheduler_seq import kv_for_tokens
 from reference.contiguous import ContiguousKVCache
+from workloads.errors import ConfigError
 from workloads.geometry import KVGeometry
 from workloads.profiles import get_profile
 from workloads.trace import SYNTH_BASE, Trace, TraceRequest
@@ -32,7 +39,7 @@ TM = TimeModel(get_profile("a100-80gb"), GEOM, weight_bytes=10**9, params=5e8, b
 
 
 @st.composite
-def traces(draw: st.DrawFn, allow_n: bool = True) -> Trace:
+def traces(draw: st.DrawFn, allow_n: bool = True, allow_beams: bool = True) -> Trace:
     count = draw(st.integers(1, 10))
     shared = draw(st.lists(st.integers(0, 50), min_size=4, max_size=16))
     reqs, t = [], 0.0
@@ -58,7 +65,14 @@ def traces(draw: st.DrawFn, allow_n: bool = True) -> Trace:
                 plen, salt = len(prompt), prev.salt
                 if plen + out > 44:
                     prompt, plen = prompt[: 44 - out], 44 - out
-        reqs.append(TraceRequest(f"q{i}", t, plen, out, prompt, salt, n=n, output_tokens=out_ids))
+        beam = 1
+        if allow_beams and n == 1 and out_ids is None and not draw(st.integers(0, 3)):
+            beam = draw(st.integers(2, 3))
+        reqs.append(
+            TraceRequest(
+                f"q{i}", t, plen, out, prompt, salt, n=n, beam_width=beam, output_tokens=out_ids
+            )
+        )
     return Trace(tuple(reqs))
 
 
@@ -128,7 +142,8 @@ def check_complete(result, trace: Trace) -> None:
     for rec in result.records:
         assert rec.generated == expected[rec.id], rec
         assert 0 <= rec.admit_step <= rec.first_token_step <= rec.finish_step
-    assert result.generated_tokens == sum(expected.values())
+    # a beam group returns beam_width sequences of output_len tokens
+    assert result.generated_tokens == sum(r.output_len * r.n * r.beam_width for r in trace.requests)
 
 
 @given(st.data(), traces(), configs())
@@ -157,7 +172,12 @@ def test_paged_event_equals_token_and_completes(data, trace: Trace, cfg: Schedul
     assert ev.processed_steps <= tok.processed_steps
 
 
-@given(traces(), configs(), st.sampled_from(["max", "pow2", "oracle"]), st.integers(40, 200))
+@given(
+    traces(allow_beams=False),
+    configs(),
+    st.sampled_from(["max", "pow2", "oracle"]),
+    st.integers(40, 200),
+)
 def test_contiguous_event_equals_token(trace, cfg, policy, capacity) -> None:
     def make():
         return ContiguousKVCache(GEOM, capacity, 48, policy, store_kv=False)
@@ -168,19 +188,52 @@ def test_contiguous_event_equals_token(trace, cfg, policy, capacity) -> None:
     assert ev.utilization == tok.utilization and ev.modeled_seconds == tok.modeled_seconds
 
 
+def beam_histories(index: int, r: TraceRequest) -> dict[int, list[int]]:
+    """Every beam's generated ids (by child number) of beam request `index`: the first
+    step forks the root into w beams; each later step gives every beam a token and then
+    (unless it was the last) the w next beams choose parents by the seeded draw - pruned
+    beams end, a parent chosen k times gets k - 1 forks whose last token is replaced."""
+    group = BeamGroup(index, r.beam_width)
+    hist = {0: [group.new_token()]}
+    if r.output_len == 1:
+        return hist
+    for _ in range(r.beam_width - 1):
+        hist[group.next_child] = [group.new_token()]
+        group.next_child += 1
+    alive = sorted(hist)
+    for generated in range(1, r.output_len):
+        for b in alive:
+            hist[b].append(group.new_token())
+        if generated + 1 >= r.output_len:
+            break
+        group.beams = alive
+        pruned, forks = plan_selection(group.parent_counts())
+        old = alive
+        alive = [b for i, b in enumerate(old) if i not in pruned]
+        for i, k in forks:
+            for _ in range(k):
+                hist[group.next_child] = [*hist[old[i]][:-1], group.new_token()]
+                alive.append(group.next_child)
+                group.next_child += 1
+        alive.sort()
+    return hist
+
+
 def expected_tokens(trace: Trace, sid: str) -> list[int]:
-    """A sequence's tokens, computed independently of the engine."""
+    """A sequence's tokens, computed independently of the engine: at its finish its KV
+    holds prompt + all generated tokens but the last."""
     base, _, child = sid.partition("#")
     k = int(child) if child else 0
     index = next(i for i, r in enumerate(trace.requests) if str(r.id) == base)
     r = trace.requests[index]
     prompt = list(r.prompt_ids(index))
+    if r.beam_width > 1:
+        return prompt + beam_histories(index, r)[k][:-1]
     if k == 0 and r.output_tokens is not None:
         outputs = list(r.output_tokens)
     else:
         out0 = SYNTH_BASE * (index + 1) + (SYNTH_BASE // 64) * (k + 1)
         outputs = [out0 + j for j in range(r.output_len)]
-    # KV holds prompt + all generated tokens but the last
     return prompt + outputs[: r.output_len - 1]
 
 
@@ -194,12 +247,23 @@ class CheckedPaged(WatchedPaged):
 
     def free(self, request_id):  # type: ignore[override]
         toks = expected_tokens(self.trace, request_id)
-        if not self.is_swapped(request_id) and self.seq_len(request_id) == len(toks):
+        n = self.seq_len(request_id)
+        if not self.is_swapped(request_id) and n <= len(toks):
+            # a finish (n == len), a pruned beam or a recompute (a prefix of its tokens)
             k, v = self.gather(request_id)
-            ek, ev = kv_for_tokens(toks, range(len(toks)), self)
+            ek, ev = kv_for_tokens(toks[:n], range(n), self)
             assert torch.equal(k, ek) and torch.equal(v, ev), f"KV of {request_id} differs"
-            self.checked += 1
+            self.checked += n == len(toks) and not self.pruning(request_id)
         super().free(request_id)
+
+    def pruning(self, request_id) -> bool:
+        """Whether this free is a beam's prune (its history ends before output_len)."""
+        base, _, child = str(request_id).partition("#")
+        index = next(i for i, r in enumerate(self.trace.requests) if str(r.id) == base)
+        r = self.trace.requests[index]
+        if r.beam_width == 1:
+            return False
+        return len(beam_histories(index, r)[int(child or 0)]) < r.output_len
 
 
 @given(st.data(), traces(), configs())
@@ -226,9 +290,7 @@ def test_preempted_sequences_keep_exact_kv(data, trace: Trace, cfg: SchedulerCon
     assert other.decisions() == result.decisions()
     assert other.utilization == result.utilization
     # every sequence that reached the cache was checked at its finish
-    in_cache = sum(r.n for r in trace.requests if r.output_len > 1) + sum(
-        1 for r in trace.requests if r.output_len == 1
-    )
+    in_cache = sum(r.n * r.beam_width if r.output_len > 1 else 1 for r in trace.requests)
     assert cache.checked == in_cache
 
 
@@ -259,3 +321,55 @@ def test_oversized_request_rejected_with_line() -> None:
     with pytest.raises(RequestTooLargeError, match=r"line 3: request 'huge' needs"):
         Engine(cache, SchedulerConfig(), TM).run(trace)
     assert cache.request_ids() == []
+
+
+@pytest.mark.parametrize("policy", ["recompute", "swap"])
+def test_preempted_beam_groups_keep_exact_kv(policy: str) -> None:
+    """Beam groups under memory pressure are preempted whole and resume exactly where the
+    selection model says they are (every beam's KV checked when freed)."""
+    trace = Trace(tuple(TraceRequest(f"b{i}", 0.0, 9 + i, 14, beam_width=3) for i in range(4)))
+    params = dict(num_blocks=30, block_size=4, num_cpu_blocks=64 if policy == "swap" else 0)
+    cache = CheckedPaged(GEOM, store_kv=True, kernel_backend="torch", **params)
+    cache.trace = trace
+    cfg = SchedulerConfig(max_num_seqs=12, preemption=policy)
+    result = Engine(cache, cfg, TM).run(trace)
+    check_complete(result, trace)
+    assert (result.recomputes if policy == "recompute" else result.swaps) > 0
+    assert cache.checked == 3 * len(trace.requests)
+    memory_only = PagedKVCache(GEOM, store_kv=False, **params)
+    assert Engine(memory_only, cfg, TM).run(trace).decisions() == result.decisions()
+
+
+def test_beam_search_shares_blocks() -> None:
+    """w beams hold fewer blocks than the same work as w independent sequences."""
+    prompt = tuple(range(100, 164))
+    beams = Trace(tuple(TraceRequest(f"p{i}", 0.0, 64, 24, prompt, beam_width=4) for i in range(3)))
+    copies = Trace(
+        tuple(
+            TraceRequest(f"p{i}c{k}", 0.0, 64, 24, prompt, salt=f"{i}-{k}")
+            for i in range(3)
+            for k in range(4)
+        )
+    )
+    used = []
+    for trace in (beams, copies):
+        cache = PagedKVCache(GEOM, 400, 8, enable_prefix_caching=False, store_kv=False)
+        res = Engine(cache, SchedulerConfig(max_num_seqs=32), TM).run(trace)
+        check_complete(res, trace)
+        used.append(sum(row.used_blocks * row.span for row in res.timeline))
+        used.append(max(row.used_blocks for row in res.timeline))
+    assert used[0] < used[2] and used[1] < used[3]
+
+
+def test_beam_requests_need_a_paged_cache_and_room() -> None:
+    trace = Trace((TraceRequest("ok", 0.0, 4, 4), TraceRequest("beam", 0.0, 4, 4, beam_width=4)))
+    contiguous = ContiguousKVCache(GEOM, 200, 48, "max", store_kv=False)
+    with pytest.raises(ConfigError, match=r"line 3: request 'beam' has beam_width=4"):
+        Engine(contiguous, SchedulerConfig(), TM).run(trace)
+    with pytest.raises(RequestTooLargeError, match=r"beam_width=4, over max_num_seqs=2"):
+        Engine(PagedKVCache(GEOM, 50, 4, store_kv=False), SchedulerConfig(max_num_seqs=2), TM).run(
+            trace
+        )
+    big = Trace((TraceRequest("big", 0.0, 30, 10, beam_width=4),))
+    with pytest.raises(RequestTooLargeError, match=r"line 2: request 'big' \(beam_width=4\)"):
+        Engine(PagedKVCache(GEOM, 30, 4, store_kv=False), SchedulerConfig(), TM).run(big)
