@@ -294,25 +294,36 @@ def test_preempted_sequences_keep_exact_kv(data, trace: Trace, cfg: SchedulerCon
     assert cache.checked == in_cache
 
 
-def test_n_sampling_shares_blocks() -> None:
-    """n samples of one prompt hold fewer blocks than the same work as n copies."""
-    prompt = tuple(range(100, 164))  # 64 tokens = 8 full blocks of 8
-    shared = Trace(tuple(TraceRequest(f"p{i}", 0.0, 64, 24, prompt, n=4) for i in range(3)))
-    copies = Trace(
-        tuple(
-            TraceRequest(f"p{i}c{k}", 0.0, 64, 24, prompt, salt=f"{i}-{k}")
-            for i in range(3)
-            for k in range(4)
-        )
-    )
-    used = []
+def block_usage(shared: Trace, copies: Trace) -> tuple[list[int], list[int]]:
+    """(time-integrated, peak) used blocks of a sharing trace and of its unshared copies
+    (a roomy pool, no prefix caching: only forks can share)."""
+    integral, peak = [], []
     for trace in (shared, copies):
         cache = PagedKVCache(GEOM, 400, 8, enable_prefix_caching=False, store_kv=False)
         res = Engine(cache, SchedulerConfig(max_num_seqs=32), TM).run(trace)
         check_complete(res, trace)
-        used.append(sum(row.used_blocks * row.span for row in res.timeline))
-        used.append(max(row.used_blocks for row in res.timeline))
-    assert used[0] < used[2] and used[1] < used[3]
+        integral.append(sum(row.used_blocks * row.span for row in res.timeline))
+        peak.append(max(row.used_blocks for row in res.timeline))
+    return integral, peak
+
+
+def copies_of(prompt: tuple[int, ...], prompts: int, width: int, output_len: int) -> Trace:
+    """`width` independent (differently salted) copies of each of `prompts` requests."""
+    return Trace(
+        tuple(
+            TraceRequest(f"p{i}c{k}", 0.0, len(prompt), output_len, prompt, salt=f"{i}-{k}")
+            for i in range(prompts)
+            for k in range(width)
+        )
+    )
+
+
+def test_n_sampling_shares_blocks() -> None:
+    """n samples of one prompt hold fewer blocks than the same work as n copies."""
+    prompt = tuple(range(100, 164))  # 64 tokens = 8 full blocks of 8
+    shared = Trace(tuple(TraceRequest(f"p{i}", 0.0, 64, 24, prompt, n=4) for i in range(3)))
+    integral, peak = block_usage(shared, copies_of(prompt, 3, 4, 24))
+    assert integral[0] < integral[1] and peak[0] < peak[1]
 
 
 def test_oversized_request_rejected_with_line() -> None:
@@ -344,21 +355,8 @@ def test_beam_search_shares_blocks() -> None:
     """w beams hold fewer blocks than the same work as w independent sequences."""
     prompt = tuple(range(100, 164))
     beams = Trace(tuple(TraceRequest(f"p{i}", 0.0, 64, 24, prompt, beam_width=4) for i in range(3)))
-    copies = Trace(
-        tuple(
-            TraceRequest(f"p{i}c{k}", 0.0, 64, 24, prompt, salt=f"{i}-{k}")
-            for i in range(3)
-            for k in range(4)
-        )
-    )
-    used = []
-    for trace in (beams, copies):
-        cache = PagedKVCache(GEOM, 400, 8, enable_prefix_caching=False, store_kv=False)
-        res = Engine(cache, SchedulerConfig(max_num_seqs=32), TM).run(trace)
-        check_complete(res, trace)
-        used.append(sum(row.used_blocks * row.span for row in res.timeline))
-        used.append(max(row.used_blocks for row in res.timeline))
-    assert used[0] < used[2] and used[1] < used[3]
+    integral, peak = block_usage(beams, copies_of(prompt, 3, 4, 24))
+    assert integral[0] < integral[1] and peak[0] < peak[1]
 
 
 def test_beam_requests_need_a_paged_cache_and_room() -> None:
