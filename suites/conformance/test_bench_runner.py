@@ -286,6 +286,22 @@ def test_serving_batch_contiguous_hits_the_memory_wall_first() -> None:
     assert paged["tokens_per_second"] > contiguous["tokens_per_second"]
 
 
+def test_serving_sharing_beams_save_more_with_width() -> None:
+    """Through the engine, forked samples and beams hold fewer blocks than independent
+    sequences, beams (pruned and forked every step) more so, and more with the width."""
+    sw = registry.get_sweep("serving.sharing")
+    saved = {}
+    for sharing in ("parallel", "beam"):
+        for k in (2, 4):
+            case = {"workload": "alpaca", "sharing": sharing, "width": k, "requests": 6}
+            saved[sharing, k] = {m.metric: m.value for m in sw.measure(case, _ctx())}[
+                "saved_fraction"
+            ]
+    assert 0 < saved["parallel", 2] < saved["parallel", 4] < 1
+    assert 0 < saved["beam", 2] < saved["beam", 4] < 1
+    assert saved["beam", 2] > saved["parallel", 2]
+
+
 def test_opt_in_sweeps_run_only_when_named_or_full() -> None:
     opt_in = [s.name for s in registry.all_sweeps() if not s.in_default]
     assert "kernel.static" in opt_in

@@ -124,3 +124,63 @@ def _block_cases(full: bool) -> list[Case]:
 )
 def serving_block_size(case: Case, ctx: BenchContext) -> list[Measurement]:
     return _metrics(_simulate(case, ctx, case["kv_budget"], 256))
+
+
+# --------------------------------------------------------------------- sharing in the loop
+
+
+def _sharing_cases(full: bool) -> list[Case]:
+    workloads = ("sharegpt", "alpaca") if full else ("alpaca",)
+    return [
+        {"workload": w, "sharing": s, "width": k, "requests": 30 if full else 12}
+        for w in workloads
+        for s in ("parallel", "beam")
+        for k in (2, 4, 6)
+    ]
+
+
+def _unshared(trace, width: int):  # type: ignore[no-untyped-def]
+    """The same work without sharing: each request as `width` independent sequences."""
+    from workloads.trace import Trace, TraceRequest
+
+    return Trace(
+        tuple(
+            TraceRequest(f"{r.id}.{k}", r.arrival, r.prompt_len, r.output_len)
+            for r in trace.requests
+            for k in range(width)
+        )
+    )
+
+
+@sweep(
+    "serving.sharing",
+    "parallel sampling and beam search through the serving engine: time-averaged KV blocks "
+    "held with forks (copy-on-write; beams pruned and forked every step) vs the same work "
+    "as independent sequences; Llama-2-70B, 42 GB, no memory pressure, prefix caching off",
+    _sharing_cases,
+    requires=("paged.scheduler_setup", "paged.beams"),
+    tags=("serving", "cow"),
+)
+def serving_sharing(case: Case, ctx: BenchContext) -> list[Measurement]:
+    from paged.scheduler_model import SchedulerConfig
+    from paged.scheduler_setup import CacheSpec, simulate
+    from workloads.sharing import generate
+
+    k = case["width"]
+    option = {"n": k} if case["sharing"] == "parallel" else {"beam_width": k}
+    trace = generate(
+        case["workload"], case["requests"], seed=ctx.seed, sharing=case["sharing"], **option
+    )
+    spec = CacheSpec(kind="paged", model="llama-2-70b", kv_budget="42GB", prefix_caching=False)
+    held = []
+    for work in (trace, _unshared(trace, k)):
+        result = simulate(work, spec, "auto", config=SchedulerConfig(max_num_seqs=256))
+        if result.preemptions:
+            raise RuntimeError(f"the case preempted ({result.preemptions}): it is not memory-free")
+        rows = result.timeline
+        held.append(sum(r.used_blocks * r.span for r in rows) / sum(r.span for r in rows))
+    return [
+        Measurement("saved_fraction", 1 - held[0] / held[1], "fraction"),
+        Measurement("mean_blocks_shared", held[0], "blocks"),
+        Measurement("mean_blocks_unshared", held[1], "blocks"),
+    ]
