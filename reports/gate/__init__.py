@@ -1,0 +1,136 @@
+"""The regression gate: compare a candidate run with committed baselines.
+
+Two kinds of evidence, judged differently because they fail differently:
+
+* **Static costs** of every compiled kernel configuration (registers, spills, shared
+  memory, SASS instruction count), from the ahead-of-time compile for one architecture.
+  They are deterministic for a given source and triton version, so they are compared
+  exactly, with a documented slack (`Thresholds`): any spill the baseline did not have
+  fails; registers or shared memory above the baseline plus its slack (default 0) fail;
+  SASS instructions up by more than `sass_pct` percent (default 2%) fail. A baseline
+  from another triton version is not compared at all (`GateInputError`), since a compiler
+  change moves every number.
+* **Timing ratios** measured within one run (e.g. torch paged decode over contiguous SDPA
+  on the same KV, repeats interleaved), so the machine's speed and load cancel. The
+  candidate's ratio samples are compared with the baseline's by a one-sided Mann-Whitney
+  U test *and* a minimum effect size on the medians: a regression needs
+  p < `alpha` (default 0.01) and a median ratio up by more than `min_effect` (default
+  10%). Noise alone does not pass both; a real slowdown of more than the effect size does.
+
+A baseline file (JSON, under version control, e.g. ``reports/baselines/sm90.json``) has a
+*target*: an architecture (``sm_80``, ``sm_90``) for static costs, or a timing device
+(``cpu``, or ``cuda`` for GPU timings). It is written only by `make_baseline` (the
+``kvbench gate --update-baseline`` command) and carries a digest of its data, so a
+hand-edited, damaged or truncated file is refused rather than half-read.
+
+A candidate comes from a results run (`reports.results`) whose rows use the suites
+`STATIC_SUITE`, `TIMING_SUITE` and `CONFORMANCE_SUITE` (written by ``suites/gate``).
+
+This package is pure comparison logic plus rendering, one job per module: `model` (what is
+compared), `candidates` (a candidate from a results run), `baselines` (baseline files),
+`judge` (the verdicts) and `render` (text table, JSON, HTML fragment). It imports nothing
+from ``kernels`` or ``paged``. Unusable input raises `GateInputError`
+(a KVBenchError: the CLI exits 2).
+"""
+
+from __future__ import annotations
+
+from reports.gate.baselines import (
+    check_compatible,
+    load_baseline,
+    make_baseline,
+    write_baseline,
+)
+from reports.gate.candidates import (
+    candidate_from_run,
+    timing_device_of,
+)
+from reports.gate.judge import (
+    GateResult,
+    GateRow,
+    TimingJudgement,
+    compare_static,
+    compare_timing,
+    evaluate,
+    judge_timing,
+)
+from reports.gate.model import (
+    BASELINE_KIND,
+    BASELINE_SCHEMA,
+    CONFORMANCE_SUITE,
+    FAILED,
+    FAILING,
+    IMPROVED,
+    MISSING,
+    NEW,
+    PASS,
+    REGRESSION,
+    STATIC_METRICS,
+    STATIC_SUITE,
+    TIMING_SUITE,
+    TIMING_TARGETS,
+    Baseline,
+    Candidate,
+    GateInputError,
+    StaticRecord,
+    Thresholds,
+    TimingSeries,
+    config_key,
+    is_arch,
+    normalize_arch,
+    normalize_target,
+    sha256_text,
+)
+from reports.gate.render import (
+    TEMPLATE_PATH,
+    format_table,
+    gate_rows_as_records,
+    render_html,
+    to_json,
+)
+
+__all__ = [
+    "BASELINE_KIND",
+    "BASELINE_SCHEMA",
+    "CONFORMANCE_SUITE",
+    "FAILED",
+    "FAILING",
+    "IMPROVED",
+    "MISSING",
+    "NEW",
+    "PASS",
+    "REGRESSION",
+    "STATIC_METRICS",
+    "STATIC_SUITE",
+    "TEMPLATE_PATH",
+    "TIMING_SUITE",
+    "TIMING_TARGETS",
+    "Baseline",
+    "Candidate",
+    "GateInputError",
+    "GateResult",
+    "GateRow",
+    "StaticRecord",
+    "Thresholds",
+    "TimingJudgement",
+    "TimingSeries",
+    "candidate_from_run",
+    "check_compatible",
+    "compare_static",
+    "compare_timing",
+    "config_key",
+    "evaluate",
+    "format_table",
+    "gate_rows_as_records",
+    "is_arch",
+    "judge_timing",
+    "load_baseline",
+    "make_baseline",
+    "normalize_arch",
+    "normalize_target",
+    "render_html",
+    "sha256_text",
+    "timing_device_of",
+    "to_json",
+    "write_baseline",
+]

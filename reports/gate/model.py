@@ -1,0 +1,228 @@
+"""What the gate compares: result suites, verdicts, thresholds, and the records of a
+candidate run and of a baseline (static costs per kernel configuration, timing series)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from workloads.errors import KVBenchError
+
+#: Result-row suites a gate run writes.
+STATIC_SUITE = "gate.static"
+TIMING_SUITE = "gate.timing"
+CONFORMANCE_SUITE = "gate.conformance"
+
+#: Static metrics, in table order, with their units.
+STATIC_METRICS: dict[str, str] = {
+    "registers": "regs/thread",
+    "spills": "B",
+    "shared_bytes": "B",
+    "sass_instructions": "instr",
+}
+
+BASELINE_KIND = "kvbench-gate-baseline"
+BASELINE_SCHEMA = 1
+#: Timing targets a baseline may have (architectures are "sm_NN").
+TIMING_TARGETS = ("cpu", "cuda")
+
+#: Verdicts. FAILING ones make the gate exit 1.
+PASS, IMPROVED, NEW, REGRESSION, MISSING, FAILED = (
+    "pass",
+    "improved",
+    "new",
+    "REGRESSION",
+    "MISSING",
+    "FAILED",
+)
+FAILING = frozenset({REGRESSION, MISSING, FAILED})
+
+
+class GateInputError(KVBenchError):
+    """A baseline or candidate the gate cannot use: unreadable, truncated, hand-edited,
+    from another triton version, or for another device. The CLI exits 2."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What counts as a regression (all documented defaults; the CLI can override).
+
+    Attributes:
+        register_slack: registers per thread allowed above the baseline (default 0).
+        shared_slack: shared-memory bytes allowed above the baseline (default 0).
+        sass_pct: percent increase in SASS instructions allowed (default 2.0).
+        alpha: significance level of the one-sided Mann-Whitney U test (default 0.01).
+        min_effect: smallest relative increase of the median ratio that fails (0.10).
+        min_samples: fewest samples per side for a timing comparison (default 5).
+    Spills have no slack: any spill the baseline did not have fails.
+    """
+
+    register_slack: int = 0
+    shared_slack: int = 0
+    sass_pct: float = 2.0
+    alpha: float = 0.01
+    min_effect: float = 0.10
+    min_samples: int = 5
+
+    def __post_init__(self) -> None:
+        if self.register_slack < 0 or self.shared_slack < 0 or self.sass_pct < 0:
+            raise GateInputError(f"slack must be >= 0: {self!r}")
+        if not 0 < self.alpha < 1:
+            raise GateInputError(f"alpha must be in (0, 1), got {self.alpha!r}")
+        if self.min_effect < 0:
+            raise GateInputError(f"min_effect must be >= 0, got {self.min_effect!r}")
+        if self.min_samples < 2:
+            raise GateInputError(f"min_samples must be >= 2, got {self.min_samples!r}")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def normalize_arch(arch: Any) -> str:
+    """'sm_80' for 80, '80', 'sm80', 'sm_80' (GateInputError otherwise)."""
+    text = str(arch).strip().lower().removeprefix("sm").lstrip("_")
+    if not text.isdigit():
+        raise GateInputError(f"not a CUDA architecture: {arch!r} (expected e.g. sm_80)")
+    return f"sm_{int(text)}"
+
+
+def normalize_target(target: Any) -> str:
+    """A baseline target: 'cpu', 'cuda' or an architecture 'sm_NN'."""
+    text = str(target).strip().lower()
+    if text in TIMING_TARGETS:
+        return text
+    return normalize_arch(text)
+
+
+def is_arch(target: str) -> bool:
+    """Whether `target` names an architecture (static costs) rather than a timing device."""
+    return target.startswith("sm_")
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    """Canonical text of a kernel configuration (sorted keys, compact JSON)."""
+    return json.dumps(dict(config), sort_keys=True, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True)
+class StaticRecord:
+    """Compiled costs of one kernel configuration for one architecture."""
+
+    kernel: str
+    config: dict[str, Any]
+    arch: str
+    registers: int
+    spills: int
+    shared_bytes: int
+    sass_instructions: int
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.kernel, config_key(self.config), self.arch)
+
+    @property
+    def label(self) -> str:
+        cfg = ",".join(f"{k}={v}" for k, v in sorted(self.config.items()))
+        return f"{self.kernel}[{cfg}]@{self.arch}"
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any], where: str) -> StaticRecord:
+        """Build from a dict (an AOT record or a baseline entry); GateInputError if bad."""
+        try:
+            config = m["config"]
+            if isinstance(config, str):
+                config = json.loads(config)
+            if not isinstance(config, Mapping):
+                raise TypeError("config is not an object")
+            values = {name: m[name] for name in STATIC_METRICS}
+            for name, v in values.items():
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                    raise TypeError(f"{name}={v!r} is not a non-negative number")
+                if float(v) != int(v):
+                    raise TypeError(f"{name}={v!r} is not a whole number")
+            return cls(
+                kernel=str(m["kernel"]),
+                config=dict(config),
+                arch=normalize_arch(m["arch"]),
+                **{k: int(v) for k, v in values.items()},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GateInputError(f"{where}: bad static record ({exc}): {dict(m)!r:.200}") from exc
+
+
+@dataclass(frozen=True)
+class TimingSeries:
+    """Repeat samples of one same-run timing ratio (unitless: candidate / reference)."""
+
+    name: str
+    case: dict[str, Any]
+    samples: tuple[float, ...]
+
+    @property
+    def key(self) -> str:
+        return config_key({"name": self.name, **self.case})
+
+    @property
+    def label(self) -> str:
+        params = ",".join(f"{k}={v}" for k, v in sorted(self.case.items()))
+        return f"{self.name}[{params}]"
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+
+@dataclass
+class Candidate:
+    """What a gate run measured (see `candidate_from_run`)."""
+
+    run_id: str
+    environment: dict[str, Any]
+    triton_version: str | None
+    static: list[StaticRecord] = field(default_factory=list)
+    timing: list[TimingSeries] = field(default_factory=list)
+    timing_device: str | None = None
+    conformance: list[dict[str, Any]] = field(default_factory=list)
+    #: kernel source hash (`kernels.aot.source_hash`) the static rows were measured on
+    source_hash: str | None = None
+    #: per architecture, how many static records were reused from a baseline, not compiled
+    reused: dict[str, int] = field(default_factory=dict)
+    #: sha256 of the frozen kernel source the `*_vs_baseline` ratios were measured against
+    frozen_sha256: str | None = None
+    #: this run's own torch kernel source and its sha256 (frozen into a new baseline)
+    current_source: str | None = None
+    current_sha256: str | None = None
+
+    def archs(self) -> list[str]:
+        return sorted({r.arch for r in self.static})
+
+    def conformance_failures(self) -> list[str]:
+        """Labels of failed conformance checks ([] when all passed)."""
+        return [c["label"] for c in self.conformance if not c["passed"]]
+
+
+@dataclass
+class Baseline:
+    """A loaded, verified baseline file."""
+
+    path: str
+    target: str
+    triton_version: str | None
+    created: str
+    source_run: str
+    environment: dict[str, Any]
+    static: list[StaticRecord] = field(default_factory=list)
+    timing: list[TimingSeries] = field(default_factory=list)
+    source_hash: str | None = None
+    #: the frozen torch kernel source (timing baselines): what `*_vs_baseline` runs against
+    frozen_source: str | None = None
+    frozen_sha256: str | None = None
+
+
+def sha256_text(text: str) -> str:
+    """Hex sha256 of a text (UTF-8)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
