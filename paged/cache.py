@@ -461,16 +461,19 @@ class PagedKVCache:
         """Index every newly full block of the request whose token ids are all known."""
         if self.prefix is None or not req.hashable or req.tokens is None:
             return
-        bs, i = self.block_size, len(req.keys)
+        prefix, tokens, keys, extra = self.prefix, req.tokens, req.keys, req.extra
+        key_fn, insert, bs = prefix.key_fn, prefix.insert, self.block_size
+        i = len(keys)
+        parent = keys[-1] if keys else None
         while (i + 1) * bs <= req.seq_len:
-            chunk = req.tokens[i * bs : (i + 1) * bs]
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
             if len(chunk) < bs or None in chunk:  # short: it reaches into the unknown tail
                 req.hashable = False
                 return
-            parent = req.keys[-1] if req.keys else None
-            key = self.prefix.key_fn(parent, chunk, req.extra)  # type: ignore[arg-type]
-            self.prefix.insert(req.blocks[i], key, parent, chunk, req.extra)  # type: ignore[arg-type]
-            req.keys.append(key)
+            key = key_fn(parent, chunk, extra)  # type: ignore[arg-type]
+            insert(req.blocks[i], key, parent, chunk, extra)  # type: ignore[arg-type]
+            keys.append(key)
+            parent = key
             i += 1
 
     # ------------------------------------------------------------------ fork / free

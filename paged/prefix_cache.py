@@ -17,11 +17,10 @@ when it evicts the block).
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import struct
 from collections.abc import Callable, KeysView, Sequence
 from dataclasses import dataclass
+from hashlib import sha256
 from typing import NamedTuple
 
 #: Extra keys of a block: (isolation salt, adapter id); None means "none".
@@ -38,20 +37,34 @@ def block_key(parent: bytes | None, tokens: Sequence[int], extra: ExtraKeys) -> 
     + its bytes; the token count (u32 LE) and each token id as int64 LE; the number of
     extra keys (u32 LE) and each as 0x00 (None) or 0x01 + UTF-8 length (u32 LE) + bytes.
     """
-    head = b"\x00" if parent is None else b"\x01" + _U32.pack(len(parent)) + parent
-    body = _token_struct(len(tokens)).pack(len(tokens), *tokens)
-    return hashlib.sha256(_DOMAIN + head + body + _extra_bytes(extra)).digest()
+    if parent is None:
+        head = _ROOT
+    elif len(parent) == 32:
+        head = _PARENT32 + parent
+    else:
+        head = _DOMAIN + b"\x01" + _U32.pack(len(parent)) + parent
+    n = len(tokens)
+    packer = _TOKEN_STRUCTS.get(n) or _token_struct(n)
+    tail = _EXTRA_BYTES.get(extra) or _extra_bytes(extra)
+    return sha256(head + packer.pack(n, *tokens) + tail).digest()
 
 
 _U32 = struct.Struct("<I")
+#: Encoding prefixes: the domain tag then the root marker, or a 32-byte parent's header.
+_ROOT = _DOMAIN + b"\x00"
+_PARENT32 = _DOMAIN + b"\x01" + _U32.pack(32)
+#: Memoized encodings (plain dict lookups: this runs once per full block).
+_TOKEN_STRUCTS: dict[int, struct.Struct] = {}
+_EXTRA_BYTES: dict[ExtraKeys, bytes] = {}
 
 
-@functools.lru_cache(maxsize=256)
 def _token_struct(n: int) -> struct.Struct:
-    return struct.Struct(f"<I{n}q")
+    packer = struct.Struct(f"<I{n}q")
+    if len(_TOKEN_STRUCTS) < 256:
+        _TOKEN_STRUCTS[n] = packer
+    return packer
 
 
-@functools.lru_cache(maxsize=4096)
 def _extra_bytes(extra: ExtraKeys) -> bytes:
     out = [_U32.pack(len(extra))]
     for item in extra:
@@ -60,7 +73,10 @@ def _extra_bytes(extra: ExtraKeys) -> bytes:
         else:
             raw = item.encode("utf-8")
             out.append(b"\x01" + _U32.pack(len(raw)) + raw)
-    return b"".join(out)
+    encoded = b"".join(out)
+    if len(_EXTRA_BYTES) < 4096:
+        _EXTRA_BYTES[extra] = encoded
+    return encoded
 
 
 class _Entry(NamedTuple):
@@ -168,10 +184,13 @@ class PrefixCache:
     ) -> bool:
         """Index a full block under `key`; False (nothing changes) if the key is taken
         (another block already holds this prefix) or the block is already indexed."""
-        if key in self._by_key or block in self._by_block:
+        by_key, by_block = self._by_key, self._by_block
+        if key in by_key or block in by_block:
             return False
-        self._by_key[key] = block
-        self._by_block[block] = _Entry(key, parent, tuple(tokens), extra)
+        by_key[key] = block
+        by_block[block] = _Entry(
+            key, parent, tokens if type(tokens) is tuple else tuple(tokens), extra
+        )
         return True
 
     def drop(self, block: int) -> None:
