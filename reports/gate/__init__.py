@@ -15,7 +15,9 @@ Two kinds of evidence, judged differently because they fail differently:
   candidate's ratio samples are compared with the baseline's by a one-sided Mann-Whitney
   U test *and* a minimum effect size on the medians: a regression needs
   p < `alpha` (default 0.01) and a median ratio up by more than `min_effect` (default
-  10%). Noise alone does not pass both; a real slowdown of more than the effect size does.
+  10%) for a ratio against the baseline's own frozen code, or `cross_min_effect` (30%)
+  for one against another kind of work (paged over SDPA), which depends on the machine.
+  Noise alone does not pass both; a real slowdown of more than the effect size does.
 
 A baseline file (JSON, under version control, e.g. ``reports/baselines/sm90.json``) has a
 *target*: an architecture (``sm_80``, ``sm_90``) for static costs, or a timing device

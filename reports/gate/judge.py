@@ -138,13 +138,18 @@ class TimingJudgement:
 
 
 def judge_timing(
-    baseline: Sequence[float], candidate: Sequence[float], th: Thresholds
+    baseline: Sequence[float],
+    candidate: Sequence[float],
+    th: Thresholds,
+    min_effect: float | None = None,
 ) -> TimingJudgement:
     """Mann-Whitney U (one-sided each way) plus a minimum effect on the medians.
 
     REGRESSION when the candidate is significantly larger (p < alpha) and its median is
-    more than `min_effect` above the baseline's; IMPROVED symmetrically; PASS otherwise.
+    more than `min_effect` (default `th.min_effect`) above the baseline's; IMPROVED
+    symmetrically; PASS otherwise.
     """
+    effect_floor = th.min_effect if min_effect is None else min_effect
     from scipy.stats import mannwhitneyu
 
     if len(baseline) < th.min_samples or len(candidate) < th.min_samples:
@@ -158,9 +163,9 @@ def judge_timing(
     effect = mc / mb - 1
     p_slower = float(mannwhitneyu(candidate, baseline, alternative="greater").pvalue)
     p_faster = float(mannwhitneyu(candidate, baseline, alternative="less").pvalue)
-    if p_slower < th.alpha and effect > th.min_effect:
+    if p_slower < th.alpha and effect > effect_floor:
         verdict = REGRESSION
-    elif p_faster < th.alpha and effect < -th.min_effect:
+    elif p_faster < th.alpha and effect < -effect_floor:
         verdict = IMPROVED
     else:
         verdict = PASS
@@ -201,9 +206,10 @@ def compare_timing(
                 )
             )
             continue
-        j = judge_timing(b.samples, c.samples, th)
+        floor = th.min_effect_for(c.name)
+        j = judge_timing(b.samples, c.samples, th, floor)
         detail = (
-            f"p={j.p_slower:.2g} (slower), min effect {th.min_effect:.0%}, "
+            f"p={j.p_slower:.2g} (slower), min effect {floor:.0%}, "
             f"n={len(b.samples)}/{len(c.samples)}"
         )
         if j.verdict == IMPROVED:

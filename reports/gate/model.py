@@ -56,7 +56,13 @@ class Thresholds:
         shared_slack: shared-memory bytes allowed above the baseline (default 0).
         sass_pct: percent increase in SASS instructions allowed (default 2.0).
         alpha: significance level of the one-sided Mann-Whitney U test (default 0.01).
-        min_effect: smallest relative increase of the median ratio that fails (0.10).
+        min_effect: smallest relative increase of the median ratio that fails (0.10), for
+            ratios against the baseline's own frozen code (`*_vs_baseline`): 1.0 when
+            nothing changed, on any machine.
+        cross_min_effect: the same for ratios against a different kind of work (e.g.
+            `*_vs_sdpa`, paged against contiguous; 0.30): those depend on the machine's
+            balance of memory bandwidth and compute, and moved by 11% between two
+            machines of the same type with identical code.
         min_samples: fewest samples per side for a timing comparison (default 5).
     Spills have no slack: any spill the baseline did not have fails.
     """
@@ -67,14 +73,23 @@ class Thresholds:
     alpha: float = 0.01
     min_effect: float = 0.10
     min_samples: int = 5
+    cross_min_effect: float = 0.30
+
+    def min_effect_for(self, series_name: str) -> float:
+        """The minimum effect for a timing series: `min_effect` when its reference is the
+        baseline's own code (a name ending `_vs_baseline`), `cross_min_effect` otherwise."""
+        return self.min_effect if series_name.endswith("_vs_baseline") else self.cross_min_effect
 
     def __post_init__(self) -> None:
         if self.register_slack < 0 or self.shared_slack < 0 or self.sass_pct < 0:
             raise GateInputError(f"slack must be >= 0: {self!r}")
         if not 0 < self.alpha < 1:
             raise GateInputError(f"alpha must be in (0, 1), got {self.alpha!r}")
-        if self.min_effect < 0:
-            raise GateInputError(f"min_effect must be >= 0, got {self.min_effect!r}")
+        if self.min_effect < 0 or self.cross_min_effect < 0:
+            raise GateInputError(
+                f"min_effect and cross_min_effect must be >= 0, got {self.min_effect!r} "
+                f"and {self.cross_min_effect!r}"
+            )
         if self.min_samples < 2:
             raise GateInputError(f"min_samples must be >= 2, got {self.min_samples!r}")
 

@@ -119,7 +119,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--min-effect",
         type=float,
         default=th.min_effect,
-        help="smallest median-ratio increase that fails (%(default)s = 10%%)",
+        help="smallest median-ratio increase that fails, for ratios against the baseline's "
+        "own frozen code (%(default)s = 10%%)",
+    )
+    t.add_argument(
+        "--cross-min-effect",
+        type=float,
+        default=th.cross_min_effect,
+        help="the same for ratios against another kind of work, e.g. paged against SDPA, "
+        "which depend on the machine (%(default)s = 30%%)",
     )
     p.set_defaults(func=run)
 
@@ -184,7 +192,12 @@ def run(args: argparse.Namespace) -> int:
             f"no baseline: pass --baseline FILE or commit one under {BASELINE_DIR}"
         )
     th = Thresholds(
-        args.register_slack, args.shared_slack, args.sass_pct, args.alpha, args.min_effect
+        register_slack=args.register_slack,
+        shared_slack=args.shared_slack,
+        sass_pct=args.sass_pct,
+        alpha=args.alpha,
+        min_effect=args.min_effect,
+        cross_min_effect=args.cross_min_effect,
     )
     if args.update_baseline:
         return _update(args, paths)

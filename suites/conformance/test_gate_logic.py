@@ -54,7 +54,7 @@ def candidate(static=(), timing=(), *, device="cpu", triton=TRITON, ok=True, src
     )
 
 
-def series(samples, name="paged_decode_vs_sdpa", **case):
+def series(samples, name="paged_decode_vs_baseline", **case):
     return TimingSeries(name, {"context": 1024, **case}, tuple(float(x) for x in samples))
 
 
@@ -196,8 +196,31 @@ def test_compare_timing_rows_name_the_case():
     cand = [series(lognormal(rng, 20, 3.9))]
     rows = gate.compare_timing("cpu", base, cand, Thresholds())
     assert [r.verdict for r in rows] == [REGRESSION]
-    assert "paged_decode_vs_sdpa" in rows[0].subject and "context=1024" in rows[0].subject
+    assert "paged_decode_vs_baseline" in rows[0].subject and "context=1024" in rows[0].subject
     assert rows[0].change.startswith("+")
+
+
+def test_cross_kind_ratios_need_a_larger_effect():
+    """A ratio against the baseline's own code fails at +20%; one against another kind of
+    work (paged over SDPA, machine-dependent) passes at +20% and fails only above the
+    wider `cross_min_effect`."""
+    th = Thresholds()
+    assert th.min_effect_for("paged_decode_vs_baseline") == th.min_effect
+    assert th.min_effect_for("paged_prefill_vs_sdpa") == th.cross_min_effect > th.min_effect
+    rng = np.random.default_rng(11)
+    base = lognormal(rng, 24, 1.2)
+    up20, up45 = lognormal(rng, 24, 1.2 * 1.2), lognormal(rng, 24, 1.2 * 1.45)
+
+    def verdict(name, cand):
+        rows = gate.compare_timing("cpu", [series(base, name)], [series(cand, name)], th)
+        return rows[0].verdict, rows[0].detail
+
+    assert verdict("paged_prefill_vs_baseline", up20)[0] == REGRESSION
+    v, detail = verdict("paged_prefill_vs_sdpa", up20)
+    assert v == PASS and "min effect 30%" in detail
+    assert verdict("paged_prefill_vs_sdpa", up45)[0] == REGRESSION
+    with pytest.raises(GateInputError, match="cross_min_effect"):
+        Thresholds(cross_min_effect=-0.1)
 
 
 # --------------------------------------------------------------------------- baselines

@@ -1,15 +1,22 @@
 """Same-run timing ratios for the gate: each kernel against a fixed in-run reference.
 
-A ratio case builds two callables on the same data: the *candidate* (the kvbench op
-through `kernels.ops`: torch on CPU, compiled Triton on CUDA) and a *reference*, either
+A ratio case builds two callables on the same data: a *candidate* (this tree's op) and
+a *reference*, either
 
 * the baseline's own version of the op, frozen into the baseline file as source text and
-  run side by side (`*_vs_baseline`): the ratio is 1.0 when nothing changed, and since
-  both sides do the same kind of work, other processes' load cancels almost exactly; or
-* plain SDPA over the same KV laid out contiguously (`*_vs_sdpa`): the paged overhead,
-  which cancels the machine's speed but moves by a few percent with the kind of load
-  (the gather is memory-bound, SDPA is not); decode against SDPA moved by up to 20%
-  between runs on the shared 2-core machine, so only prefill is gated that way.
+  run side by side (`*_vs_baseline`): both sides are called the same way (this tree's
+  `kernels.torch_ops` against the frozen one, same arguments, no dispatch on either
+  side), so the ratio is 1.0 when nothing changed on any machine, and other processes'
+  load cancels almost exactly. (An earlier version sent the candidate through
+  `kernels.ops` and so also timed its argument checks: a fixed Python cost whose share
+  of a call depends on the machine, 1.10 on one 2-core machine and 1.23 on another with
+  identical code, which failed a gate); or
+* plain SDPA over the same KV laid out contiguously (`*_vs_sdpa`, through `kernels.ops`:
+  torch on CPU, compiled Triton on CUDA): the paged overhead. It cancels the machine's
+  speed but not its kind (the gather is memory-bound, SDPA is not): prefill against SDPA
+  moved by 11% between two machines of the same type and decode against SDPA by up to
+  20% between runs on one, so only prefill is gated that way, and with a wider minimum
+  effect (`Thresholds.cross_min_effect`).
 
 Each repeat times both, alternating which goes first, and records candidate time /
 reference time, so a baseline recorded on one day can be compared with a run on another.
@@ -238,12 +245,12 @@ def _need_frozen(frozen: ModuleType | None, name: str) -> ModuleType:
 
 
 def decode_vs_baseline(context: int, seed: int = 0) -> RatioCase:
-    """Paged decode through `kernels.ops` (torch on CPU) over the baseline's frozen torch
-    version of it, side by side on the same inputs: 1.0 when nothing changed, and immune to
-    what other processes do to the machine, since both sides are the same kind of work."""
+    """Paged decode of this tree's `kernels.torch_ops` over the baseline's frozen copy of
+    it, called identically on the same inputs: 1.0 when nothing changed, on any machine,
+    and immune to what other processes do to it, since both sides are the same work."""
 
     def build(device: torch.device, frozen: ModuleType | None) -> tuple[Fn, Fn]:
-        from kernels import ops
+        from kernels import torch_ops as current
         from kernels import validation as val
 
         old = _need_frozen(frozen, "paged_decode_vs_baseline")
@@ -252,12 +259,9 @@ def decode_vs_baseline(context: int, seed: int = 0) -> RatioCase:
         args = (x["q"], x["k"], x["v"], x["tables"], x["seq_lens"])
         dims = val.check_decode(*args, out_old, False)
         scale = HEAD_DIM**-0.5
-        backend = _backend(device)
 
         def candidate() -> object:
-            return ops.paged_decode_attention(
-                *args, scale, out=out, backend=backend, check_indices=False
-            )
+            return current.paged_decode_attention(*args, scale, out, dims)
 
         def reference() -> object:
             return old.paged_decode_attention(*args, scale, out_old, dims)
@@ -268,10 +272,10 @@ def decode_vs_baseline(context: int, seed: int = 0) -> RatioCase:
 
 
 def prefill_vs_baseline(prefix: int, new: int, seed: int = 0) -> RatioCase:
-    """Paged prefill through `kernels.ops` over the baseline's frozen torch version."""
+    """Paged prefill of this tree's `kernels.torch_ops` over the baseline's frozen copy."""
 
     def build(device: torch.device, frozen: ModuleType | None) -> tuple[Fn, Fn]:
-        from kernels import ops
+        from kernels import torch_ops as current
         from kernels import validation as val
 
         old = _need_frozen(frozen, "paged_prefill_vs_baseline")
@@ -280,12 +284,9 @@ def prefill_vs_baseline(prefix: int, new: int, seed: int = 0) -> RatioCase:
         args = (x["q"], x["k"], x["v"], x["tables"], x["cu"], x["seq_lens"])
         dims = val.check_prefill(*args, out_old, False)
         scale = HEAD_DIM**-0.5
-        backend = _backend(device)
 
         def candidate() -> object:
-            return ops.paged_prefill_attention(
-                *args, scale, out=out, backend=backend, check_indices=False
-            )
+            return current.paged_prefill_attention(*args, scale, out, dims)
 
         def reference() -> object:
             return old.paged_prefill_attention(*args, scale, out_old, dims)
