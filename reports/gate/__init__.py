@@ -18,6 +18,9 @@ Two kinds of evidence, judged differently because they fail differently:
   10%) for a ratio against the baseline's own frozen code, or `cross_min_effect` (30%)
   for one against another kind of work (paged over SDPA), which depends on the machine.
   Noise alone does not pass both; a real slowdown of more than the effect size does.
+  When the torch kernels are byte for byte the baseline's frozen copy, the
+  `*_vs_baseline` ratios time identical code on both sides (A/A): they are reported, not
+  judged, since any departure is noise by construction.
 
 A baseline file (JSON, under version control, e.g. ``reports/baselines/sm90.json``) has a
 *target*: an architecture (``sm_80``, ``sm_90``) for static costs, or a timing device

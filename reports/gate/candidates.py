@@ -101,4 +101,5 @@ def candidate_from_run(run: Any) -> Candidate:
         frozen_sha256=gate_header.get("frozen_sha256"),
         current_source=gate_header.get("current_source"),
         current_sha256=gate_header.get("current_sha256"),
+        injected_slowdown=float(gate_header.get("slowdown") or 0.0),
     )

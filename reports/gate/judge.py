@@ -177,8 +177,16 @@ def compare_timing(
     baseline: Sequence[TimingSeries],
     candidate: Sequence[TimingSeries],
     th: Thresholds,
+    unchanged_source: str | None = None,
 ) -> list[GateRow]:
-    """Verdict rows for same-run timing ratios (median ratio shown; see `judge_timing`)."""
+    """Verdict rows for same-run timing ratios (median ratio shown; see `judge_timing`).
+
+    `unchanged_source` (a sha256) says the candidate's torch kernels are byte for byte the
+    baseline's frozen copy: its `*_vs_baseline` ratios then time identical code on both
+    sides (an A/A test), so any difference from the baseline's is noise by construction.
+    Those rows still show the figures but pass, with a detail naming the departure when
+    it would otherwise have been a verdict (a sign that timing on this machine is
+    unreliable)."""
     rows: list[GateRow] = []
     base = {t.key: t for t in baseline}
     cand = {t.key: t for t in candidate}
@@ -214,6 +222,17 @@ def compare_timing(
         )
         if j.verdict == IMPROVED:
             detail = f"p={j.p_faster:.2g} (faster): consider --update-baseline"
+        verdict = j.verdict
+        if unchanged_source and c.name.endswith("_vs_baseline"):
+            aa = f"A/A: kernels unchanged (torch_ops sha256 {unchanged_source[:12]})"
+            if verdict != PASS:
+                detail = (
+                    f"{aa}, so this {verdict} verdict ({detail}) is timing noise on identical "
+                    "code: not judged"
+                )
+                verdict = PASS
+            else:
+                detail = f"{aa}; {detail}"
         rows.append(
             GateRow(
                 target,
@@ -222,7 +241,7 @@ def compare_timing(
                 b.median,
                 c.median,
                 f"{j.effect * 100:+.1f}%",
-                j.verdict,
+                verdict,
                 detail,
             )
         )
@@ -296,5 +315,9 @@ def evaluate(
         if is_arch(b.target):
             result.rows.extend(compare_static(b.target, b.static, candidate.static, th))
         else:
-            result.rows.extend(compare_timing(b.target, b.timing, candidate.timing, th))
+            result.rows.extend(
+                compare_timing(
+                    b.target, b.timing, candidate.timing, th, candidate.unchanged_kernels()
+                )
+            )
     return result

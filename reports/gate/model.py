@@ -211,6 +211,15 @@ class Candidate:
     #: this run's own torch kernel source and its sha256 (frozen into a new baseline)
     current_source: str | None = None
     current_sha256: str | None = None
+    #: synthetic slowdown injected into the timed candidates (testing the gate), 0 if none
+    injected_slowdown: float = 0.0
+
+    def unchanged_kernels(self) -> str | None:
+        """The sha256 of this run's torch kernels when they are byte for byte the frozen
+        copy its `*_vs_baseline` ratios ran against and nothing was injected (an A/A
+        timing run), else None."""
+        same = self.current_sha256 is not None and self.current_sha256 == self.frozen_sha256
+        return self.current_sha256 if same and not self.injected_slowdown else None
 
     def archs(self) -> list[str]:
         return sorted({r.arch for r in self.static})

@@ -40,14 +40,20 @@ def write_run(
     passed: bool = True,
     cuda: bool = False,
     frozen: str = FROZEN,
+    current: str | None = None,
+    slowdown: float = 0.0,
     seed: int = 0,
 ) -> Path:
+    """A recorded gate run; `current` is the run's own torch kernel source (default: the
+    frozen one, i.e. kernels unchanged, an A/A timing run)."""
     env = {**ENV, "cuda": cuda, "triton": triton}
+    current = frozen if current is None else current
     header = {
         "gate": {
             "frozen_sha256": sha256_text(frozen),
-            "current_sha256": sha256_text(frozen),
-            "current_source": frozen,
+            "current_sha256": sha256_text(current),
+            "current_source": current,
+            "slowdown": slowdown,
         }
     }
     rng = np.random.default_rng(seed)
@@ -146,10 +152,28 @@ def test_new_spill_fails(setup, capsys):
 
 def test_twenty_percent_slower_ratio_fails(setup, capsys):
     _, runs, _, cpu = setup
-    write_run(runs, "slow", ratio=1.2, seed=4)
+    write_run(runs, "slow", ratio=1.2, seed=4, current=FROZEN + "# a kernel change\n")
     assert gate(runs, cpu, candidate="slow") == 1
     out = capsys.readouterr().out
     assert "paged_decode_vs_baseline" in out and "ratio" in out
+
+
+def test_unchanged_kernels_timing_departure_is_noise_not_a_regression(setup, capsys, tmp_path):
+    """Kernels byte-identical to the frozen copy: both sides of every *_vs_baseline ratio
+    run the same code, so even a 20% departure passes, flagged as A/A noise (what a
+    loaded CI machine can produce); the same departure with a changed kernel fails."""
+    _, runs, _, cpu = setup
+    write_run(runs, "aa", ratio=1.2, seed=5)
+    verdict = tmp_path / "v.json"
+    assert gate(runs, cpu, candidate="aa", extra=["--json", str(verdict)]) == 0
+    row = json.loads(verdict.read_text())["rows"][0]
+    assert row["verdict"] == "pass" and row["candidate"] > 1.1
+    assert "A/A" in row["detail"] and "not judged" in row["detail"]
+    write_run(runs, "changed", ratio=1.2, seed=5, current=FROZEN + "# changed\n")
+    assert gate(runs, cpu, candidate="changed") == 1
+    # an injected slowdown (--inject-slowdown) is not A/A: it is judged and caught
+    write_run(runs, "injected", ratio=1.2, seed=5, slowdown=0.2)
+    assert gate(runs, cpu, candidate="injected") == 1
 
 
 def test_truncated_baseline_exits_2(setup, capsys):
