@@ -407,7 +407,8 @@ class Engine:
             beams[0].rec.preemptions += 1
             decoders = all(b.decoding for b in beams)
             lengths = [detach(b, t) for b in beams]
-            blocks = sum(ad.held_blocks(b.sid) for b in beams)
+            sids = [b.sid for b in beams]
+            blocks = ad.distinct_blocks(sids)  # a group swaps what it shares once
             use_swap = False
             if decoders and ad.can_swap and blocks <= cache.swap.num_free:
                 if cfg.preemption == "swap":
@@ -416,9 +417,10 @@ class Engine:
                     assert tm is not None
                     use_swap = 2 * tm.swap_ps(blocks) <= tm.recompute_ps(sum(lengths))
             bump()
+            if use_swap:
+                cache.swap_out_group(sids)  # fits: checked above
             for b, c in zip(beams, lengths, strict=True):
                 if use_swap:
-                    cache.swap_out(b.sid)  # fits: checked above
                     b.state, b.computed = SWAPPED, c
                     heappush(swapped, (b.order, b))
                 else:
@@ -774,14 +776,12 @@ class Engine:
                 while swapped and len(running) < cfg.max_num_seqs and budget > 0:
                     seq = swapped[0][1]
                     group = seq.group.beams if seq.group is not None else [seq]
-                    blocks = sum(ad.held_blocks(b.sid) for b in group)
-                    if len(running) + len(group) > cfg.max_num_seqs or (
-                        len(group) > 1 and cache.pool.num_free - blocks < cache.watermark_blocks
-                    ):
+                    if len(running) + len(group) > cfg.max_num_seqs:
                         break  # a group comes back whole or not at all
+                    sids = [b.sid for b in group]
+                    blocks = ad.distinct_blocks(sids)
                     try:
-                        for b in group:
-                            cache.swap_in(b.sid)
+                        cache.swap_in_group(sids)
                     except CapacityError:
                         break
                     for b in group:

@@ -167,6 +167,13 @@ class CacheAdapter:
     def held_blocks(self, sid: str) -> int:
         return len(self.cache.block_table(sid)) if self.paged else 0
 
+    def distinct_blocks(self, sids: Sequence[str]) -> int:
+        """Blocks a group of sequences holds, each shared block counted once (what a
+        group swap copies)."""
+        if not self.paged:
+            return 0
+        return len({b for sid in sids for b in self.cache.block_table(sid)})
+
     def memory(self) -> tuple[int, int, int, int, int]:
         """(free blocks, used blocks, evictable cached blocks, synced live slots,
         reserved slots)."""

@@ -237,6 +237,93 @@ def test_swap_out_and_in_restores_bit_identical_kv_in_other_blocks() -> None:
     cache.check()
 
 
+def _forked_family(cache: PagedKVCache) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """'a' with a 10-token prompt (2 full blocks + a partial one) forked into 'b' and 'c';
+    'b' then appends a token (copy-on-write of the partial block). Returns each one's KV."""
+    prompt = list(range(10))
+    fill(cache, "a", prompt)
+    cache.fork("a", "b")
+    cache.fork("a", "c")
+    cache.append("b", *kv_for(G, F32, [*prompt, 77], None, 10, 11))
+    return {r: cache.gather(r) for r in ("a", "b", "c")}
+
+
+def test_group_swap_keeps_sharing_and_kv() -> None:
+    """Swapped together, a forked family copies each shared block once (5 distinct
+    blocks, not 3 + 3 + 3), comes back holding as many device blocks with the same
+    sharing, bit for bit, and copy-on-write still protects the shared partial block."""
+    cache = make(num_blocks=12, num_cpu_blocks=5)
+    before = _forked_family(cache)
+    used = cache.stats().used_blocks
+    refs = [cache.pool.ref[b] for b in cache.block_table("a")]
+    assert used == 4 and refs == [3, 3, 2]
+    cache.swap_out("a")  # one at a time, each copies all 3 of its blocks
+    with pytest.raises(CapacityError, match="needs 3 CPU blocks, 2 of 5 free"):
+        cache.swap_out("b")
+    cache.swap_in("a")
+    cache.check()
+    cache = make(num_blocks=12, num_cpu_blocks=5)
+    before = _forked_family(cache)
+    cache.swap_out_group(["a", "b", "c"])
+    assert cache.stats().swapped_blocks == 4 and cache.stats().used_blocks == 0
+    cache.check()
+    fill(cache, "x", list(range(50, 58)))  # reuses the released device blocks
+    cache.swap_in_group(["a", "b", "c"])
+    assert cache.stats().used_blocks == 4 + 2 and cache.stats().swapped_blocks == 0
+    assert [cache.pool.ref[b] for b in cache.block_table("a")] == [3, 3, 2]
+    for r, kv in before.items():
+        assert all(bitwise_equal(x, y) for x, y in zip(kv, cache.gather(r), strict=True))
+    cache.append("c", *kv_for(G, F32, [*range(10), 5], None, 10, 11))  # copy-on-write
+    assert cache.block_table("c")[2] != cache.block_table("a")[2]
+    assert all(bitwise_equal(x, y) for x, y in zip(before["a"], cache.gather("a"), strict=True))
+    cache.check()
+
+
+@pytest.mark.parametrize(
+    ("ids", "error", "match"),
+    [
+        ([], ConfigError, "at least one"),
+        (["a", "a"], ConfigError, "twice"),
+        (["a", "zz"], KeyError, "zz"),
+        (["a", "sw"], Exception, "swapped"),
+    ],
+)
+def test_bad_group_swap_out_changes_nothing(ids, error, match) -> None:
+    from paged.cache import snapshots_equal
+
+    cache = make(num_blocks=16, num_cpu_blocks=8)
+    _forked_family(cache)
+    fill(cache, "sw", [1, 2, 3])
+    cache.swap_out("sw")
+    snap = cache.snapshot()
+    with pytest.raises(error, match=match):
+        cache.swap_out_group(ids)
+    assert snapshots_equal(snap, cache.snapshot())
+
+
+def test_group_swap_is_all_or_nothing_on_capacity() -> None:
+    from paged.cache import snapshots_equal
+
+    cache = make(num_blocks=12, num_cpu_blocks=3)  # the family has 4 distinct blocks
+    _forked_family(cache)
+    snap = cache.snapshot()
+    with pytest.raises(CapacityError, match="needs 4 CPU blocks"):
+        cache.swap_out_group(["a", "b", "c"])
+    assert snapshots_equal(snap, cache.snapshot())
+    cache = make(num_blocks=10, num_cpu_blocks=8, watermark=0.0)
+    _forked_family(cache)
+    cache.swap_out_group(["a", "b", "c"])
+    fill(cache, "x", list(range(50, 74)))  # 6 of 10 blocks: 4 left, the family needs 4
+    fill(cache, "y", [9])  # now 3 left
+    snap = cache.snapshot()
+    with pytest.raises(CapacityError, match="needs 4 blocks, 3 free"):
+        cache.swap_in_group(["a", "b", "c"])
+    assert snapshots_equal(snap, cache.snapshot())
+    with pytest.raises(Exception, match="not swapped"):
+        cache.swap_in_group(["a", "x"])
+    assert snapshots_equal(snap, cache.snapshot())
+
+
 def test_memory_only_mode_keeps_identical_bookkeeping() -> None:
     full, lean = make(num_blocks=12, num_cpu_blocks=8), make(num_blocks=12, num_cpu_blocks=8)
     lean = PagedKVCache(G, 12, 4, num_cpu_blocks=8, store_kv=False)

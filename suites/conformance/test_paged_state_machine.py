@@ -279,6 +279,35 @@ class PagedVsContiguous(RuleBasedStateMachine):
 
     @precondition(lambda self: any(True for _ in self.running()))
     @rule(data=st.data())
+    def swap_out_group(self, data: st.DataObject) -> None:
+        """Swap several requests out together (forks among them keep sharing)."""
+        ids = data.draw(
+            st.lists(st.sampled_from(self.running()), min_size=1, max_size=3, unique=True)
+        )
+        before = self.cache.snapshot()
+        try:
+            self.cache.swap_out_group(ids)
+        except CapacityError as exc:
+            self.failed_atomically(before, exc)
+            return
+        self.swapped.update(ids)
+
+    @precondition(lambda self: bool(self.swapped))
+    @rule(data=st.data())
+    def swap_in_group(self, data: st.DataObject) -> None:
+        ids = data.draw(
+            st.lists(st.sampled_from(sorted(self.swapped)), min_size=1, max_size=3, unique=True)
+        )
+        before = self.cache.snapshot()
+        try:
+            self.cache.swap_in_group(ids)
+        except CapacityError as exc:
+            self.failed_atomically(before, exc)
+            return
+        self.swapped.difference_update(ids)
+
+    @precondition(lambda self: any(True for _ in self.running()))
+    @rule(data=st.data())
     def swap_round_trip(self, data: st.DataObject) -> None:
         """Swap a request out and straight back in: its KV must come back bit for bit."""
         self.swap_out(data)

@@ -351,6 +351,47 @@ def test_preempted_beam_groups_keep_exact_kv(policy: str) -> None:
     assert Engine(memory_only, cfg, TM).run(trace).decisions() == result.decisions()
 
 
+class GroupSwapWatch(PagedKVCache):
+    """Records, per beam group swapped out, the device blocks it held (each shared block
+    once) and those it holds again after its swap-in."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.out: dict[tuple, int] = {}
+        self.back: dict[tuple, int] = {}
+        self.cpu: dict[tuple, int] = {}
+        self.tables: dict[tuple, int] = {}  # sum of the beams' table lengths
+
+    def _distinct(self, ids) -> int:
+        return len({b for r in ids for b in self.block_table(r)})
+
+    def swap_out_group(self, request_ids) -> None:  # type: ignore[override]
+        held, cpu_before = self._distinct(request_ids), self.swap.num_used
+        self.tables[tuple(request_ids)] = sum(len(self.block_table(r)) for r in request_ids)
+        super().swap_out_group(request_ids)
+        self.out[tuple(request_ids)] = held
+        self.cpu[tuple(request_ids)] = self.swap.num_used - cpu_before
+
+    def swap_in_group(self, request_ids) -> None:  # type: ignore[override]
+        super().swap_in_group(request_ids)
+        self.back[tuple(request_ids)] = self._distinct(request_ids)
+
+
+def test_swapped_beam_groups_keep_sharing() -> None:
+    """A beam group preempted by swap copies each block its beams share once and comes
+    back holding exactly as many device blocks as it left with (not one copy per beam)."""
+    trace = Trace(tuple(TraceRequest(f"b{i}", 0.0, 9 + i, 14, beam_width=3) for i in range(4)))
+    cache = GroupSwapWatch(GEOM, 30, 4, num_cpu_blocks=64, store_kv=False)
+    result = Engine(cache, SchedulerConfig(max_num_seqs=12, preemption="swap"), TM).run(trace)
+    check_complete(result, trace)
+    groups = [g for g in cache.out if len(g) > 1]
+    assert groups and result.swaps >= len(groups)
+    for g in groups:
+        assert cache.cpu[g] == cache.out[g], f"group {g} copied shared blocks more than once"
+        assert cache.back[g] == cache.out[g], f"group {g} came back holding more blocks"
+    assert any(cache.out[g] < cache.tables[g] for g in groups), "no swapped group shared"
+
+
 def test_beam_search_shares_blocks() -> None:
     """w beams hold fewer blocks than the same work as w independent sequences."""
     prompt = tuple(range(100, 164))
