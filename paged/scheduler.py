@@ -410,15 +410,18 @@ class Engine:
             sids = [b.sid for b in beams]
             blocks = ad.distinct_blocks(sids)  # a group swaps what it shares once
             use_swap = False
-            if decoders and ad.can_swap and blocks <= cache.swap.num_free:
+            if decoders and ad.can_swap:
                 if cfg.preemption == "swap":
                     use_swap = True
                 elif cfg.preemption == "auto":
                     assert tm is not None
                     use_swap = 2 * tm.swap_ps(blocks) <= tm.recompute_ps(sum(lengths))
-            bump()
             if use_swap:
-                cache.swap_out_group(sids)  # fits: checked above
+                try:
+                    cache.swap_out_group(sids)
+                except CapacityError:
+                    use_swap = False  # swap space full: recompute instead
+            bump()
             for b, c in zip(beams, lengths, strict=True):
                 if use_swap:
                     b.state, b.computed = SWAPPED, c

@@ -21,6 +21,7 @@ from reports.gate.model import (
     GateInputError,
     StaticRecord,
     TimingSeries,
+    against_own_code,
     is_arch,
     normalize_target,
     sha256_text,
@@ -260,7 +261,7 @@ def check_compatible(baseline: Baseline, candidate: Candidate) -> list[str]:
                 f"baseline {baseline.path} holds {baseline.target} timings, but run "
                 f"{candidate.run_id} measured {candidate.timing_device or 'no timings'}"
             )
-        uses_frozen = any(t.name.endswith("_vs_baseline") for t in candidate.timing)
+        uses_frozen = any(against_own_code(t.name) for t in candidate.timing)
         if uses_frozen and candidate.frozen_sha256 != baseline.frozen_sha256:
             raise GateInputError(
                 f"run {candidate.run_id} measured its *_vs_baseline ratios against frozen "

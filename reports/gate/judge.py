@@ -25,6 +25,7 @@ from reports.gate.model import (
     StaticRecord,
     Thresholds,
     TimingSeries,
+    against_own_code,
     is_arch,
 )
 
@@ -223,7 +224,7 @@ def compare_timing(
         if j.verdict == IMPROVED:
             detail = f"p={j.p_faster:.2g} (faster): consider --update-baseline"
         verdict = j.verdict
-        if unchanged_source and c.name.endswith("_vs_baseline"):
+        if unchanged_source and against_own_code(c.name):
             aa = f"A/A: kernels unchanged (torch_ops sha256 {unchanged_source[:12]})"
             if verdict != PASS:
                 detail = (

@@ -47,6 +47,12 @@ class GateInputError(KVBenchError):
     from another triton version, or for another device. The CLI exits 2."""
 
 
+def against_own_code(series_name: str) -> bool:
+    """Whether a timing series is a ratio of this tree's kernel over the baseline's frozen
+    copy of it (named `*_vs_baseline`), rather than over another kind of work."""
+    return series_name.endswith("_vs_baseline")
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """What counts as a regression (all documented defaults; the CLI can override).
@@ -78,7 +84,7 @@ class Thresholds:
     def min_effect_for(self, series_name: str) -> float:
         """The minimum effect for a timing series: `min_effect` when its reference is the
         baseline's own code (a name ending `_vs_baseline`), `cross_min_effect` otherwise."""
-        return self.min_effect if series_name.endswith("_vs_baseline") else self.cross_min_effect
+        return self.min_effect if against_own_code(series_name) else self.cross_min_effect
 
     def __post_init__(self) -> None:
         if self.register_slack < 0 or self.shared_slack < 0 or self.sass_pct < 0:

@@ -256,37 +256,16 @@ class PagedVsContiguous(RuleBasedStateMachine):
     @precondition(lambda self: any(True for _ in self.running()))
     @rule(data=st.data())
     def swap_out(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(self.running()))
-        before = self.cache.snapshot()
-        try:
-            self.cache.swap_out(rid)
-        except CapacityError as exc:
-            self.failed_atomically(before, exc)
-            return
-        self.swapped.add(rid)
-
-    @precondition(lambda self: bool(self.swapped))
-    @rule(data=st.data())
-    def swap_in(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.swapped)))
-        before = self.cache.snapshot()
-        try:
-            self.cache.swap_in(rid)
-        except CapacityError as exc:
-            self.failed_atomically(before, exc)
-            return
-        self.swapped.discard(rid)
-
-    @precondition(lambda self: any(True for _ in self.running()))
-    @rule(data=st.data())
-    def swap_out_group(self, data: st.DataObject) -> None:
-        """Swap several requests out together (forks among them keep sharing)."""
+        """Swap out one request, or several together (forks among them keep sharing)."""
         ids = data.draw(
             st.lists(st.sampled_from(self.running()), min_size=1, max_size=3, unique=True)
         )
         before = self.cache.snapshot()
         try:
-            self.cache.swap_out_group(ids)
+            if len(ids) == 1:
+                self.cache.swap_out(ids[0])
+            else:
+                self.cache.swap_out_group(ids)
         except CapacityError as exc:
             self.failed_atomically(before, exc)
             return
@@ -294,13 +273,17 @@ class PagedVsContiguous(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.swapped))
     @rule(data=st.data())
-    def swap_in_group(self, data: st.DataObject) -> None:
+    def swap_in(self, data: st.DataObject) -> None:
+        """Swap in one request, or several together."""
         ids = data.draw(
             st.lists(st.sampled_from(sorted(self.swapped)), min_size=1, max_size=3, unique=True)
         )
         before = self.cache.snapshot()
         try:
-            self.cache.swap_in_group(ids)
+            if len(ids) == 1:
+                self.cache.swap_in(ids[0])
+            else:
+                self.cache.swap_in_group(ids)
         except CapacityError as exc:
             self.failed_atomically(before, exc)
             return
