@@ -27,15 +27,20 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from kernels import configs
 from workloads.errors import KVBenchError
+
+if TYPE_CHECKING:
+    from triton.runtime.jit import JITFunction
 
 log = logging.getLogger(__name__)
 
@@ -203,17 +208,37 @@ def _usage(cubin: bytes, name: str) -> dict[str, int]:
     }
 
 
-def compile_one(cfg: configs.KernelConfig, arch: int) -> CompileRecord:
-    """Compile one configuration for sm_`arch` and measure it (no cache)."""
+def compile_one(
+    cfg: configs.KernelConfig, arch: int, kernel: JITFunction | None = None
+) -> CompileRecord:
+    """Compile one configuration for sm_`arch` in this process and measure it (no
+    kvbench cache). `kernel` replaces the configuration's own JIT function (a variant
+    with the same signature, e.g. a deliberately heavier one for gate tests).
+
+    Only in a process that is not interpreting Triton: once TRITON_INTERPRET=1 is set,
+    the interpreter patches `triton.language` for the whole process and code generation
+    fails, or seems to work only because Triton's on-disk cache already holds the
+    binary. `compile_isolated` runs this in a fresh compile-mode process.
+
+    Raises:
+        CompileCheckError: TRITON_INTERPRET is set, or the configuration failed to compile.
+    """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from kernels.triton_kernels import JIT
 
+    if _interpreting():
+        raise CompileCheckError(
+            f"cannot compile {cfg.kernel} {cfg.describe()} for sm_{arch} in a process with "
+            f"TRITON_INTERPRET={os.environ['TRITON_INTERPRET']!r}: use compile_isolated "
+            "(a fresh compile-mode process) or compile_all"
+        )
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     sig, attrs = signature(cfg)
-    src = ASTSource(JIT[cfg.kernel], sig, dict(cfg.constexprs), attrs)
+    fn = JIT[cfg.kernel] if kernel is None else kernel
+    src = ASTSource(fn, sig, dict(cfg.constexprs), attrs)
     try:
         kernel = triton.compile(
             src, target=GPUTarget("cuda", arch, 32), options={"num_warps": cfg.num_warps}
@@ -249,6 +274,44 @@ def _cache_key(cfg: configs.KernelConfig, arch: int, version: str, src: str) -> 
 
 def _compile_job(job: tuple[configs.KernelConfig, int]) -> CompileRecord:
     return compile_one(*job)
+
+
+def _isolated_job(
+    cfg: configs.KernelConfig, arch: int, kernel_factory: Callable[[], JITFunction] | None
+) -> CompileRecord:
+    return compile_one(cfg, arch, None if kernel_factory is None else kernel_factory())
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@contextmanager
+def _compile_mode() -> Iterator[None]:
+    """TRITON_INTERPRET=0 while worker processes start (they import triton in compile
+    mode), then as it was."""
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+
+
+def compile_isolated(
+    cfg: configs.KernelConfig,
+    arch: int,
+    kernel_factory: Callable[[], JITFunction] | None = None,
+) -> CompileRecord:
+    """`compile_one` in a fresh spawned compile-mode process, whatever this process
+    interprets; nothing is cached by kvbench. `kernel_factory` (picklable: a module-level
+    function or a partial of one) builds the variant kernel inside that process.
+    Triton's own cache follows the environment (TRITON_CACHE_DIR)."""
+    with _compile_mode(), ProcessPoolExecutor(1, mp_context=_spawn()) as pool:
+        return pool.submit(_isolated_job, cfg, arch, kernel_factory).result()
 
 
 def compile_all(
@@ -293,25 +356,15 @@ def compile_all(
     if todo:
         n = workers or min(4, os.cpu_count() or 1)
         log.info("compiling %d kernel configurations with %d processes", len(todo), n)
-        env_before = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "0"  # workers must import triton in compile mode
-        try:
-            with ProcessPoolExecutor(n, mp_context=_spawn()) as pool:
-                for i, rec in zip(
-                    todo, pool.map(_compile_job, [jobs[i] for i in todo]), strict=True
-                ):
-                    cfg, arch = jobs[i]
-                    path = cache / f"{_cache_key(cfg, arch, triton.__version__, src)}.json"
-                    path.write_text(json.dumps(asdict(rec), sort_keys=True))
-                    records[i] = rec
-                    done += 1
-                    if progress:
-                        progress(done, len(jobs))
-        finally:
-            if env_before is None:
-                os.environ.pop("TRITON_INTERPRET", None)
-            else:
-                os.environ["TRITON_INTERPRET"] = env_before
+        with _compile_mode(), ProcessPoolExecutor(n, mp_context=_spawn()) as pool:
+            for i, rec in zip(todo, pool.map(_compile_job, [jobs[i] for i in todo]), strict=True):
+                cfg, arch = jobs[i]
+                path = cache / f"{_cache_key(cfg, arch, triton.__version__, src)}.json"
+                path.write_text(json.dumps(asdict(rec), sort_keys=True))
+                records[i] = rec
+                done += 1
+                if progress:
+                    progress(done, len(jobs))
     return [records[i] for i in range(len(jobs))]
 
 

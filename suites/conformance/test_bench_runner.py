@@ -302,6 +302,38 @@ def test_serving_sharing_beams_save_more_with_width() -> None:
     assert saved["beam", 2] > saved["parallel", 2]
 
 
+def test_serving_replay_measures_the_trace_and_holds_event_mode_to_token_stepping(
+    monkeypatch,
+) -> None:  # type: ignore[no-untyped-def]
+    """The replay speed sweep: its rates are the trace's own counts over the measured
+    time; a token-stepping case that preempts replays in event mode too and reports the
+    speedup; and it fails, never reports, when the two modes decide differently."""
+    from suites.bench.sweeps import scheduling
+    from workloads.sharing import generate
+
+    sw = registry.get_sweep("serving.replay")
+    case = {"workload": "sharegpt", "requests": 300, "block_size": 16, "kv_budget": "1GB"}
+    m = {x.metric: x.value for x in sw.measure({**case, "mode": "token"}, _ctx())}
+    decode_tokens = sum(r.output_len for r in generate("sharegpt", 300, seed=0).requests)
+    wall = m["replay_wall_time"]
+    assert m["decode_tokens_per_second"] * wall == pytest.approx(decode_tokens)
+    assert m["events_per_second"] * wall == pytest.approx(m["events"])
+    assert m["preemptions"] > 0 and m["processed_step_fraction"] == 1.0
+    assert m["event_mode_speedup"] > 0 and 0.9 < m["utilization"] <= 1
+    event = {x.metric: x.value for x in sw.measure({**case, "mode": "event"}, _ctx())}
+    assert event["events"] < m["events"] and event["preemptions"] == m["preemptions"]
+    assert "event_mode_speedup" not in event
+
+    replay = scheduling._replay
+
+    def roomier_event_mode(case, ctx, mode):  # type: ignore[no-untyped-def]
+        return replay({**case, "kv_budget": "2GB"} if mode == "event" else case, ctx, mode)
+
+    monkeypatch.setattr(scheduling, "_replay", roomier_event_mode)
+    with pytest.raises(RuntimeError, match="decided differently"):
+        sw.measure({**case, "mode": "token"}, _ctx())
+
+
 def test_opt_in_sweeps_run_only_when_named_or_full() -> None:
     opt_in = [s.name for s in registry.all_sweeps() if not s.in_default]
     assert "kernel.static" in opt_in

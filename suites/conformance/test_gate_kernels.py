@@ -7,10 +7,15 @@
   metrics that grew (SASS instructions, shared memory), and nothing else.
 
 One configuration (float16, head dim 128, GQA 4, split-KV), compiled three times: about
-20-40 s on 2 cores.
+20-40 s on 2 cores. The two tested compiles run in a fresh compile-mode process
+(`aot.compile_isolated`: the conformance session interprets Triton, which breaks code
+generation in its own process) with an empty Triton cache of their own, so they are real
+compiles on any machine, not hits in a cache an earlier run left behind.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
@@ -65,17 +70,23 @@ def candidate(records):
     )
 
 
-def test_unchanged_kernel_recompiled_passes(baseline, decode_cfg):
-    fresh = aot.compile_one(decode_cfg, ARCH)  # no cache: a real second compile
+@pytest.fixture
+def empty_triton_cache(tmp_path, monkeypatch):
+    """A Triton cache of this test's own for the compile process (it inherits the
+    environment): nothing compiled before can be reused."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+
+
+def test_unchanged_kernel_recompiled_passes(baseline, decode_cfg, empty_triton_cache):
+    fresh = aot.compile_isolated(decode_cfg, ARCH)  # no cache: a real second compile
     assert fresh.spills == 0
     result = gate.evaluate([baseline], candidate([fresh]))
     assert result.exit_code == 0, gate.format_table(result, show_all=True)
     assert {r.verdict for r in result.rows} == {gate.PASS}
 
 
-def test_decode_kernel_loading_k_twice_fails(baseline, decode_cfg, tmp_path, monkeypatch):
-    monkeypatch.setitem(triton_kernels.JIT, "paged_decode", heavier_decode(tmp_path))
-    heavy = aot.compile_one(decode_cfg, ARCH)
+def test_decode_kernel_loading_k_twice_fails(baseline, decode_cfg, tmp_path, empty_triton_cache):
+    heavy = aot.compile_isolated(decode_cfg, ARCH, partial(heavier_decode, tmp_path))
     result = gate.evaluate([baseline], candidate([heavy]))
     table = gate.format_table(result)
     assert result.exit_code == 1, table
@@ -88,3 +99,9 @@ def test_decode_kernel_loading_k_twice_fails(baseline, decode_cfg, tmp_path, mon
     ) in failing, table
     for kernel, metric in failing:
         assert any(kernel in line and metric in line for line in table.splitlines())
+
+
+def test_compile_one_refuses_an_interpreting_process(decode_cfg, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(aot.CompileCheckError, match=r"TRITON_INTERPRET='1'.*compile_isolated"):
+        aot.compile_one(decode_cfg, ARCH)
