@@ -7,9 +7,11 @@ loop would do with it. One step (iteration) is, in this order:
 1. arrivals whose modeled time has come join the waiting queue (FCFS by trace order);
 2. every decoding sequence appends the KV of its last token (oldest first). When the
    cache cannot grow it, the latest-arrived running sequence (below the preemption
-   bound) is preempted - by swap (its blocks to the CPU pool) or recompute (freed and
-   requeued with all its tokens), per policy or by the cost model - until the append
-   fits or the sequence itself was the victim;
+   bound) is preempted with the rest of its request (a beam group, or every running
+   sample of an n-sample request, as vLLM preempts a sequence group) - by swap (their
+   blocks to the CPU pool, shared blocks copied once; they come back together) or
+   recompute (freed and requeued, each with all its tokens), per policy or by the cost
+   model - until the append fits or the sequence itself was preempted;
 3. prefilling sequences continue their prompt within the token budget (chunked);
 4. unless this step preempted: swapped sequences come back (oldest first, respecting
    the watermark), then waiting ones are admitted FCFS while the cache admits them
@@ -143,24 +145,37 @@ class Engine:
                     f"trace line {i + 2}: request {r.id!r} needs {total - 1} tokens, past "
                     f"the cache's max_seq_len={max_len}; it could never finish"
                 )
-            if ad.paged:
-                usable = cache.num_blocks - cache.watermark_blocks
-                need = -(-total // ad.block_size)
-                if need > usable:
-                    raise RequestTooLargeError(
-                        f"trace line {i + 2}: request {r.id!r} needs {need} blocks "
-                        f"({total} tokens) but only {usable} can ever be admitted "
-                        f"({cache.num_blocks} blocks, watermark {cache.watermark_blocks})"
-                    )
-            elif ad.contiguous:
-                size = cache.max_seq_len if cache.policy == "max" else total
-                if cache.policy == "pow2":
-                    size = min(next_pow2(total), cache.max_seq_len)
-                if size > cache.capacity_tokens:
-                    raise RequestTooLargeError(
-                        f"trace line {i + 2}: request {r.id!r} needs a {size}-slot "
-                        f"reservation; the cache has {cache.capacity_tokens} slots"
-                    )
+            need, room = self._footprint(r)
+            if need > room:
+                what = (
+                    f"{need} blocks ({total} tokens) but only {room} can ever be admitted "
+                    f"({cache.num_blocks} blocks, watermark {cache.watermark_blocks})"
+                    if ad.paged
+                    else f"a {need}-slot reservation; the cache has {room} slots"
+                )
+                raise RequestTooLargeError(f"trace line {i + 2}: request {r.id!r} needs {what}")
+
+    def _footprint(self, r: TraceRequest) -> tuple[int, int]:
+        """(most one sequence of `r` can come to hold, most the cache can ever give one
+        request): blocks within the admissible pool (paged), slots of its reservation
+        within the arena (contiguous); (0, 0) for other caches (nothing known)."""
+        cache, ad = self.cache, self.ad
+        total = r.prompt_len + r.output_len
+        if ad.paged:
+            return -(-total // ad.block_size), cache.num_blocks - cache.watermark_blocks
+        if ad.contiguous:
+            size = cache.max_seq_len if cache.policy == "max" else total
+            if cache.policy == "pow2":
+                size = min(next_pow2(total), cache.max_seq_len)
+            return size, cache.capacity_tokens
+        return 0, 0
+
+    def _family_fits(self, r: TraceRequest) -> bool:
+        """Whether all n samples of `r` could run to completion alone in the cache (each
+        holding its own history): only then are they preempted and resumed as one unit,
+        which could otherwise never make progress; else each sample is preempted alone."""
+        need, room = self._footprint(r)
+        return r.n * need <= room and (self.ad.paged or self.ad.contiguous)
 
     def _check_beam_fits(self, i: int, r: TraceRequest) -> None:
         """A beam group needs a paged cache, w sequences under max_num_seqs, and its
@@ -358,59 +373,31 @@ class Engine:
             return c
 
         def preempt(victim: Seq, t: int) -> None:
+            """Preempt the victim's whole request: its beam group, the running sequences of
+            its n-sample family, or itself. Swap all of them together (shared blocks
+            copied once) when the policy or the cost model says so, every one is decoding
+            and swap space holds them; else recompute them all (each requeued alone with
+            all its tokens). A family is a unit only when it fits the cache whole
+            (`_family_fits`), so a unit can always finish."""
             if victim.group is not None:
-                preempt_group(victim.group, t)
-                return
+                unit = victim.group.beams
+                records = [unit[0].rec]  # a group has one record
+            elif victim.family is not None:
+                unit = [s for s in victim.family if s.state == RUNNING and s not in finished_now]
+                records = [s.rec for s in unit]
+            else:
+                unit, records = [victim], [victim.rec]
             st["preempted"] = True
             totals["pre"] += 1
-            victim.rec.preemptions += 1
-            decoder = victim.decoding
-            c = detach(victim, t)
+            for rec in records:
+                rec.preemptions += 1
+            decoders = all(s.decoding for s in unit)
+            lengths = [detach(s, t) for s in unit]
+            sids = [s.sid for s in unit]
             use_swap = False
-            if decoder and ad.can_swap:
-                if cfg.preemption == "swap":
-                    use_swap = True
-                elif cfg.preemption == "auto":
-                    assert tm is not None
-                    blocks = ad.held_blocks(victim.sid)
-                    use_swap = 2 * tm.swap_ps(blocks) <= tm.recompute_ps(c)
-            if use_swap:
-                blocks = ad.held_blocks(victim.sid)
-                try:
-                    cache.swap_out(victim.sid)
-                except CapacityError:
-                    use_swap = False  # swap space full: recompute instead
-            bump()
-            if use_swap:
-                if tm is not None:
-                    st["swap_ps"] += tm.swap_ps(blocks)
-                victim.state = SWAPPED
-                victim.computed = c
-                victim.rec.swaps += 1
-                totals["swap"] += 1
-                heappush(swapped, (victim.order, victim))
-                return
-            cache.free(victim.sid)
-            victim.state = WAITING
-            victim.computed = 0
-            victim.target = len(victim.prompt) + victim.generated
-            victim.rec.recomputes += 1
-            totals["rec"] += 1
-            heappush(waiting, (victim.order, victim))
-
-        def preempt_group(group: BeamGroup, t: int) -> None:
-            """Preempt every beam of a group together: swap all (when the policy or the
-            cost model says so and swap space holds them all) or recompute all."""
-            st["preempted"] = True
-            totals["pre"] += 1
-            beams = group.beams
-            beams[0].rec.preemptions += 1
-            decoders = all(b.decoding for b in beams)
-            lengths = [detach(b, t) for b in beams]
-            sids = [b.sid for b in beams]
-            blocks = ad.distinct_blocks(sids)  # a group swaps what it shares once
-            use_swap = False
+            blocks = 0
             if decoders and ad.can_swap:
+                blocks = ad.distinct_blocks(sids)
                 if cfg.preemption == "swap":
                     use_swap = True
                 elif cfg.preemption == "auto":
@@ -422,22 +409,25 @@ class Engine:
                 except CapacityError:
                     use_swap = False  # swap space full: recompute instead
             bump()
-            for b, c in zip(beams, lengths, strict=True):
+            peers = unit if use_swap and victim.group is None and len(unit) > 1 else None
+            for s, c in zip(unit, lengths, strict=True):
                 if use_swap:
-                    b.state, b.computed = SWAPPED, c
-                    heappush(swapped, (b.order, b))
+                    s.state, s.computed, s.swap_peers = SWAPPED, c, peers
+                    heappush(swapped, (s.order, s))
                 else:
-                    cache.free(b.sid)
-                    b.state, b.computed = WAITING, 0
-                    b.target = len(b.prompt) + b.generated
-                    heappush(waiting, (b.order, b))
+                    cache.free(s.sid)
+                    s.state, s.computed = WAITING, 0
+                    s.target = len(s.prompt) + s.generated
+                    heappush(waiting, (s.order, s))
             if use_swap:
                 if tm is not None:
                     st["swap_ps"] += tm.swap_ps(blocks)
-                beams[0].rec.swaps += 1
+                for rec in records:
+                    rec.swaps += 1
                 totals["swap"] += 1
             else:
-                beams[0].rec.recomputes += 1
+                for rec in records:
+                    rec.recomputes += 1
                 totals["rec"] += 1
 
         def group_step(group: BeamGroup, t: int) -> None:
@@ -586,9 +576,8 @@ class Engine:
                     ad.append(seq, c, 1, ids)
                     return True
                 except CapacityError:
-                    victim = choose_victim()
-                    preempt(victim, t)
-                    if victim is seq:
+                    preempt(choose_victim(), t)
+                    if seq.state != RUNNING:  # it was the victim, or in the victim's family
                         return False
 
         def flush_and_grow(seq: Seq, t: int, c: int) -> bool:
@@ -646,8 +635,13 @@ class Engine:
 
         def fork_children(parent: Seq, t: int) -> None:
             r = parent.req
+            family = [parent] if self._family_fits(r) else None
+            parent.family = family
             for k in range(1, r.n):
                 child = new_seq(r, parent.index, k, parent.prompt)
+                if family is not None:
+                    child.family = family
+                    family.append(child)
                 child.rec.admit_step = parent.rec.admit_step
                 child.rec.first_token_step = t
                 child.rec.cached_tokens = parent.rec.cached_tokens
@@ -778,9 +772,9 @@ class Engine:
             if not st["preempted"]:
                 while swapped and len(running) < cfg.max_num_seqs and budget > 0:
                     seq = swapped[0][1]
-                    group = seq.group.beams if seq.group is not None else [seq]
+                    group = seq.group.beams if seq.group is not None else seq.swap_peers or [seq]
                     if len(running) + len(group) > cfg.max_num_seqs:
-                        break  # a group comes back whole or not at all
+                        break  # a group or family comes back whole or not at all
                     sids = [b.sid for b in group]
                     blocks = ad.distinct_blocks(sids)
                     try:
@@ -788,8 +782,8 @@ class Engine:
                     except CapacityError:
                         break
                     for b in group:
-                        heappop(swapped)
-                        b.state = RUNNING
+                        heappop(swapped)  # its members head the queue (adjacent orders)
+                        b.state, b.swap_peers = RUNNING, None
                         add_running(b)
                         start_decoding(b, t + 1, b.computed, b.computed)
                     bump()

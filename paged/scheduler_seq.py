@@ -49,6 +49,7 @@ class Seq:
         "cow",
         "decoding",
         "event_step",
+        "family",
         "forked",
         "generated",
         "group",
@@ -64,6 +65,7 @@ class Seq:
         "salt",
         "sid",
         "state",
+        "swap_peers",
         "synced",
         "target",
         "version",
@@ -90,6 +92,10 @@ class Seq:
         self.forked = child != 0
         self.hashed = False  # whether its output token ids are given to the cache (engine)
         self.group: BeamGroup | None = None  # its beam-search group, if any
+        #: the n sequences of its n-sample request (parent first), preempted together
+        self.family: list[Seq] | None = None
+        #: the sequences swapped out with it (itself included), which come back together
+        self.swap_peers: list[Seq] | None = None
         self.parked = False  # a recomputed beam waiting for its group's other beams
         self.rec = SeqRecord(self.sid, req.id, req.arrival, len(prompt), req.output_len)
 

@@ -97,8 +97,8 @@ class WatchedPaged(PagedKVCache):
         assert self.num_free_blocks >= self.watermark_blocks, "admission broke the watermark"
         return out
 
-    def swap_in(self, request_id):  # type: ignore[override]
-        super().swap_in(request_id)
+    def swap_in_group(self, request_ids):  # type: ignore[override]
+        super().swap_in_group(request_ids)  # swap_in is its one-id case
         assert self.num_free_blocks >= self.watermark_blocks, "swap-in broke the watermark"
 
 
@@ -335,10 +335,14 @@ def test_oversized_request_rejected_with_line() -> None:
 
 
 @pytest.mark.parametrize("policy", ["recompute", "swap"])
-def test_preempted_beam_groups_keep_exact_kv(policy: str) -> None:
-    """Beam groups under memory pressure are preempted whole and resume exactly where the
-    selection model says they are (every beam's KV checked when freed)."""
-    trace = Trace(tuple(TraceRequest(f"b{i}", 0.0, 9 + i, 14, beam_width=3) for i in range(4)))
+@pytest.mark.parametrize("sharing", ["beam_width", "n"])
+def test_preempted_groups_and_families_keep_exact_kv(sharing: str, policy: str) -> None:
+    """Beam groups and families of samples under memory pressure are preempted whole and
+    resume exactly where they were (for beams: where the selection model says they are):
+    every sequence's KV is checked when freed, and the memory-only cache decides the
+    same."""
+    option = {sharing: 3}
+    trace = Trace(tuple(TraceRequest(f"b{i}", 0.0, 9 + i, 14, **option) for i in range(4)))
     params = dict(num_blocks=30, block_size=4, num_cpu_blocks=64 if policy == "swap" else 0)
     cache = CheckedPaged(GEOM, store_kv=True, kernel_backend="torch", **params)
     cache.trace = trace
@@ -377,6 +381,23 @@ class GroupSwapWatch(PagedKVCache):
         self.back[tuple(request_ids)] = self._distinct(request_ids)
 
 
+class FamilySwapWatch(GroupSwapWatch):
+    """...and, per swap-out, the sequences of the same requests that stayed on the device
+    unfinished (a finished sequence holds prompt + output - 1 tokens until it retires)."""
+
+    trace: Trace
+    left_running: list[str]
+
+    def swap_out_group(self, request_ids) -> None:  # type: ignore[override]
+        super().swap_out_group(request_ids)
+        bases = {str(r).partition("#")[0] for r in request_ids}
+        lengths = {str(r.id): r.prompt_len + r.output_len - 1 for r in self.trace.requests}
+        for rid in self.running_ids():
+            base = str(rid).partition("#")[0]
+            if base in bases and self.seq_len(rid) < lengths[base]:
+                self.left_running.append(str(rid))
+
+
 def test_swapped_beam_groups_keep_sharing() -> None:
     """A beam group preempted by swap copies each block its beams share once and comes
     back holding exactly as many device blocks as it left with (not one copy per beam)."""
@@ -390,6 +411,42 @@ def test_swapped_beam_groups_keep_sharing() -> None:
         assert cache.cpu[g] == cache.out[g], f"group {g} copied shared blocks more than once"
         assert cache.back[g] == cache.out[g], f"group {g} came back holding more blocks"
     assert any(cache.out[g] < cache.tables[g] for g in groups), "no swapped group shared"
+
+
+def test_swapped_sample_families_go_and_come_back_together() -> None:
+    """The n samples of a request are preempted as one request (as vLLM swaps a sequence
+    group): a swap takes every running sample, copies their shared prompt blocks once and
+    brings them back together, holding as many device blocks as they left with."""
+    trace = Trace(tuple(TraceRequest(f"s{i}", 0.0, 9 + i, 14, n=3) for i in range(4)))
+    cache = FamilySwapWatch(GEOM, 30, 4, num_cpu_blocks=64, store_kv=False)
+    cache.trace, cache.left_running = trace, []
+    result = Engine(cache, SchedulerConfig(max_num_seqs=12, preemption="swap"), TM).run(trace)
+    check_complete(result, trace)
+    families = [g for g in cache.out if len(g) > 1]
+    assert families and not cache.left_running, cache.left_running
+    for g in families:
+        assert len({sid.partition("#")[0] for sid in g}) == 1, f"{g} mixes requests"
+        assert cache.cpu[g] == cache.out[g], f"family {g} copied shared blocks more than once"
+        assert cache.back[g] == cache.out[g], f"family {g} came back holding more blocks"
+    assert any(cache.out[g] < cache.tables[g] for g in families), "no swapped family shared"
+    # one preemption per family event, every sample's record counts it
+    swapped_records = [r for r in result.records if r.swaps]
+    assert result.swaps <= len(swapped_records)
+
+
+@pytest.mark.parametrize("policy", ["recompute", "swap"])
+def test_a_family_too_big_to_run_whole_is_preempted_sample_by_sample(policy: str) -> None:
+    """3 samples of up to 6 blocks each (14 together, sharing the prompt) cannot all run
+    in 12 blocks: preempted as one unit they could never make progress, so each sample is
+    preempted alone, and all finish."""
+    trace = Trace((TraceRequest("big", 0.0, 9, 14, n=3),))
+    cache = FamilySwapWatch(GEOM, 12, 4, num_cpu_blocks=64, store_kv=False)
+    cache.trace, cache.left_running = trace, []
+    result = Engine(cache, SchedulerConfig(preemption=policy), TM).run(trace)
+    check_complete(result, trace)
+    assert result.preemptions > 0
+    if policy == "swap":
+        assert all(len(g) == 1 for g in cache.out) and cache.left_running
 
 
 def test_beam_search_shares_blocks() -> None:
