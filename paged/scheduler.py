@@ -46,9 +46,10 @@ than the pool minus the watermark, a reservation larger than a contiguous arena,
 over the token budget without chunked prefill, a beam group whose beams could not all
 be re-admitted alone) is rejected before the run with `RequestTooLargeError` naming its
 trace line; a beam request on a contiguous cache is refused (`ConfigError`). A run that
-could never change
-state again raises `SchedulerError` instead of looping. Nothing is dropped silently: the
-run ends only when every sequence finished, and the cache is empty afterwards.
+could never change state again, or whose preemptions cycle without progress (nothing
+decoded, prefilled or finished for 10,000 steps), raises `SchedulerError` instead of
+looping. Nothing is dropped silently: the run ends only when every sequence finished,
+and the cache is empty afterwards.
 
 Entry point for other layers: `paged.scheduler_setup.simulate`.
 """
@@ -88,6 +89,11 @@ log = logging.getLogger(__name__)
 
 #: Generated beam ids of one request must stay below the next request's synthetic ids.
 _ID_ROOM = SYNTH_BASE // 2
+#: Consecutive steps in which nothing decodes, prefills or finishes before the engine
+#: calls it a livelock. A sound run has such steps only between a preemption or swap-in
+#: and the next decode (a few in a row); a cycle of preemptions that can never make
+#: progress has nothing else, and is cheap to run this long.
+_BARREN_STEP_LIMIT = 10_000
 
 
 class SchedulerError(KVBenchError):
@@ -674,7 +680,7 @@ class Engine:
         timeline: list[StepRow] = []
         now_ps = 0
         t = 0
-        processed = peak = 0
+        processed = peak = barren = 0  # barren: consecutive steps without progress
         sum_live = sum_reserved = sum_running = 0
         n_total = len(reqs)
         weight_ps = tm.weight_ps if tm is not None else 0
@@ -928,6 +934,16 @@ class Engine:
                     f"the engine stalled at step {t} with {len(waiting)} waiting and "
                     f"{len(swapped)} swapped sequences and nothing running"
                 )
+            if decoders or chunks or had_finishes:
+                barren = 0
+            else:
+                barren += 1
+                if barren > _BARREN_STEP_LIMIT:
+                    raise SchedulerError(  # a bug guard: preemption cycling (a livelock)
+                        f"the engine made no progress for {barren} steps up to step {t} (no "
+                        f"token decoded, no prefill, no finish) with {len(running)} running, "
+                        f"{len(waiting)} waiting and {len(swapped)} swapped sequences"
+                    )
             # -- 7. the next step: in event mode, skip the quiet stretch before it
             nxt = t + 1
             if event_mode and not prefilling and not had_finishes and not st["preempted"]:

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from paged.beams import BeamGroup, plan_selection
 from paged.cache import PagedKVCache
-from paged.scheduler import Engine, RequestTooLargeError
+from paged.scheduler import Engine, RequestTooLargeError, SchedulerError
 from paged.scheduler_model import SchedulerConfig, TimeModel
 from paged.scheduler_seq import kv_for_tokens
 from reference.contiguous import ContiguousKVCache
@@ -332,6 +332,22 @@ def test_oversized_request_rejected_with_line() -> None:
     with pytest.raises(RequestTooLargeError, match=r"line 3: request 'huge' needs"):
         Engine(cache, SchedulerConfig(), TM).run(trace)
     assert cache.request_ids() == []
+
+
+def test_a_preemption_livelock_is_an_error_not_a_hang(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A bug guard. 3 samples that cannot all run in 8 blocks finish when preempted one
+    by one; forced to be preempted as a unit (the rule `_family_fits` disabled) they swap
+    out and in forever, and the run fails after 10,000 barren steps instead of looping."""
+    trace = Trace((TraceRequest("a", 0.0, 6, 20, n=3),))
+    cfg = SchedulerConfig(max_num_seqs=3, preemption="swap")
+
+    def make() -> PagedKVCache:
+        return PagedKVCache(GEOM, 8, 4, num_cpu_blocks=64, store_kv=False)
+
+    check_complete(Engine(make(), cfg, TM).run(trace), trace)
+    monkeypatch.setattr(Engine, "_family_fits", lambda self, r: True)
+    with pytest.raises(SchedulerError, match=r"made no progress for 10001 steps up to step"):
+        Engine(make(), cfg, TM).run(trace)
 
 
 @pytest.mark.parametrize("policy", ["recompute", "swap"])
