@@ -177,9 +177,12 @@ class Engine:
         return 0, 0
 
     def _family_fits(self, r: TraceRequest) -> bool:
-        """Whether all n samples of `r` could run to completion alone in the cache (each
-        holding its own history): only then are they preempted and resumed as one unit,
-        which could otherwise never make progress; else each sample is preempted alone."""
+        """Whether the n samples of `r` are preempted as one unit: configured so
+        (sample_preemption "request") and able to run to completion alone in the cache,
+        each holding its own history (a unit that could not would never make progress);
+        else each sample is preempted alone."""
+        if self.cfg.sample_preemption == "sequence":
+            return False
         need, room = self._footprint(r)
         return r.n * need <= room and (self.ad.paged or self.ad.contiguous)
 

@@ -25,6 +25,7 @@ from workloads.profiles import DeviceProfile
 PREEMPTION_POLICIES = ("swap", "recompute", "auto")
 BATCHING_POLICIES = ("continuous", "static")
 MODES = ("event", "token")
+SAMPLE_PREEMPTION = ("request", "sequence")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ class SchedulerConfig:
         hash_outputs: pass generated token ids to the cache so generated blocks are
             prefix-cacheable. "auto": only for trace-given output tokens (multi-turn);
             synthetic outputs are private to their request.
+        sample_preemption: what preemption takes of an n-sample request: "request"
+            (every running sample together, as vLLM preempts a sequence group, when the
+            whole family fits the cache) or "sequence" (the victim sample alone; its
+            shared blocks are copied per sample when swapped). Beam groups always go
+            whole.
     """
 
     max_batched_tokens: int = 4096
@@ -60,6 +66,7 @@ class SchedulerConfig:
     static_batch_size: int = 0
     mode: str = "event"
     hash_outputs: str = "auto"
+    sample_preemption: str = "request"
 
     def __post_init__(self) -> None:
         for name in ("max_batched_tokens", "max_num_seqs", "max_preemptions"):
@@ -83,6 +90,10 @@ class SchedulerConfig:
             raise ConfigError(f"static_batch_size must be >= 0, got {self.static_batch_size!r}")
         if self.hash_outputs not in ("auto", "always", "never"):
             raise ConfigError(f"hash_outputs must be auto/always/never, got {self.hash_outputs!r}")
+        if self.sample_preemption not in SAMPLE_PREEMPTION:
+            raise ConfigError(
+                f"unknown sample_preemption {self.sample_preemption!r}; known: {SAMPLE_PREEMPTION}"
+            )
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,14 @@ SPECS: tuple[FigureSpec, ...] = (
         ylabel="live / held slots",
     ),
     FigureSpec(
+        "serving.sample_preemption",
+        "Modeled throughput: n-sample requests preempted whole vs per sample",
+        "n",
+        ("tokens_per_second",),
+        kind="bar",
+        ylabel="tokens / s (modeled)",
+    ),
+    FigureSpec(
         "capacity.concurrency",
         "Requests held in a 42 GB budget",
         "avg_len",
@@ -328,7 +336,11 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
         ax.set_ylabel(spec.ylabel or ", ".join(spec.metrics))
         ax.set_title(spec.title)
         if len(groups) > 1 or series_keys:
-            ax.legend(fontsize=7, loc="best", ncol=1 if len(groups) < 8 else 2)
+            ncol = 1 if len(groups) < 8 else 2
+            if spec.kind == "bar" and not spec.logy:  # room above the bars for the legend
+                rows = -(-len(groups) // ncol)
+                ax.set_ylim(top=ax.get_ylim()[1] * (1 + 0.08 * rows))
+            ax.legend(fontsize=7, loc="best", ncol=ncol)
         fig.tight_layout()
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": "kvbench"})

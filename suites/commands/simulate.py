@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         batching=args.batching,
         static_batch_size=args.static_batch_size,
         mode=args.mode,
+        sample_preemption=args.sample_preemption,
     )
     out = Path(args.out) if args.out else None
     if out is not None:
@@ -140,6 +141,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batched-tokens", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-preemptions", type=int, default=8)
+    p.add_argument(
+        "--sample-preemption",
+        default="request",
+        help="request (an n-sample request's running samples go together) | sequence",
+    )
     p.add_argument("--no-chunked-prefill", action="store_true")
     p.add_argument("--mode", default="event", help="event | token")
     p.add_argument("--out", default=None, help="folder for trace, summaries and records")

@@ -302,6 +302,27 @@ def test_serving_sharing_beams_save_more_with_width() -> None:
     assert saved["beam", 2] > saved["parallel", 2]
 
 
+def test_serving_sample_preemption_accounts_for_every_token() -> None:
+    """Both ways of preempting samples serve every sample's tokens (modeled throughput x
+    modeled time = the trace's n x output tokens) and count each preemption once as a
+    swap or a recompute; with swap, keeping a family whole preempts less and serves more."""
+    from workloads.sharing import generate
+
+    sw = registry.get_sweep("serving.sample_preemption")
+    base = {"workload": "sharegpt", "requests": 120, "n": 4, "policy": "swap"}
+    base |= {"kv_budget": "2GB", "profile": "a100-80gb"}
+    trace = generate("sharegpt", 120, seed=0, sharing="parallel", n=4)
+    tokens = sum(r.n * r.output_len for r in trace.requests)
+    got = {}
+    for unit in ("request", "sequence"):
+        m = {x.metric: x.value for x in sw.measure({**base, "sample_preemption": unit}, _ctx())}
+        assert m["tokens_per_second"] * m["modeled_seconds"] == pytest.approx(tokens)
+        assert m["swaps"] + m["recomputes"] == m["preemptions"] > 0
+        got[unit] = m
+    assert got["request"]["preemptions"] < got["sequence"]["preemptions"]
+    assert got["request"]["tokens_per_second"] > got["sequence"]["tokens_per_second"]
+
+
 def test_serving_replay_measures_the_trace_and_holds_event_mode_to_token_stepping(
     monkeypatch,
 ) -> None:  # type: ignore[no-untyped-def]

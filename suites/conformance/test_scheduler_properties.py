@@ -86,6 +86,7 @@ def configs(draw: st.DrawFn) -> SchedulerConfig:
         preemption=draw(st.sampled_from(["swap", "recompute", "auto"])),
         max_preemptions=draw(st.integers(1, 4)),
         batching=draw(st.sampled_from(["continuous", "continuous", "continuous", "static"])),
+        sample_preemption=draw(st.sampled_from(["request", "request", "sequence"])),
     )
 
 
@@ -448,6 +449,18 @@ def test_swapped_sample_families_go_and_come_back_together() -> None:
     # one preemption per family event, every sample's record counts it
     swapped_records = [r for r in result.records if r.swaps]
     assert result.swaps <= len(swapped_records)
+
+
+def test_sequence_sample_preemption_takes_the_victim_alone() -> None:
+    """sample_preemption="sequence" (the ablation): the same trace as above swaps one
+    sample at a time while its siblings keep running, and still completes."""
+    trace = Trace(tuple(TraceRequest(f"s{i}", 0.0, 9 + i, 14, n=3) for i in range(4)))
+    cache = FamilySwapWatch(GEOM, 30, 4, num_cpu_blocks=64, store_kv=False)
+    cache.trace, cache.left_running = trace, []
+    cfg = SchedulerConfig(max_num_seqs=12, preemption="swap", sample_preemption="sequence")
+    result = Engine(cache, cfg, TM).run(trace)
+    check_complete(result, trace)
+    assert cache.out and all(len(g) == 1 for g in cache.out) and cache.left_running
 
 
 @pytest.mark.parametrize("policy", ["recompute", "swap"])

@@ -10,6 +10,9 @@ prefill = FLOPs / peak; see workloads.profiles).
   batch limit of 256 does not bind), ShareGPT-like and Alpaca-like. This model prices
   memory only (fragmentation -> concurrency -> throughput); the kernel's block-size cost
   is on the kernel.decode page.
+* serving.sample_preemption: parallel sampling under memory pressure, each n-sample
+  request preempted whole (vLLM's sequence-group rule) or one sample at a time: what
+  keeping a family's shared blocks shared through a swap is worth.
 * serving.replay: how fast the engine itself replays: the issue's benchmark trace
   (ShareGPT-like, Llama-2-70B, seed 001's 8,400 blocks of 16, prefix caching on,
   memory-only, event mode) at 10k requests, and 100k with --full (goal: 20 s on the
@@ -189,6 +192,50 @@ def serving_sharing(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("saved_fraction", 1 - held[0] / held[1], "fraction"),
         Measurement("mean_blocks_shared", held[0], "blocks"),
         Measurement("mean_blocks_unshared", held[1], "blocks"),
+    ]
+
+
+def _sample_preemption_cases(full: bool) -> list[Case]:
+    return [
+        {
+            "workload": "sharegpt",
+            "requests": 1000 if full else 300,
+            "n": n,
+            "policy": policy,
+            "sample_preemption": unit,
+            "kv_budget": "4GB",
+            "profile": "a100-80gb",
+        }
+        for n in ((2, 4, 8) if full else (2, 4))
+        for policy in ("swap", "recompute")
+        for unit in ("request", "sequence")
+    ]
+
+
+@sweep(
+    "serving.sample_preemption",
+    "parallel sampling under memory pressure: an n-sample request preempted whole (its "
+    "running samples swapped as one group, shared blocks copied once, or all recomputed; "
+    "vLLM's sequence-group rule) vs one sample at a time; Llama-2-70B, 4 GB KV budget",
+    _sample_preemption_cases,
+    requires=("paged.scheduler_setup",),
+    tags=("serving", "cow"),
+)
+def serving_sample_preemption(case: Case, ctx: BenchContext) -> list[Measurement]:
+    from paged.scheduler_model import SchedulerConfig
+    from paged.scheduler_setup import CacheSpec, simulate
+    from workloads.sharing import generate
+
+    trace = generate(
+        case["workload"], case["requests"], seed=ctx.seed, sharing="parallel", n=case["n"]
+    )
+    spec = CacheSpec(kind="paged", model="llama-2-70b", kv_budget=case["kv_budget"])
+    config = SchedulerConfig(sample_preemption=case["sample_preemption"])
+    s = simulate(trace, spec, case["policy"], profile=case["profile"], config=config).summary()
+    return [
+        *_metrics(s),
+        Measurement("swaps", s["swaps"], "count"),
+        Measurement("recomputes", s["recomputes"], "count"),
     ]
 
 
