@@ -381,6 +381,17 @@ class Engine:
             remove_running(victim)
             return c
 
+        def unit_of(seq: Seq, state: int) -> list[Seq]:
+            """The sequences preempted and resumed with `seq`: its beam group (a group has
+            one record, its root's), the members of its n-sample family in `state` that did
+            not finish this step (a family preempted together is swapped together, so the
+            swapped ones come back together), or itself."""
+            if seq.group is not None:
+                return seq.group.beams
+            if seq.family is not None:
+                return [s for s in seq.family if s.state == state and s not in finished_now]
+            return [seq]
+
         def preempt(victim: Seq, t: int) -> None:
             """Preempt the victim's whole request: its beam group, the running sequences of
             its n-sample family, or itself. Swap all of them together (shared blocks
@@ -388,14 +399,8 @@ class Engine:
             and swap space holds them; else recompute them all (each requeued alone with
             all its tokens). A family is a unit only when it fits the cache whole
             (`_family_fits`), so a unit can always finish."""
-            if victim.group is not None:
-                unit = victim.group.beams
-                records = [unit[0].rec]  # a group has one record
-            elif victim.family is not None:
-                unit = [s for s in victim.family if s.state == RUNNING and s not in finished_now]
-                records = [s.rec for s in unit]
-            else:
-                unit, records = [victim], [victim.rec]
+            unit = unit_of(victim, RUNNING)
+            records = [s.rec for s in unit] if victim.group is None else [unit[0].rec]
             st["preempted"] = True
             totals["pre"] += 1
             for rec in records:
@@ -418,10 +423,9 @@ class Engine:
                 except CapacityError:
                     use_swap = False  # swap space full: recompute instead
             bump()
-            peers = unit if use_swap and victim.group is None and len(unit) > 1 else None
             for s, c in zip(unit, lengths, strict=True):
                 if use_swap:
-                    s.state, s.computed, s.swap_peers = SWAPPED, c, peers
+                    s.state, s.computed = SWAPPED, c
                     heappush(swapped, (s.order, s))
                 else:
                     cache.free(s.sid)
@@ -781,7 +785,7 @@ class Engine:
             if not st["preempted"]:
                 while swapped and len(running) < cfg.max_num_seqs and budget > 0:
                     seq = swapped[0][1]
-                    group = seq.group.beams if seq.group is not None else seq.swap_peers or [seq]
+                    group = unit_of(seq, SWAPPED)
                     if len(running) + len(group) > cfg.max_num_seqs:
                         break  # a group or family comes back whole or not at all
                     sids = [b.sid for b in group]
@@ -792,7 +796,7 @@ class Engine:
                         break
                     for b in group:
                         heappop(swapped)  # its members head the queue (adjacent orders)
-                        b.state, b.swap_peers = RUNNING, None
+                        b.state = RUNNING
                         add_running(b)
                         start_decoding(b, t + 1, b.computed, b.computed)
                     bump()

@@ -65,7 +65,6 @@ class Seq:
         "salt",
         "sid",
         "state",
-        "swap_peers",
         "synced",
         "target",
         "version",
@@ -94,8 +93,6 @@ class Seq:
         self.group: BeamGroup | None = None  # its beam-search group, if any
         #: the n sequences of its n-sample request (parent first), preempted together
         self.family: list[Seq] | None = None
-        #: the sequences swapped out with it (itself included), which come back together
-        self.swap_peers: list[Seq] | None = None
         self.parked = False  # a recomputed beam waiting for its group's other beams
         self.rec = SeqRecord(self.sid, req.id, req.arrival, len(prompt), req.output_len)
 
@@ -169,9 +166,6 @@ class CacheAdapter:
             L, H, D = self._shape
             k = v = self._dummy.expand(L, n, H, D)
         cache.append(seq.sid, k, v, ids)
-
-    def held_blocks(self, sid: str) -> int:
-        return len(self.cache.block_table(sid)) if self.paged else 0
 
     def distinct_blocks(self, sids: Sequence[str]) -> int:
         """Blocks a group of sequences holds, each shared block counted once (what a

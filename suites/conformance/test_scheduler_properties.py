@@ -404,9 +404,11 @@ class FamilySwapWatch(GroupSwapWatch):
 
     trace: Trace
     left_running: list[str]
+    calls: list[tuple]  # every swap-out, in order (a group may go out more than once)
 
     def swap_out_group(self, request_ids) -> None:  # type: ignore[override]
         super().swap_out_group(request_ids)
+        self.calls.append(tuple(request_ids))
         bases = {str(r).partition("#")[0] for r in request_ids}
         lengths = {str(r.id): r.prompt_len + r.output_len - 1 for r in self.trace.requests}
         for rid in self.running_ids():
@@ -436,7 +438,7 @@ def test_swapped_sample_families_go_and_come_back_together() -> None:
     brings them back together, holding as many device blocks as they left with."""
     trace = Trace(tuple(TraceRequest(f"s{i}", 0.0, 9 + i, 14, n=3) for i in range(4)))
     cache = FamilySwapWatch(GEOM, 30, 4, num_cpu_blocks=64, store_kv=False)
-    cache.trace, cache.left_running = trace, []
+    cache.trace, cache.left_running, cache.calls = trace, [], []
     result = Engine(cache, SchedulerConfig(max_num_seqs=12, preemption="swap"), TM).run(trace)
     check_complete(result, trace)
     families = [g for g in cache.out if len(g) > 1]
@@ -446,9 +448,9 @@ def test_swapped_sample_families_go_and_come_back_together() -> None:
         assert cache.cpu[g] == cache.out[g], f"family {g} copied shared blocks more than once"
         assert cache.back[g] == cache.out[g], f"family {g} came back holding more blocks"
     assert any(cache.out[g] < cache.tables[g] for g in families), "no swapped family shared"
-    # one preemption per family event, every sample's record counts it
-    swapped_records = [r for r in result.records if r.swaps]
-    assert result.swaps <= len(swapped_records)
+    # one swap per family swap-out; every sample's record counts the swaps it was in
+    assert result.swaps == len(cache.calls)
+    assert sum(r.swaps for r in result.records) == sum(len(c) for c in cache.calls)
 
 
 def test_sequence_sample_preemption_takes_the_victim_alone() -> None:
@@ -456,7 +458,7 @@ def test_sequence_sample_preemption_takes_the_victim_alone() -> None:
     sample at a time while its siblings keep running, and still completes."""
     trace = Trace(tuple(TraceRequest(f"s{i}", 0.0, 9 + i, 14, n=3) for i in range(4)))
     cache = FamilySwapWatch(GEOM, 30, 4, num_cpu_blocks=64, store_kv=False)
-    cache.trace, cache.left_running = trace, []
+    cache.trace, cache.left_running, cache.calls = trace, [], []
     cfg = SchedulerConfig(max_num_seqs=12, preemption="swap", sample_preemption="sequence")
     result = Engine(cache, cfg, TM).run(trace)
     check_complete(result, trace)
@@ -470,7 +472,7 @@ def test_a_family_too_big_to_run_whole_is_preempted_sample_by_sample(policy: str
     preempted alone, and all finish."""
     trace = Trace((TraceRequest("big", 0.0, 9, 14, n=3),))
     cache = FamilySwapWatch(GEOM, 12, 4, num_cpu_blocks=64, store_kv=False)
-    cache.trace, cache.left_running = trace, []
+    cache.trace, cache.left_running, cache.calls = trace, [], []
     result = Engine(cache, SchedulerConfig(preemption=policy), TM).run(trace)
     check_complete(result, trace)
     assert result.preemptions > 0

@@ -26,15 +26,16 @@ from __future__ import annotations
 from suites.bench.context import BenchContext
 from suites.bench.registry import Case, Measurement, sweep
 
-_TRACES: dict[tuple[str, int, int], object] = {}
+_TRACES: dict[tuple, object] = {}
 
 
-def _trace(workload: str, requests: int, seed: int):  # type: ignore[no-untyped-def]
+def _trace(workload: str, requests: int, seed: int, **sharing: object):  # type: ignore[no-untyped-def]
+    """A generated trace, made once per process for every case that replays it."""
     from workloads.sharing import generate
 
-    key = (workload, requests, seed)
+    key = (workload, requests, seed, *sorted(sharing.items()))
     if key not in _TRACES:
-        _TRACES[key] = generate(workload, requests, seed=seed)
+        _TRACES[key] = generate(workload, requests, seed=seed, **sharing)
     return _TRACES[key]
 
 
@@ -224,11 +225,8 @@ def _sample_preemption_cases(full: bool) -> list[Case]:
 def serving_sample_preemption(case: Case, ctx: BenchContext) -> list[Measurement]:
     from paged.scheduler_model import SchedulerConfig
     from paged.scheduler_setup import CacheSpec, simulate
-    from workloads.sharing import generate
 
-    trace = generate(
-        case["workload"], case["requests"], seed=ctx.seed, sharing="parallel", n=case["n"]
-    )
+    trace = _trace(case["workload"], case["requests"], ctx.seed, sharing="parallel", n=case["n"])
     spec = CacheSpec(kind="paged", model="llama-2-70b", kv_budget=case["kv_budget"])
     config = SchedulerConfig(sample_preemption=case["sample_preemption"])
     s = simulate(trace, spec, case["policy"], profile=case["profile"], config=config).summary()
