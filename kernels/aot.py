@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels import configs
-from workloads.errors import KVBenchError
+from kvbench.kernels import configs
+from kvbench.workloads.errors import KVBenchError
 
 if TYPE_CHECKING:
     from triton.runtime.jit import JITFunction
@@ -131,7 +131,7 @@ def _pointer_types(cfg: configs.KernelConfig) -> dict[str, str]:
 
 def signature(cfg: configs.KernelConfig) -> tuple[dict[str, str], dict[tuple[int], list]]:
     """The compile signature of a configuration and its pointer-alignment attributes."""
-    from kernels.triton_kernels import JIT
+    from kvbench.kernels.triton_kernels import JIT
 
     fn = JIT[cfg.kernel]
     pointers = _pointer_types(cfg)
@@ -227,7 +227,7 @@ def compile_one(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels.triton_kernels import JIT
+    from kvbench.kernels.triton_kernels import JIT
 
     if _interpreting():
         raise CompileCheckError(

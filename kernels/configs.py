@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workloads.errors import ConfigError
+from kvbench.workloads.errors import ConfigError
 
 #: Q/K/V dtypes the Triton kernels are compiled for.
 DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)

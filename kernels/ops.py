@@ -27,8 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels import torch_ops
-from kernels import validation as val
+from kvbench.kernels import torch_ops
+from kvbench.kernels import validation as val
 
 __all__ = [
     "choose_backend",
@@ -53,7 +53,7 @@ def choose_backend(device: torch.device, backend: str | None = None) -> str:
 
 
 def _triton():  # imported lazily: triton is slow to import and absent on some hosts
-    from kernels import triton_ops
+    from kvbench.kernels import triton_ops
 
     return triton_ops
 

@@ -17,7 +17,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from kernels.validation import AttentionDims, CacheDims
+from kvbench.kernels.validation import AttentionDims, CacheDims
 
 
 def write_kv(

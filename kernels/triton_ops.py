@@ -17,10 +17,10 @@ import torch
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-from kernels import configs
-from kernels.triton_kernels import INTERPRETED, JIT
-from kernels.validation import AttentionDims, CacheDims
-from workloads.errors import ConfigError
+from kvbench.kernels import configs
+from kvbench.kernels.triton_kernels import INTERPRETED, JIT
+from kvbench.kernels.validation import AttentionDims, CacheDims
+from kvbench.workloads.errors import ConfigError
 
 LOG2E = 1.0 / math.log(2.0)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workloads.errors import ConfigError, ShapeError
+from kvbench.workloads.errors import ConfigError, ShapeError
 
 #: dtypes the kernels accept for queries, keys, values and caches.
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)

@@ -1,11 +1,11 @@
 """Paged KV cache: block pool, block tables, copy-on-write, prefix cache, swap space,
 scheduler and `PagedKVCache`, the implementation measured against the reference."""
 
-from paged.block_pool import BlockPool
-from paged.block_table import RequestState, block_table_tensor, slot_mapping
-from paged.cache import PagedKVCache, snapshots_equal
-from paged.prefix_cache import PrefixCache, PrefixCacheStats, block_key
-from paged.swap import SwapSpace
+from kvbench.paged.block_pool import BlockPool
+from kvbench.paged.block_table import RequestState, block_table_tensor, slot_mapping
+from kvbench.paged.cache import PagedKVCache, snapshots_equal
+from kvbench.paged.prefix_cache import PrefixCache, PrefixCacheStats, block_key
+from kvbench.paged.swap import SwapSpace
 
 __all__ = [
     "BlockPool",

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workloads.trace import SYNTH_BASE
+from kvbench.workloads.trace import SYNTH_BASE
 
 #: Generated ids of group i are SYNTH_BASE * (i + 1) + _FIRST_ID + k, k = 0, 1, ... (above
 #: the synthetic prompt ids of request i, below those of request i + 1).

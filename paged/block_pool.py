@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from paged.prefix_cache import PrefixCache
-from workloads.errors import CapacityError, ConfigError
-from workloads.geometry import require_positive
+from kvbench.paged.prefix_cache import PrefixCache
+from kvbench.workloads.errors import CapacityError, ConfigError
+from kvbench.workloads.geometry import require_positive
 
 
 class BlockPool:

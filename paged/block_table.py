@@ -14,7 +14,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from paged.prefix_cache import ExtraKeys
+from kvbench.paged.prefix_cache import ExtraKeys
 
 
 class RequestState:

@@ -40,14 +40,14 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from kernels import ops
-from paged.block_pool import BlockPool
-from paged.block_table import RequestState, block_table_tensor, slot_mapping
-from paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, PrefixCacheStats, block_key
-from paged.swap import SwapSpace
-from reference.contract import CacheStats, RequestId
-from reference.validation import validate_kv_append, validate_prompt, validate_token_ids
-from workloads.errors import (
+from kvbench.kernels import ops
+from kvbench.paged.block_pool import BlockPool
+from kvbench.paged.block_table import RequestState, block_table_tensor, slot_mapping
+from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, PrefixCacheStats, block_key
+from kvbench.paged.swap import SwapSpace
+from kvbench.reference.contract import CacheStats, RequestId
+from kvbench.reference.validation import validate_kv_append, validate_prompt, validate_token_ids
+from kvbench.workloads.errors import (
     CapacityError,
     ConfigError,
     DuplicateRequestError,
@@ -55,8 +55,8 @@ from workloads.errors import (
     ShapeError,
     UnknownRequestError,
 )
-from workloads.geometry import KVGeometry, require_positive
-from workloads.torch_dtypes import torch_dtype
+from kvbench.workloads.geometry import KVGeometry, require_positive
+from kvbench.workloads.torch_dtypes import torch_dtype
 
 
 class PagedKVCache:

@@ -62,14 +62,14 @@ import time
 from collections.abc import Callable, Sequence
 from heapq import heappop, heappush
 
-from paged.beams import BeamGroup, max_group_blocks, plan_selection
-from paged.scheduler_model import (
+from kvbench.paged.beams import BeamGroup, max_group_blocks, plan_selection
+from kvbench.paged.scheduler_model import (
     SchedulerConfig,
     SimulationResult,
     StepRow,
     TimeModel,
 )
-from paged.scheduler_seq import (
+from kvbench.paged.scheduler_seq import (
     CHILDREN,
     FINISHED,
     NEVER,
@@ -80,10 +80,10 @@ from paged.scheduler_seq import (
     Seq,
     by_order,
 )
-from reference.contiguous import next_pow2
-from reference.contract import KVCache
-from workloads.errors import CapacityError, ConfigError, KVBenchError
-from workloads.trace import SYNTH_BASE, Trace, TraceRequest
+from kvbench.reference.contiguous import next_pow2
+from kvbench.reference.contract import KVCache
+from kvbench.workloads.errors import CapacityError, ConfigError, KVBenchError
+from kvbench.workloads.trace import SYNTH_BASE, Trace, TraceRequest
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from workloads.errors import ConfigError
-from workloads.geometry import KVGeometry
-from workloads.profiles import DeviceProfile
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import KVGeometry
+from kvbench.workloads.profiles import DeviceProfile
 
 PREEMPTION_POLICIES = ("swap", "recompute", "auto")
 BATCHING_POLICIES = ("continuous", "static")

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from paged.cache import PagedKVCache
-from paged.scheduler_model import SeqRecord
-from reference.contiguous import ContiguousKVCache, next_pow2
-from reference.contract import KVCache
-from workloads.trace import SYNTH_BASE, TraceRequest
+from kvbench.paged.cache import PagedKVCache
+from kvbench.paged.scheduler_model import SeqRecord
+from kvbench.reference.contiguous import ContiguousKVCache, next_pow2
+from kvbench.reference.contract import KVCache
+from kvbench.workloads.trace import SYNTH_BASE, TraceRequest
 
 if TYPE_CHECKING:
-    from paged.beams import BeamGroup
+    from kvbench.paged.beams import BeamGroup
 
 if TYPE_CHECKING:
     pass

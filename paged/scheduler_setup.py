@@ -2,7 +2,7 @@
 
 For the bench and report helpers:
 
-    from paged.scheduler_setup import CacheSpec, simulate
+    from kvbench.paged.scheduler_setup import CacheSpec, simulate
     spec = CacheSpec(kind="paged", model="llama-2-70b", kv_budget="42GB", block_size=16)
     result = simulate(trace, spec, policy="auto", profile="a100-80gb")
     result.summary()   # utilization, peak_concurrency, preemptions, swaps, recomputes,
@@ -20,17 +20,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from paged.cache import PagedKVCache
-from paged.scheduler import Engine
-from paged.scheduler_model import SchedulerConfig, SimulationResult, TimeModel
-from reference.contiguous import ContiguousKVCache
-from reference.contract import KVCache
-from workloads.capacity import blocks_in_budget
-from workloads.errors import ConfigError
-from workloads.geometry import KVGeometry, parse_bytes
-from workloads.presets import get_preset
-from workloads.profiles import get_profile
-from workloads.trace import Trace
+from kvbench.paged.cache import PagedKVCache
+from kvbench.paged.scheduler import Engine
+from kvbench.paged.scheduler_model import SchedulerConfig, SimulationResult, TimeModel
+from kvbench.reference.contiguous import ContiguousKVCache
+from kvbench.reference.contract import KVCache
+from kvbench.workloads.capacity import blocks_in_budget
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import KVGeometry, parse_bytes
+from kvbench.workloads.presets import get_preset
+from kvbench.workloads.profiles import get_profile
+from kvbench.workloads.trace import Trace
 
 CACHE_KINDS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 

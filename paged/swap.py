@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from workloads.errors import CapacityError, ConfigError
+from kvbench.workloads.errors import CapacityError, ConfigError
 
 
 class SwapSpace:

@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from paged.cache import PagedKVCache
-from reference.contiguous import ContiguousKVCache
-from workloads.capacity import blocks_for_tokens
-from workloads.errors import ConfigError
-from workloads.geometry import KVGeometry, require_positive
+from kvbench.paged.cache import PagedKVCache
+from kvbench.reference.contiguous import ContiguousKVCache
+from kvbench.workloads.capacity import blocks_for_tokens
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import KVGeometry, require_positive
 
 SEED002_BATCH_SIZES = (10, 25, 50, 100, 200)
 #: One layer, one head, one element: the cheapest geometry (utilization is per slot).

@@ -21,18 +21,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.contract import CacheStats, RequestId
-from reference.oracle import decode_attention
-from reference.validation import validate_kv_append, validate_prompt
-from workloads.errors import (
+from kvbench.reference.contract import CacheStats, RequestId
+from kvbench.reference.oracle import decode_attention
+from kvbench.reference.validation import validate_kv_append, validate_prompt
+from kvbench.workloads.errors import (
     CapacityError,
     ConfigError,
     DuplicateRequestError,
     ShapeError,
     UnknownRequestError,
 )
-from workloads.geometry import KVGeometry, require_positive
-from workloads.torch_dtypes import torch_dtype
+from kvbench.workloads.geometry import KVGeometry, require_positive
+from kvbench.workloads.torch_dtypes import torch_dtype
 
 POLICIES = ("max", "pow2", "oracle")
 

@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from workloads.geometry import KVGeometry
+from kvbench.workloads.geometry import KVGeometry
 
 RequestId = Hashable
 

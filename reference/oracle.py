@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from workloads.errors import ShapeError
+from kvbench.workloads.errors import ShapeError
 
 
 def _check_heads(q_heads: int, k: torch.Tensor, v: torch.Tensor, what: str) -> int:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
-from workloads.errors import ConfigError, ShapeError
-from workloads.geometry import KVGeometry
+from kvbench.workloads.errors import ConfigError, ShapeError
+from kvbench.workloads.geometry import KVGeometry
 
 
 def validate_kv_append(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from reports.tables import latest
+from kvbench.reports.tables import latest
 
 HOLDS = "holds"
 FAILS = "does not hold"

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reports.tables import BOOKKEEPING_METRICS, case_columns, latest, varying
+from kvbench.reports.tables import BOOKKEEPING_METRICS, case_columns, latest, varying
 
 plt.rcParams.update(
     {

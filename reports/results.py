@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workloads.errors import ConfigError, KVBenchError
+from kvbench.workloads.errors import ConfigError, KVBenchError
 
 log = logging.getLogger(__name__)
 

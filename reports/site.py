@@ -31,9 +31,9 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from reports import claims as claims_mod
-from reports import figures, tables
-from reports.results import ResultsError, Run, to_frame
+from kvbench.reports import claims as claims_mod
+from kvbench.reports import figures, tables
+from kvbench.reports.results import ResultsError, Run, to_frame
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from reports.results import BASE_COLUMNS
+from kvbench.reports.results import BASE_COLUMNS
 
 #: Metrics the runner writes for its own bookkeeping; shown in tables, never plotted.
 BOOKKEEPING_METRICS = ("case_wall_time",)

@@ -15,7 +15,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
-from workloads.errors import KVBenchError
+from kvbench.workloads.errors import KVBenchError
 
 USAGE_ERROR = 2
 
@@ -30,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every discovered subcommand registered."""
-    import suites.commands as commands_pkg
+    import kvbench.suites.commands as commands_pkg
 
     parser = _Parser(
         prog="kvbench",
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for info in sorted(pkgutil.iter_modules(commands_pkg.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"suites.commands.{info.name}")
+        module = importlib.import_module(f"kvbench.suites.commands.{info.name}")
         register = getattr(module, "register", None)
         if register is not None:
             register(sub)

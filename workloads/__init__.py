@@ -1,7 +1,7 @@
 """Workloads: KV geometry and capacity math, model presets, length distributions,
 traces and sweep grids. The lowest layer: it imports nothing else of kvbench."""
 
-from workloads.errors import (
+from kvbench.workloads.errors import (
     CapacityError,
     ConfigError,
     DuplicateRequestError,
@@ -10,8 +10,8 @@ from workloads.errors import (
     ShapeError,
     UnknownRequestError,
 )
-from workloads.geometry import DTYPE_BYTES, KVGeometry, parse_bytes
-from workloads.presets import PRESETS, ModelPreset, get_preset
+from kvbench.workloads.geometry import DTYPE_BYTES, KVGeometry, parse_bytes
+from kvbench.workloads.presets import PRESETS, ModelPreset, get_preset
 
 __all__ = [
     "DTYPE_BYTES",

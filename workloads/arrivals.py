@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from workloads.errors import ConfigError
+from kvbench.workloads.errors import ConfigError
 
 ArrivalProcess = Callable[[int, np.random.Generator], np.ndarray]
 

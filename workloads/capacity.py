@@ -11,8 +11,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workloads.errors import ConfigError
-from workloads.geometry import KVGeometry, require_positive
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import KVGeometry, require_positive
 
 #: Seed 000 applies the PagedAttention paper's "under 4%" tail waste as a 1.04 factor.
 DEFAULT_TAIL_ALLOWANCE = 1.04

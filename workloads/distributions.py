@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import ndtr
 
-from workloads.errors import ConfigError
+from kvbench.workloads.errors import ConfigError
 
 #: Published dataset means (tokens) the named log-normals are fitted to.
 PUBLISHED_MEANS: dict[str, float] = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from workloads.errors import ConfigError
+from kvbench.workloads.errors import ConfigError
 
 #: Bytes per element of every KV dtype kvbench knows. fp8 variants are 1 byte.
 DTYPE_BYTES: dict[str, int] = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from workloads import capacity as cap
-from workloads.geometry import KVGeometry, require_positive
+from kvbench.workloads import capacity as cap
+from kvbench.workloads.geometry import KVGeometry, require_positive
 
 
 @dataclass(frozen=True)

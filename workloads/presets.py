@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workloads.errors import ConfigError
-from workloads.geometry import KVGeometry
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import KVGeometry
 
 
 @dataclass(frozen=True)

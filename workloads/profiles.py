@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workloads.errors import ConfigError
+from kvbench.workloads.errors import ConfigError
 
 
 @dataclass(frozen=True)

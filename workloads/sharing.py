@@ -44,10 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from workloads.arrivals import ArrivalProcess, all_at_once
-from workloads.distributions import LengthDistribution, fixed, named, named_pair, uniform
-from workloads.errors import ConfigError
-from workloads.trace import Trace, TraceRequest, requests_from_arrays
+from kvbench.workloads.arrivals import ArrivalProcess, all_at_once
+from kvbench.workloads.distributions import LengthDistribution, fixed, named, named_pair, uniform
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.trace import Trace, TraceRequest, requests_from_arrays
 
 #: Token ids of explicit prompts are drawn from [0, VOCAB).
 VOCAB = 32000

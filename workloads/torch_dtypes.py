@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from workloads.errors import ConfigError
-from workloads.geometry import canonical_dtype
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import canonical_dtype
 
 _TORCH = {
     "float32": torch.float32,

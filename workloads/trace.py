@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workloads.errors import ConfigError
+from kvbench.workloads.errors import ConfigError
 
 FORMAT = "kvbench-trace"
 VERSION = 1

@@ -40,17 +40,17 @@ from ``kernels`` or ``paged``. Unusable input raises `GateInputError`
 
 from __future__ import annotations
 
-from reports.gate.baselines import (
+from kvbench.reports.gate.baselines import (
     check_compatible,
     load_baseline,
     make_baseline,
     write_baseline,
 )
-from reports.gate.candidates import (
+from kvbench.reports.gate.candidates import (
     candidate_from_run,
     timing_device_of,
 )
-from reports.gate.judge import (
+from kvbench.reports.gate.judge import (
     GateResult,
     GateRow,
     TimingJudgement,
@@ -59,7 +59,7 @@ from reports.gate.judge import (
     evaluate,
     judge_timing,
 )
-from reports.gate.model import (
+from kvbench.reports.gate.model import (
     BASELINE_KIND,
     BASELINE_SCHEMA,
     CONFORMANCE_SUITE,
@@ -86,7 +86,7 @@ from reports.gate.model import (
     normalize_target,
     sha256_text,
 )
-from reports.gate.render import (
+from kvbench.reports.gate.render import (
     TEMPLATE_PATH,
     format_table,
     gate_rows_as_records,

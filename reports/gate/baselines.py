@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from reports.gate.model import (
+from kvbench.reports.gate.model import (
     BASELINE_KIND,
     BASELINE_SCHEMA,
     CONFORMANCE_SUITE,

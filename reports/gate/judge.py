@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from reports.gate.baselines import check_compatible
-from reports.gate.model import (
+from kvbench.reports.gate.baselines import check_compatible
+from kvbench.reports.gate.model import (
     FAILED,
     FAILING,
     IMPROVED,

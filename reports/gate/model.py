@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from workloads.errors import KVBenchError
+from kvbench.workloads.errors import KVBenchError
 
 #: Result-row suites a gate run writes.
 STATIC_SUITE = "gate.static"

@@ -1,7 +1,7 @@
 """Import every sweep module so that all sweeps are registered, in a stable order
 (which is also the order of the default run and of `--shard`)."""
 
-from suites.bench.sweeps import (  # noqa: F401
+from kvbench.suites.bench.sweeps import (  # noqa: F401
     capacity,
     kernels,
     peers,

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from reports.results import ResultWriter
-from suites.bench.harness import TimingConfig, copy_peak, time_fn
+from kvbench.reports.results import ResultWriter
+from kvbench.suites.bench.harness import TimingConfig, copy_peak, time_fn
 
 log = logging.getLogger(__name__)
 

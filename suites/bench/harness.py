@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workloads.errors import ConfigError
+from kvbench.workloads.errors import ConfigError
 
 
 @dataclass(frozen=True)

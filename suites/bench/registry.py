@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from workloads.errors import ConfigError
+from kvbench.workloads.errors import ConfigError
 
 if TYPE_CHECKING:
-    from suites.bench.context import BenchContext
+    from kvbench.suites.bench.context import BenchContext
 
 Case = dict[str, Any]
 

@@ -18,17 +18,17 @@ from pathlib import Path
 
 import torch
 
-from reports.results import (
+from kvbench.reports.results import (
     DEFAULT_RESULTS_DIR,
     ResultWriter,
     case_key,
     load_run,
     resolve_run,
 )
-from suites.bench.context import BenchContext
-from suites.bench.harness import TimingConfig
-from suites.bench.registry import Case, Sweep, select
-from workloads.errors import ConfigError
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.harness import TimingConfig
+from kvbench.suites.bench.registry import Case, Sweep, select
+from kvbench.workloads.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def plan(
     done_keys: set[str] | None = None,
 ) -> BenchPlan:
     """The cases to measure: every runnable selected sweep's grid, sharded, minus done."""
-    from suites.bench import catalog  # noqa: F401  (registers the sweeps)
+    from kvbench.suites.bench import catalog  # noqa: F401  (registers the sweeps)
 
     waiting: dict[str, list[str]] = {}
     every: list[PlannedCase] = []
@@ -217,7 +217,7 @@ def run_bench(
 
 
 def _selected(names: Sequence[str] | None) -> list[Sweep]:
-    from suites.bench import catalog  # noqa: F401
+    from kvbench.suites.bench import catalog  # noqa: F401
 
     return select(names)
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import ops
+from kvbench.kernels import ops
 
 BATCH = 8
 NUM_Q_HEADS = 32

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from paged.block_pool import BlockPool
-from paged.cache import PagedKVCache
-from paged.prefix_cache import PrefixCache
-from workloads.geometry import KVGeometry
+from kvbench.paged.block_pool import BlockPool
+from kvbench.paged.cache import PagedKVCache
+from kvbench.paged.prefix_cache import PrefixCache
+from kvbench.workloads.geometry import KVGeometry
 
 TINY = KVGeometry(num_layers=1, num_kv_heads=1, head_dim=1, dtype="float16")
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from paged.scheduler_setup import CacheSpec, simulate
-from workloads.sharing import generate
+from kvbench.paged.scheduler_setup import CacheSpec, simulate
+from kvbench.workloads.sharing import generate
 
 SPEC = CacheSpec(kind="paged", model="llama-2-70b", kv_budget="42GB", block_size=16)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from reports.results import DEFAULT_RESULTS_DIR
-from suites.bench.harness import TimingConfig
+from kvbench.reports.results import DEFAULT_RESULTS_DIR
+from kvbench.suites.bench.harness import TimingConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -44,8 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _list(args: argparse.Namespace) -> int:
-    from suites.bench import catalog  # noqa: F401
-    from suites.bench.registry import select
+    from kvbench.suites.bench import catalog  # noqa: F401
+    from kvbench.suites.bench.registry import select
 
     for sw in select(args.only, full=True):
         missing = sw.missing()
@@ -60,7 +60,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the bench; 0 when every case was measured, 1 when some case failed."""
-    from suites.bench.runner import Shard, run_bench
+    from kvbench.suites.bench.runner import Shard, run_bench
 
     if args.list:
         return _list(args)

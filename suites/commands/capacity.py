@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from workloads.geometry import KVGeometry, parse_bytes
-from workloads.planner import CapacityPlan, plan_capacity
-from workloads.presets import PRESETS, get_preset
-from workloads.units import format_bytes
+from kvbench.workloads.geometry import KVGeometry, parse_bytes
+from kvbench.workloads.planner import CapacityPlan, plan_capacity
+from kvbench.workloads.presets import PRESETS, get_preset
+from kvbench.workloads.units import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -23,7 +23,7 @@ import logging
 import sys
 from pathlib import Path
 
-from reports.gate import (
+from kvbench.reports.gate import (
     Baseline,
     GateInputError,
     Thresholds,
@@ -38,7 +38,7 @@ from reports.gate import (
     to_json,
     write_baseline,
 )
-from reports.results import DEFAULT_RESULTS_DIR, load_run, resolve_run, utc_now
+from kvbench.reports.results import DEFAULT_RESULTS_DIR, load_run, resolve_run, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def _target_of(path: Path) -> str:
 
 
 def _measure(args: argparse.Namespace, targets: list[str], reuse: list[Baseline]) -> Path:
-    from suites.gate.run import MeasureOptions, measure
+    from kvbench.suites.gate.run import MeasureOptions, measure
 
     archs = [] if args.no_static else [t for t in targets if is_arch(t)]
     timing = None if args.no_timing else next((t for t in targets if not is_arch(t)), None)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from kernels import aot
-from reports.results import DEFAULT_RESULTS_DIR, ResultWriter
+from kvbench.kernels import aot
+from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultWriter
 
 SUITE = "kernels.aot"
 

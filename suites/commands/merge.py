@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from reports.results import DEFAULT_RESULTS_DIR, load_runs, merge_runs
+from kvbench.reports.results import DEFAULT_RESULTS_DIR, load_runs, merge_runs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

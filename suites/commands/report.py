@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from reports.results import DEFAULT_RESULTS_DIR, ResultsError, load_runs, resolve_run
+from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultsError, load_runs, resolve_run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Build the site; returns the exit status."""
-    from reports.site import build_site
+    from kvbench.reports.site import build_site
 
     if args.all and args.runs:
         raise ResultsError("give runs or --all, not both")
@@ -71,7 +71,7 @@ def _gate_fragments(paths: list[str]) -> list[tuple[str, str]]:
     import json
     from pathlib import Path
 
-    from reports import gate
+    from kvbench.reports import gate
 
     out = []
     for p in paths:

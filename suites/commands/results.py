@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from reports.results import (
+from kvbench.reports.results import (
     DEFAULT_RESULTS_DIR,
     ResultsError,
     export_frame,

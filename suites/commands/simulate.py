@@ -25,11 +25,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from paged.scheduler_model import SchedulerConfig
-from paged.scheduler_setup import CACHE_KINDS, CacheSpec, simulate
-from suites.commands.workload import add_generator_args, trace_from_args
-from workloads.errors import ConfigError
-from workloads.trace import Trace
+from kvbench.paged.scheduler_model import SchedulerConfig
+from kvbench.paged.scheduler_setup import CACHE_KINDS, CacheSpec, simulate
+from kvbench.suites.commands.workload import add_generator_args, trace_from_args
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.trace import Trace
 
 _COLUMNS = (
     ("cache", "cache", "{}"),

@@ -13,14 +13,14 @@ import json
 
 from tqdm import tqdm
 
-from paged.utilization import (
+from kvbench.paged.utilization import (
     SEED002_BATCH_SIZES,
     UtilizationRow,
     measure_batch,
     seed002_lengths,
     shared_prompt_blocks,
 )
-from workloads.errors import ConfigError
+from kvbench.workloads.errors import ConfigError
 
 SUITE = "paged.utilization"
 
@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _record(
     run_id: str, rows: list[UtilizationRow], sharing: dict, args: argparse.Namespace
 ) -> None:
-    from reports.results import ResultWriter
+    from kvbench.reports.results import ResultWriter
 
     with ResultWriter(run_id) as writer:
         for row in rows:

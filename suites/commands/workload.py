@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from workloads.arrivals import parse_arrivals
-from workloads.distributions import parse_distribution
-from workloads.sharing import SHARING_PATTERNS, WORKLOAD_NAMES, generate
+from kvbench.workloads.arrivals import parse_arrivals
+from kvbench.workloads.distributions import parse_distribution
+from kvbench.workloads.sharing import SHARING_PATTERNS, WORKLOAD_NAMES, generate
 
 
 def add_generator_args(p: argparse.ArgumentParser) -> None:

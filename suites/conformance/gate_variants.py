@@ -60,7 +60,7 @@ def heavier_decode(workdir: Path):
     """A JITFunction: the current decode kernel, loading every K tile twice."""
     from triton.runtime.jit import JITFunction
 
-    from kernels import triton_kernels
+    from kvbench.kernels import triton_kernels
 
     src = textwrap.dedent(inspect.getsource(triton_kernels._paged_decode))
     tree = ast.parse(src)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from workloads.geometry import KVGeometry
+from kvbench.workloads.geometry import KVGeometry
 
 _MOD = (1 << 61) - 1
 _P = 1_000_003

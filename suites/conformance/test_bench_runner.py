@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from reports import results as R
-from suites.bench import (
+from kvbench.reports import results as R
+from kvbench.suites.bench import (
     catalog,  # noqa: F401  (registers the sweeps)
     registry,
 )
-from suites.bench.context import BenchContext
-from suites.bench.harness import TimingConfig, summarize, time_cpu
-from suites.bench.runner import DONE_METRIC, Shard, done_case_keys, plan, run_bench
-from suites.cli import main as kvbench
-from workloads import capacity as cap
-from workloads.errors import ConfigError
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.harness import TimingConfig, summarize, time_cpu
+from kvbench.suites.bench.runner import DONE_METRIC, Shard, done_case_keys, plan, run_bench
+from kvbench.suites.cli import main as kvbench
+from kvbench.workloads import capacity as cap
+from kvbench.workloads.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = TimingConfig(warmup=1, repeats=3, min_sample_s=0.0)
@@ -121,8 +121,8 @@ def test_kill_9_mid_run_then_resume_finishes(tmp_path: Path) -> None:
         f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from suites.bench import registry
-        from suites.bench.runner import run_bench
+        from kvbench.suites.bench import registry
+        from kvbench.suites.bench.runner import run_bench
 
         def cases(full):
             return [{{"i": i}} for i in range(40)]
@@ -166,7 +166,7 @@ def test_kill_9_mid_run_then_resume_finishes(tmp_path: Path) -> None:
     assert after.rows[: len(before.rows)] == before.rows  # nothing measured was lost
     assert len(done_case_keys(path)) == 40
     frame = R.to_frame([after])
-    from reports.tables import latest
+    from kvbench.reports.tables import latest
 
     cubes = latest(frame)[lambda f: f.metric == "cube"].set_index("i")["value"]
     assert {int(i): v for i, v in cubes.items()} == {i: i**3 for i in range(40)}
@@ -219,7 +219,7 @@ def test_kernel_prefill_matches_causal_sdpa() -> None:
 def test_utilization_static_matches_block_arithmetic() -> None:
     sw = registry.get_sweep("utilization.static")
     ctx = _ctx()
-    from suites.bench.sweeps.utilization import WORKLOADS, sample_lengths
+    from kvbench.suites.bench.sweeps.utilization import WORKLOADS, sample_lengths
 
     for impl in ("contiguous-max", "paged", "paged-formula"):
         case = {"workload": "seed002", "batch": 25, "impl": impl, "max_len": 2048, "block_size": 16}
@@ -306,7 +306,7 @@ def test_serving_sample_preemption_accounts_for_every_token() -> None:
     """Both ways of preempting samples serve every sample's tokens (modeled throughput x
     modeled time = the trace's n x output tokens) and count each preemption once as a
     swap or a recompute; with swap, keeping a family whole preempts less and serves more."""
-    from workloads.sharing import generate
+    from kvbench.workloads.sharing import generate
 
     sw = registry.get_sweep("serving.sample_preemption")
     base = {"workload": "sharegpt", "requests": 120, "n": 4, "policy": "swap"}
@@ -329,8 +329,8 @@ def test_serving_replay_measures_the_trace_and_holds_event_mode_to_token_steppin
     """The replay speed sweep: its rates are the trace's own counts over the measured
     time; a token-stepping case that preempts replays in event mode too and reports the
     speedup; and it fails, never reports, when the two modes decide differently."""
-    from suites.bench.sweeps import scheduling
-    from workloads.sharing import generate
+    from kvbench.suites.bench.sweeps import scheduling
+    from kvbench.workloads.sharing import generate
 
     sw = registry.get_sweep("serving.replay")
     case = {"workload": "sharegpt", "requests": 300, "block_size": 16, "kv_budget": "1GB"}

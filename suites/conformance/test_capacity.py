@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from workloads import capacity as cap
-from workloads.errors import ConfigError
-from workloads.geometry import KVGeometry, parse_bytes
-from workloads.planner import plan_capacity
-from workloads.presets import PRESETS, get_preset
+from kvbench.workloads import capacity as cap
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import KVGeometry, parse_bytes
+from kvbench.workloads.planner import plan_capacity
+from kvbench.workloads.presets import PRESETS, get_preset
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from suites.cli import main
+from kvbench.suites.cli import main
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -89,7 +89,7 @@ def test_bad_arguments_exit_2_with_one_line(capsys, argv, names) -> None:
 
 def test_console_script_has_no_traceback() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "suites", "capacity", "--kv-budget", "0GB"],
+        [sys.executable, "-m", "kvbench", "capacity", "--kv-budget", "0GB"],
         capture_output=True,
         text=True,
         check=False,

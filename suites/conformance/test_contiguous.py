@@ -7,17 +7,17 @@ import copy
 import pytest
 import torch
 
-from reference.contiguous import ContiguousKVCache
-from reference.contract import KVCache
-from reference.oracle import decode_attention
-from workloads.errors import (
+from kvbench.reference.contiguous import ContiguousKVCache
+from kvbench.reference.contract import KVCache
+from kvbench.reference.oracle import decode_attention
+from kvbench.workloads.errors import (
     CapacityError,
     ConfigError,
     DuplicateRequestError,
     ShapeError,
     UnknownRequestError,
 )
-from workloads.geometry import KVGeometry
+from kvbench.workloads.geometry import KVGeometry
 
 GEOMETRY = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32", num_q_heads=4)
 

@@ -35,25 +35,25 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged import PagedKVCache
-from reference.contiguous import ContiguousKVCache
-from reference.contract import KVCache
-from reference.oracle import relative_error
-from suites.e2e.llama_forward import KernelAttention, LlamaForward, OracleAttention, pack
-from suites.e2e.llama_runner import (
+from kvbench.paged import PagedKVCache
+from kvbench.reference.contiguous import ContiguousKVCache
+from kvbench.reference.contract import KVCache
+from kvbench.reference.oracle import relative_error
+from kvbench.suites.e2e.llama_forward import KernelAttention, LlamaForward, OracleAttention, pack
+from kvbench.suites.e2e.llama_runner import (
     GenerationRequest,
     LlamaCacheRunner,
     SequenceResult,
 )
-from suites.e2e.tiny_llama import (
+from kvbench.suites.e2e.tiny_llama import (
     GreedyResult,
     TinyLlamaSpec,
     build_tiny_llama,
     hf_greedy,
     kv_geometry,
 )
-from workloads.errors import ConfigError
-from workloads.geometry import KVGeometry
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import KVGeometry
 
 # transformers is imported lazily (by the model fixture): importing it costs seconds, and
 # collecting the suite should not pay that when these tests are deselected.

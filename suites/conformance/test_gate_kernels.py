@@ -20,14 +20,14 @@ from functools import partial
 import pytest
 import torch
 
-from reports import gate
+from kvbench.reports import gate
 
-aot = pytest.importorskip("kernels.aot")
-configs = pytest.importorskip("kernels.configs")
-triton_kernels = pytest.importorskip("kernels.triton_kernels")
+aot = pytest.importorskip("kvbench.kernels.aot")
+configs = pytest.importorskip("kvbench.kernels.configs")
+triton_kernels = pytest.importorskip("kvbench.kernels.triton_kernels")
 
-from suites.conformance.gate_variants import heavier_decode  # noqa: E402
-from suites.gate.static import to_static  # noqa: E402
+from kvbench.suites.conformance.gate_variants import heavier_decode  # noqa: E402
+from kvbench.suites.gate.static import to_static  # noqa: E402
 
 ARCH = 90
 

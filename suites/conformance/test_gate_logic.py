@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reports import gate
-from reports.gate import (
+from kvbench.reports import gate
+from kvbench.reports.gate import (
     FAILING,
     IMPROVED,
     MISSING,

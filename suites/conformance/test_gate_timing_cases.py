@@ -15,9 +15,9 @@ from types import ModuleType
 import pytest
 import torch
 
-from kernels import torch_ops
-from kernels import validation as val
-from suites.gate import timing
+from kvbench.kernels import torch_ops
+from kvbench.kernels import validation as val
+from kvbench.suites.gate import timing
 
 CASES = {
     "paged_decode_vs_baseline": (timing.decode_vs_baseline, (64,), "paged_decode_attention"),

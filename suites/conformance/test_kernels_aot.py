@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import aot, configs
+from kvbench.kernels import aot, configs
 
 
 def _assert_clean(records: list[aot.CompileRecord]) -> None:

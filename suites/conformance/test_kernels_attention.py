@@ -18,8 +18,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernels import ops
-from reference import oracle
+from kvbench.kernels import ops
+from kvbench.reference import oracle
 
 BACKENDS = ("torch", "triton")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

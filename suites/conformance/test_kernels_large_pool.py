@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import ops
-from reference import oracle
+from kvbench.kernels import ops
+from kvbench.reference import oracle
 
 BLOCK, HEADS, DIM = 16, 1, 64
 HIGH = 2**31 // (BLOCK * HEADS * DIM)  # first block starting past element 2**31

@@ -12,9 +12,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernels import ops
-from kernels.validation import IndexRangeError
-from workloads.errors import ConfigError, ShapeError
+from kvbench.kernels import ops
+from kvbench.kernels.validation import IndexRangeError
+from kvbench.workloads.errors import ConfigError, ShapeError
 
 BACKENDS = ("torch", "triton")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -10,13 +10,13 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference.oracle import (
+from kvbench.reference.oracle import (
     batched_decode_attention,
     decode_attention,
     extend_attention,
     relative_error,
 )
-from workloads.errors import ShapeError
+from kvbench.workloads.errors import ShapeError
 
 
 def _sdpa_last_queries(q, k, v, scale):

@@ -11,9 +11,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from paged.cache import PagedKVCache, snapshots_equal
-from suites.conformance.paged_model import kv_for
-from workloads.errors import (
+from kvbench.paged.cache import PagedKVCache, snapshots_equal
+from kvbench.suites.conformance.paged_model import kv_for
+from kvbench.workloads.errors import (
     CapacityError,
     ConfigError,
     DuplicateRequestError,
@@ -22,7 +22,7 @@ from workloads.errors import (
     ShapeError,
     UnknownRequestError,
 )
-from workloads.geometry import KVGeometry
+from kvbench.workloads.geometry import KVGeometry
 
 G = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32", num_q_heads=4)
 F32 = torch.float32

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from paged.block_pool import BlockPool
-from paged.prefix_cache import PrefixCache, block_key
-from workloads.errors import CapacityError, ConfigError
+from kvbench.paged.block_pool import BlockPool
+from kvbench.paged.prefix_cache import PrefixCache, block_key
+from kvbench.workloads.errors import CapacityError, ConfigError
 
 
 def _cache(pool: BlockPool, block: int, tokens: list[int], parent: bytes | None = None) -> bytes:

@@ -8,13 +8,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged.cache import PagedKVCache
-from reference.contiguous import ContiguousKVCache
-from reference.contract import KVCache
-from reference.oracle import batched_decode_attention, relative_error, tolerance
-from suites.conformance.paged_model import bitwise_equal, kv_for
-from workloads.errors import CapacityError, ConfigError, RequestStateError, UnknownRequestError
-from workloads.geometry import KVGeometry
+from kvbench.paged.cache import PagedKVCache
+from kvbench.reference.contiguous import ContiguousKVCache
+from kvbench.reference.contract import KVCache
+from kvbench.reference.oracle import batched_decode_attention, relative_error, tolerance
+from kvbench.suites.conformance.paged_model import bitwise_equal, kv_for
+from kvbench.workloads.errors import (
+    CapacityError,
+    ConfigError,
+    RequestStateError,
+    UnknownRequestError,
+)
+from kvbench.workloads.geometry import KVGeometry
 
 G = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32", num_q_heads=4)
 F32 = torch.float32
@@ -289,7 +294,7 @@ def test_group_swap_keeps_sharing_and_kv() -> None:
     ],
 )
 def test_bad_group_swap_out_changes_nothing(ids, error, match) -> None:
-    from paged.cache import snapshots_equal
+    from kvbench.paged.cache import snapshots_equal
 
     cache = make(num_blocks=16, num_cpu_blocks=8)
     _forked_family(cache)
@@ -302,7 +307,7 @@ def test_bad_group_swap_out_changes_nothing(ids, error, match) -> None:
 
 
 def test_group_swap_is_all_or_nothing_on_capacity() -> None:
-    from paged.cache import snapshots_equal
+    from kvbench.paged.cache import snapshots_equal
 
     cache = make(num_blocks=12, num_cpu_blocks=3)  # the family has 4 distinct blocks
     _forked_family(cache)

@@ -30,11 +30,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from paged.cache import PagedKVCache, snapshots_equal
-from reference.contiguous import ContiguousKVCache
-from reference.oracle import relative_error, tolerance
-from suites.conformance.paged_model import bitwise_equal, kv_for
-from workloads.errors import (
+from kvbench.paged.cache import PagedKVCache, snapshots_equal
+from kvbench.reference.contiguous import ContiguousKVCache
+from kvbench.reference.oracle import relative_error, tolerance
+from kvbench.suites.conformance.paged_model import bitwise_equal, kv_for
+from kvbench.workloads.errors import (
     CapacityError,
     DuplicateRequestError,
     KVBenchError,
@@ -42,7 +42,7 @@ from workloads.errors import (
     ShapeError,
     UnknownRequestError,
 )
-from workloads.geometry import KVGeometry
+from kvbench.workloads.geometry import KVGeometry
 
 VOCAB = (0, 1, 2)
 SALTS = (None, "alice", "bob")

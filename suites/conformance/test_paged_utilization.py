@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from paged.utilization import (
+from kvbench.paged.utilization import (
     measure_batch,
     seed002_lengths,
     shared_prompt_blocks,
     utilization_table,
 )
-from suites.cli import main
-from workloads.errors import ConfigError
+from kvbench.suites.cli import main
+from kvbench.workloads.errors import ConfigError
 
 
 def test_draws_follow_seed_002() -> None:

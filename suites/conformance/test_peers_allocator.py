@@ -24,9 +24,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites.peers import base
-from suites.peers.base import PeerUnavailableError, allocator_names, load_allocator
-from workloads.errors import CapacityError
+from kvbench.suites.peers import base
+from kvbench.suites.peers.base import PeerUnavailableError, allocator_names, load_allocator
+from kvbench.workloads.errors import CapacityError
 
 NAMES = allocator_names()
 
@@ -234,7 +234,7 @@ def test_entry_point_plugins_are_discovered(monkeypatch):
             return self._fn
 
     def good():
-        from suites.peers.kvbench_adapter import KVBenchAllocator
+        from kvbench.suites.peers.kvbench_adapter import KVBenchAllocator
 
         class Renamed(KVBenchAllocator):
             name = "plugin"

@@ -17,8 +17,8 @@ import math
 import pytest
 import torch
 
-from reference.oracle import batched_decode_attention, relative_error, tolerance
-from suites.peers.base import PeerUnavailableError, attention_names, load_attention
+from kvbench.reference.oracle import batched_decode_attention, relative_error, tolerance
+from kvbench.suites.peers.base import PeerUnavailableError, attention_names, load_attention
 
 NAMES = attention_names()
 

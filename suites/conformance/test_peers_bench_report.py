@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from reports import results as R
-from reports.site import build_site
-from suites.bench import catalog  # noqa: F401  (registers the sweeps)
-from suites.bench.context import BenchContext
-from suites.bench.harness import TimingConfig
-from suites.bench.registry import get_sweep, select
-from suites.bench.runner import run_bench
-from suites.bench.sweeps import peers as sweeps
-from suites.peers import base
-from suites.peers.kvbench_adapter import KVBenchAllocator, KVBenchAttention
-from workloads.errors import KVBenchError
+from kvbench.reports import results as R
+from kvbench.reports.site import build_site
+from kvbench.suites.bench import catalog  # noqa: F401  (registers the sweeps)
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.harness import TimingConfig
+from kvbench.suites.bench.registry import get_sweep, select
+from kvbench.suites.bench.runner import run_bench
+from kvbench.suites.bench.sweeps import peers as sweeps
+from kvbench.suites.peers import base
+from kvbench.suites.peers.kvbench_adapter import KVBenchAllocator, KVBenchAttention
+from kvbench.workloads.errors import KVBenchError
 
 PEER_SWEEPS = ("peers.pool_ops", "peers.trace_replay", "peers.cpu_decode")
 FAST = TimingConfig(warmup=0, repeats=2, min_sample_s=0.0)
@@ -101,7 +101,7 @@ def test_peer_sweeps_register_outside_the_default_run() -> None:
 def test_uninstalled_peer_is_left_out_with_a_logged_reason(
     plugins: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="suites.bench.sweeps.peers"):
+    with caplog.at_level(logging.WARNING, logger="kvbench.suites.bench.sweeps.peers"):
         impls = {c["impl"] for c in get_sweep("peers.pool_ops").cases(False)}
     assert impls == {"kvbench", "plugin"}
     assert "vllm left out" in caplog.text and "not installed here (test)" in caplog.text
@@ -145,7 +145,7 @@ def test_pool_ops_rows_and_paired_ratio(plugins: None) -> None:
 
 
 def test_trace_replay_rows_match_a_prefix_oracle() -> None:
-    from suites.peers.workloads import TRACE_SYSTEM_LEN, iter_trace
+    from kvbench.suites.peers.workloads import TRACE_SYSTEM_LEN, iter_trace
 
     n = 60
     seen: set[tuple[int, ...]] = set()

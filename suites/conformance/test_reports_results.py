@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reports import results as R
-from suites.cli import main as kvbench
-from workloads.errors import ConfigError
+from kvbench.reports import results as R
+from kvbench.suites.cli import main as kvbench
+from kvbench.workloads.errors import ConfigError
 
 ENV = {"device": "test-device", "cpu_model": "test-cpu", "git_revision": "abc", "git_dirty": True}
 REPO = Path(__file__).resolve().parents[2]
@@ -175,7 +175,7 @@ def test_kill_9_loses_no_recorded_row(tmp_path: Path) -> None:
         f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from reports.results import ResultWriter
+        from kvbench.reports.results import ResultWriter
         w = ResultWriter("k", {str(tmp_path)!r}, environment={{"device": "x"}})
         i = 0
         while True:

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from reports import claims
-from reports import results as R
-from reports.site import build_site
-from suites.bench.harness import TimingConfig
-from suites.bench.runner import run_bench
-from suites.cli import main as kvbench
+from kvbench.reports import claims
+from kvbench.reports import results as R
+from kvbench.reports.site import build_site
+from kvbench.suites.bench.harness import TimingConfig
+from kvbench.suites.bench.runner import run_bench
+from kvbench.suites.cli import main as kvbench
 
 EVIL = '<script>alert("x")</script>&'
 CHROMIUM = shutil.which("chromium") or (
@@ -244,7 +244,7 @@ def test_site_renders_in_headless_chromium(site: Path, tmp_path: Path) -> None:
 
 
 def test_gate_results_get_a_page(runs: Path, tmp_path: Path) -> None:
-    from reports import gate
+    from kvbench.reports import gate
 
     result = gate.GateResult(
         candidate_run="cand", baselines=["cpu.json"], thresholds=gate.Thresholds(), notes=[EVIL]

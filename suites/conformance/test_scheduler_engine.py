@@ -8,16 +8,16 @@ from dataclasses import replace
 
 import pytest
 
-from paged.cache import PagedKVCache
-from paged.scheduler import Engine
-from paged.scheduler_model import SchedulerConfig, TimeModel
-from paged.scheduler_setup import CacheSpec, simulate
-from suites.cli import main
-from workloads.errors import ConfigError
-from workloads.geometry import KVGeometry
-from workloads.profiles import DeviceProfile, get_profile
-from workloads.sharing import generate
-from workloads.trace import Trace, TraceRequest
+from kvbench.paged.cache import PagedKVCache
+from kvbench.paged.scheduler import Engine
+from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
+from kvbench.paged.scheduler_setup import CacheSpec, simulate
+from kvbench.suites.cli import main
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import KVGeometry
+from kvbench.workloads.profiles import DeviceProfile, get_profile
+from kvbench.workloads.sharing import generate
+from kvbench.workloads.trace import Trace, TraceRequest
 
 GEOM = KVGeometry(2, 2, 4, "float32", 4)
 TM = TimeModel(get_profile("a100-80gb"), GEOM, weight_bytes=10**9, params=5e8, block_size=4)

@@ -23,16 +23,16 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from paged.beams import BeamGroup, plan_selection
-from paged.cache import PagedKVCache
-from paged.scheduler import Engine, RequestTooLargeError, SchedulerError
-from paged.scheduler_model import SchedulerConfig, TimeModel
-from paged.scheduler_seq import kv_for_tokens
-from reference.contiguous import ContiguousKVCache
-from workloads.errors import ConfigError
-from workloads.geometry import KVGeometry
-from workloads.profiles import get_profile
-from workloads.trace import SYNTH_BASE, Trace, TraceRequest
+from kvbench.paged.beams import BeamGroup, plan_selection
+from kvbench.paged.cache import PagedKVCache
+from kvbench.paged.scheduler import Engine, RequestTooLargeError, SchedulerError
+from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
+from kvbench.paged.scheduler_seq import kv_for_tokens
+from kvbench.reference.contiguous import ContiguousKVCache
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import KVGeometry
+from kvbench.workloads.profiles import get_profile
+from kvbench.workloads.trace import SYNTH_BASE, Trace, TraceRequest
 
 GEOM = KVGeometry(2, 2, 4, "float32", 4)
 TM = TimeModel(get_profile("a100-80gb"), GEOM, weight_bytes=10**9, params=5e8, block_size=4)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workloads.arrivals import all_at_once, bursts, parse_arrivals, poisson
-from workloads.distributions import (
+from kvbench.workloads.arrivals import all_at_once, bursts, parse_arrivals, poisson
+from kvbench.workloads.distributions import (
     PUBLISHED_MEANS,
     clipped_normal,
     conditional_means,
@@ -18,8 +18,8 @@ from workloads.distributions import (
     parse_distribution,
     uniform,
 )
-from workloads.errors import ConfigError
-from workloads.sharing import generate, workload
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.sharing import generate, workload
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_MEANS))

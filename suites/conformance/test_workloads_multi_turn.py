@@ -19,11 +19,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workloads.arrivals import parse_arrivals
-from workloads.distributions import fixed
-from workloads.errors import ConfigError
-from workloads.sharing import MAX_TOTAL, generate, multi_turn, workload
-from workloads.trace import Trace, TraceRequest
+from kvbench.workloads.arrivals import parse_arrivals
+from kvbench.workloads.distributions import fixed
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.sharing import MAX_TOTAL, generate, multi_turn, workload
+from kvbench.workloads.trace import Trace, TraceRequest
 
 _ID = re.compile(r"c(\d+)t(\d+)")
 

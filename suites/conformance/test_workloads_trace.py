@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from suites.cli import main
-from workloads.arrivals import parse_arrivals
-from workloads.sharing import generate
-from workloads.trace import Trace, TraceError, TraceRequest
+from kvbench.suites.cli import main
+from kvbench.workloads.arrivals import parse_arrivals
+from kvbench.workloads.sharing import generate
+from kvbench.workloads.trace import Trace, TraceError, TraceRequest
 
 
 @st.composite

@@ -32,9 +32,9 @@ from typing import Protocol
 
 import torch
 
-from reference.contract import KVCache, RequestId
-from reference.oracle import extend_attention
-from workloads.errors import ConfigError, ShapeError
+from kvbench.reference.contract import KVCache, RequestId
+from kvbench.reference.oracle import extend_attention
+from kvbench.workloads.errors import ConfigError, ShapeError
 
 
 @dataclass
@@ -129,7 +129,7 @@ class KernelAttention:
     def __call__(
         self, batch: PackedBatch, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        from kernels import ops
+        from kvbench.kernels import ops
 
         bs = self.block_size
         totals = [c + n for c, n in zip(batch.cached, batch.lengths, strict=True)]
@@ -258,7 +258,7 @@ class PagedNativeAttention:
     def __call__(
         self, batch: PackedBatch, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        from kernels import ops
+        from kvbench.kernels import ops
 
         if self._plan is None or self._plan[0] is not batch:
             self._plan = (batch, self._make_plan(batch))

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.contract import KVCache, RequestId
-from suites.e2e.llama_forward import (
+from kvbench.reference.contract import KVCache, RequestId
+from kvbench.suites.e2e.llama_forward import (
     Attention,
     CacheAttention,
     KernelAttention,
@@ -50,7 +50,7 @@ from suites.e2e.llama_forward import (
     PagedNativeAttention,
     pack,
 )
-from workloads.errors import CapacityError, ConfigError
+from kvbench.workloads.errors import CapacityError, ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import torch
 
-from workloads.geometry import KVGeometry
+from kvbench.workloads.geometry import KVGeometry
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from reference import oracle
+from kvbench.reference import oracle
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def _seq_kv(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tens
 
 def check_decode(backend: str, dtype: torch.dtype, device: torch.device, seed: int = 0):
     """Paged decode vs the oracle; yields one CheckResult per partitioning."""
-    from kernels import ops
+    from kvbench.kernels import ops
 
     gen = torch.Generator().manual_seed(seed)
     lens = [1, BLOCK * 3, BLOCK * 3 + 1, 150]
@@ -94,7 +94,7 @@ def check_decode(backend: str, dtype: torch.dtype, device: torch.device, seed: i
 
 def check_prefill(backend: str, dtype: torch.dtype, device: torch.device, seed: int = 1):
     """Paged prefill/extend vs the oracle's causal extend attention."""
-    from kernels import ops
+    from kvbench.kernels import ops
 
     gen = torch.Generator().manual_seed(seed)
     lens, new = [40, 20, 33], [8, 20, 1]
@@ -123,7 +123,7 @@ def check_prefill(backend: str, dtype: torch.dtype, device: torch.device, seed: 
 
 def check_cache_writes(backend: str, device: torch.device, seed: int = 2):
     """write_kv and copy_blocks must leave exactly the expected contents (error 0)."""
-    from kernels import ops
+    from kvbench.kernels import ops
 
     gen = torch.Generator().manual_seed(seed)
     shape = (6, BLOCK, KV_HEADS, HEAD_DIM)

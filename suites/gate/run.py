@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from reports.gate import (
+from kvbench.reports.gate import (
     CONFORMANCE_SUITE,
     STATIC_METRICS,
     STATIC_SUITE,
@@ -30,8 +30,8 @@ from reports.gate import (
     normalize_arch,
     sha256_text,
 )
-from reports.results import DEFAULT_RESULTS_DIR, ResultWriter
-from suites.gate import conformance, static, timing
+from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultWriter
+from kvbench.suites.gate import conformance, static, timing
 
 log = logging.getLogger(__name__)
 

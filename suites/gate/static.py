@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
-from reports.gate import Baseline, StaticRecord, config_key, normalize_arch
+from kvbench.reports.gate import Baseline, StaticRecord, config_key, normalize_arch
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def aot_available() -> bool:
     try:
         import triton  # noqa: F401
 
-        import kernels.aot  # noqa: F401
+        import kvbench.kernels.aot  # noqa: F401
     except ImportError:
         return False
     return True
@@ -37,7 +37,7 @@ def aot_available() -> bool:
 
 def source_hash() -> str:
     """The kernel source hash of this tree (`kernels.aot.source_hash`)."""
-    from kernels import aot
+    from kvbench.kernels import aot
 
     return aot.source_hash()
 
@@ -72,7 +72,7 @@ def compile_records(
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Any]:
     """Compile (or read from the `out/aot` cache) every configuration for `archs`."""
-    from kernels import aot
+    from kvbench.kernels import aot
 
     numbers = [int(normalize_arch(a).removeprefix("sm_")) for a in archs]
     return aot.compile_all(configs, archs=numbers, progress=progress)
@@ -90,7 +90,7 @@ def reusable(baselines: Sequence[Baseline], src_hash: str, triton: str) -> dict[
 def baseline_configs_match(baseline: Baseline) -> bool:
     """Whether the baseline lists exactly the configurations the dispatch can choose now
     (a defensive check before reusing it: the source hash covers configs.py already)."""
-    from kernels import configs
+    from kvbench.kernels import configs
 
     now = {(c.kernel, config_key(c.describe())) for c in configs.all_configs()}
     then = {(r.kernel, config_key(r.config)) for r in baseline.static}

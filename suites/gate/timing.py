@@ -50,8 +50,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from reports.gate import GateInputError
-from workloads.errors import ConfigError
+from kvbench.reports.gate import GateInputError
+from kvbench.workloads.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def load_frozen(source: str, label: str = "baseline torch_ops") -> ModuleType:
 
 def frozen_source() -> str:
     """The source text of this tree's torch kernel versions (`kernels/torch_ops.py`)."""
-    from kernels import torch_ops
+    from kvbench.kernels import torch_ops
 
     return Path(torch_ops.__file__).read_text(encoding="utf-8")
 
@@ -175,7 +175,7 @@ def decode_vs_sdpa(context: int, seed: int = 0) -> RatioCase:
     """Paged decode (`kernels.ops`) over SDPA on the same KV laid out contiguously."""
 
     def build(device: torch.device, frozen: ModuleType | None) -> tuple[Fn, Fn]:
-        from kernels import ops
+        from kvbench.kernels import ops
 
         x = _decode_inputs(context, device, seed)
         out = torch.empty_like(x["q"])
@@ -206,7 +206,7 @@ def prefill_vs_sdpa(prefix: int, new: int, seed: int = 0) -> RatioCase:
     """Paged prefill/extend (`kernels.ops`) over causal SDPA on the same contiguous KV."""
 
     def build(device: torch.device, frozen: ModuleType | None) -> tuple[Fn, Fn]:
-        from kernels import ops
+        from kvbench.kernels import ops
 
         x = _prefill_inputs(prefix, new, device, seed)
         out = torch.empty_like(x["q"])
@@ -250,8 +250,8 @@ def decode_vs_baseline(context: int, seed: int = 0) -> RatioCase:
     and immune to what other processes do to it, since both sides are the same work."""
 
     def build(device: torch.device, frozen: ModuleType | None) -> tuple[Fn, Fn]:
-        from kernels import torch_ops as current
-        from kernels import validation as val
+        from kvbench.kernels import torch_ops as current
+        from kvbench.kernels import validation as val
 
         old = _need_frozen(frozen, "paged_decode_vs_baseline")
         x = _decode_inputs(context, device, seed)
@@ -275,8 +275,8 @@ def prefill_vs_baseline(prefix: int, new: int, seed: int = 0) -> RatioCase:
     """Paged prefill of this tree's `kernels.torch_ops` over the baseline's frozen copy."""
 
     def build(device: torch.device, frozen: ModuleType | None) -> tuple[Fn, Fn]:
-        from kernels import torch_ops as current
-        from kernels import validation as val
+        from kvbench.kernels import torch_ops as current
+        from kvbench.kernels import validation as val
 
         old = _need_frozen(frozen, "paged_prefill_vs_baseline")
         x = _prefill_inputs(prefix, new, device, seed)

@@ -30,7 +30,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from workloads.errors import ConfigError
+from kvbench._old_names import old_name_hint
+from kvbench.workloads.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ class PeerSpec:
 
 
 def _builtin_specs() -> list[PeerSpec]:
-    from suites.peers import kvbench_adapter, vllm_adapter
+    from kvbench.suites.peers import kvbench_adapter, vllm_adapter
 
     return [kvbench_adapter.peer_spec(), vllm_adapter.peer_spec()]
 
@@ -230,7 +231,8 @@ def _entry_point_specs() -> list[PeerSpec]:
         try:
             spec = ep.load()()
         except Exception as exc:  # a broken plug-in must not break the suites
-            log.warning("peer entry point %s (%s) failed to load: %s", ep.name, ep.value, exc)
+            reason = old_name_hint(exc) or f"{type(exc).__name__}: {exc}"
+            log.warning("peer entry point %s (%s) failed to load: %s", ep.name, ep.value, reason)
             continue
         if not isinstance(spec, PeerSpec):
             log.warning("peer entry point %s returned %r, not a PeerSpec", ep.name, spec)

@@ -1,6 +1,6 @@
 """Peer benches: kvbench beside vLLM (and any plug-in) on identical work, ratios in one run.
 
-    python -m suites.peers.bench [--full] [--quick] [--only pool_ops trace_replay ...]
+    python -m kvbench.suites.peers.bench [--full] [--quick] [--only pool_ops trace_replay ...]
                                  [--run-id ID] [--out-dir DIR] [--report [--site-dir DIR]]
 
 A thin front end over the registered `peers.*` sweeps (suites/bench/sweeps/peers.py),
@@ -20,8 +20,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from reports.results import DEFAULT_RESULTS_DIR
-from suites.bench.harness import TimingConfig
+from kvbench.reports.results import DEFAULT_RESULTS_DIR
+from kvbench.suites.bench.harness import TimingConfig
 
 SWEEPS = ("pool_ops", "trace_replay", "cpu_decode")
 
@@ -29,7 +29,7 @@ SWEEPS = ("pool_ops", "trace_replay", "cpu_decode")
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the peer sweeps; 0 when every case was measured, 1 when one failed."""
     parser = argparse.ArgumentParser(
-        prog="python -m suites.peers.bench",
+        prog="python -m kvbench.suites.peers.bench",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--site-dir", default="out/site", help="where --report writes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from suites.bench.runner import run_bench
+    from kvbench.suites.bench.runner import run_bench
 
     timing = TimingConfig(warmup=1, repeats=3) if args.quick else TimingConfig(repeats=7)
     result = run_bench(
@@ -56,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case, why in result.failures:
         print(f"FAILED {case}: {why}", file=sys.stderr)
     if args.report:
-        from reports.results import load_runs
-        from reports.site import build_site
+        from kvbench.reports.results import load_runs
+        from kvbench.reports.site import build_site
 
         index = build_site(load_runs([str(result.path)], args.out_dir), args.site_dir)
         print(f"report: {index.parent / 'peers.html'}")

@@ -14,15 +14,15 @@ from typing import Any
 
 import torch
 
-from kernels import ops
-from paged.cache import PagedKVCache
-from suites.peers.base import (
+from kvbench.kernels import ops
+from kvbench.paged.cache import PagedKVCache
+from kvbench.suites.peers.base import (
     AllocatorTraits,
     AttentionTraits,
     BlockCounts,
     PeerSpec,
 )
-from workloads.geometry import KVGeometry
+from kvbench.workloads.geometry import KVGeometry
 
 #: A tiny geometry: the allocator runs without tensors, so only its shape of bookkeeping
 #: matters (one layer, one KV head).

@@ -30,14 +30,14 @@ from typing import Any
 
 import torch
 
-from suites.peers.base import (
+from kvbench.suites.peers.base import (
     AllocatorTraits,
     AttentionTraits,
     BlockCounts,
     PeerSpec,
     PeerUnavailableError,
 )
-from workloads.errors import CapacityError, DuplicateRequestError, UnknownRequestError
+from kvbench.workloads.errors import CapacityError, DuplicateRequestError, UnknownRequestError
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from suites.peers.base import AllocatorAdapter, AttentionAdapter
-from workloads.errors import CapacityError
+from kvbench.suites.peers.base import AllocatorAdapter, AttentionAdapter
+from kvbench.workloads.errors import CapacityError
 
 #: Trace shape: shared system prompts, their length, the suffix and output length ranges.
 TRACE_SYSTEM_PROMPTS = 8

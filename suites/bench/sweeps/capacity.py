@@ -7,11 +7,11 @@ MHA / GQA / MQA table and 100 x 1,000-token prefix example, seed 001's 42 GB bud
 
 from __future__ import annotations
 
-from suites.bench.context import BenchContext
-from suites.bench.registry import Case, Measurement, sweep
-from workloads import capacity as cap
-from workloads.geometry import parse_bytes
-from workloads.presets import PRESETS, get_preset
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads import capacity as cap
+from kvbench.workloads.geometry import parse_bytes
+from kvbench.workloads.presets import PRESETS, get_preset
 
 GIB = 2**30
 

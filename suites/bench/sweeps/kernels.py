@@ -20,9 +20,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from suites.bench.context import BenchContext
-from suites.bench.registry import Case, Measurement, sweep
-from workloads.torch_dtypes import torch_dtype
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads.torch_dtypes import torch_dtype
 
 NUM_KV_HEADS = 8
 HEAD_DIM = 128
@@ -111,11 +111,11 @@ def _bandwidth(ctx: BenchContext, nbytes: int, seconds: float) -> list[Measureme
     "kernel.decode",
     "paged decode attention vs SDPA on contiguous KV: time, overhead, bandwidth",
     _decode_cases,
-    requires=("kernels.ops",),
+    requires=("kvbench.kernels.ops",),
     tags=("kernel",),
 )
 def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kernels import ops
+    from kvbench.kernels import ops
 
     dev, dt = ctx.device, torch_dtype(case["dtype"])
     b, length, bs, g = case["batch"], case["ctx_len"], case["block_size"], case["gqa"]
@@ -191,11 +191,11 @@ def _prefill_cases(full: bool) -> list[Case]:
     "kernel.prefill",
     "paged prefill/extend attention vs causal SDPA on contiguous KV",
     _prefill_cases,
-    requires=("kernels.ops",),
+    requires=("kvbench.kernels.ops",),
     tags=("kernel",),
 )
 def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kernels import ops
+    from kvbench.kernels import ops
 
     dev, dt = ctx.device, torch_dtype(case["dtype"])
     b, length, bs, g, n = (

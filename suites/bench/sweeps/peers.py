@@ -37,10 +37,10 @@ import statistics
 import time
 from collections.abc import Callable
 
-from suites.bench.context import BenchContext
-from suites.bench.harness import TimingConfig, summarize, time_cpu
-from suites.bench.registry import Case, Measurement, sweep
-from workloads.errors import KVBenchError
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.harness import TimingConfig, summarize, time_cpu
+from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads.errors import KVBenchError
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ _reported: set[str] = set()
 def _available(kind: str) -> list[tuple[str, str]]:
     """(peer name, version) of the peers with a `kind` adapter whose library is installed
     here (cheap probe, no import); the others are logged once per process."""
-    from suites.peers import base
+    from kvbench.suites.peers import base
 
     names = base.allocator_names() if kind == "allocator" else base.attention_names()
     out = []
@@ -141,7 +141,7 @@ def _pool_cases(full: bool) -> list[Case]:
 
 
 def _ops(n: int, seed: int, ctx: BenchContext) -> list[tuple]:
-    from suites.peers.workloads import pool_ops_sequence
+    from kvbench.suites.peers.workloads import pool_ops_sequence
 
     key = ("peers.ops", n, seed)
     if ctx.cache.get("peers.ops_key") != key:  # keep one sequence in memory at a time
@@ -155,13 +155,13 @@ def _ops(n: int, seed: int, ctx: BenchContext) -> list[tuple]:
     "block pool operations per second, kvbench beside vLLM (and plug-ins) on one random "
     "admit / append / free sequence; ratio_vs_kvbench = peer time / kvbench time, paired",
     _pool_cases,
-    requires=("paged.cache", "suites.peers.base"),
+    requires=("kvbench.paged.cache", "kvbench.suites.peers.base"),
     tags=("peers",),
     in_default=False,
 )
 def pool_ops(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from suites.peers.base import load_allocator
-    from suites.peers.workloads import run_ops
+    from kvbench.suites.peers.base import load_allocator
+    from kvbench.suites.peers.workloads import run_ops
 
     ops = _ops(case["ops"], ctx.seed, ctx)
     sides = _sides(case["impl"])
@@ -209,13 +209,13 @@ def _trace_cases(full: bool) -> list[Case]:
     "serving-trace replay time through each allocator (shared system prompts, 64 live "
     "requests, eviction); 100k requests under --full; ratio_vs_kvbench = peer / kvbench",
     _trace_cases,
-    requires=("paged.cache", "suites.peers.base"),
+    requires=("kvbench.paged.cache", "kvbench.suites.peers.base"),
     tags=("peers",),
     in_default=False,
 )
 def trace_replay(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from suites.peers.base import load_allocator
-    from suites.peers.workloads import iter_trace, replay
+    from kvbench.suites.peers.base import load_allocator
+    from kvbench.suites.peers.workloads import iter_trace, replay
 
     n = case["requests"]
     sides = _sides(case["impl"])
@@ -272,7 +272,7 @@ def _decode_cases(full: bool) -> list[Case]:
 def _decode_inputs(case: Case, ctx: BenchContext):  # type: ignore[no-untyped-def]
     """(q, k, v, sdpa_fn, sdpa_out) for the case's batch and context, shared by every impl
     of that shape (one shape held at a time: the large ones take GiBs)."""
-    from suites.peers.workloads import decode_inputs, sdpa_decode_fn
+    from kvbench.suites.peers.workloads import decode_inputs, sdpa_decode_fn
 
     key = (case["batch"], case["context"], case["num_q_heads"], case["num_kv_heads"])
     held = ctx.cache.get("peers.decode_inputs")
@@ -297,13 +297,13 @@ def _decode_inputs(case: Case, ctx: BenchContext):  # type: ignore[no-untyped-de
     "CPU paged decode step: kvbench torch path vs vLLM's native op vs SDPA on contiguous "
     "K/V, same block sizes; ratio_vs_sdpa and ratio_vs_kvbench paired in the same case",
     _decode_cases,
-    requires=("kernels.ops", "suites.peers.base"),
+    requires=("kvbench.kernels.ops", "kvbench.suites.peers.base"),
     tags=("peers",),
     in_default=False,
 )
 def cpu_decode(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from suites.peers.base import PeerUnavailableError, load_attention
-    from suites.peers.workloads import paged_decode_fn, relative_difference
+    from kvbench.suites.peers.base import PeerUnavailableError, load_attention
+    from kvbench.suites.peers.workloads import paged_decode_fn, relative_difference
 
     q, k, v, sdpa, expect = _decode_inputs(case, ctx)  # CPU tensors, whatever ctx.device
     kv_bytes = 2 * k.numel() * k.element_size()

@@ -23,15 +23,15 @@ prefill = FLOPs / peak; see workloads.profiles).
 
 from __future__ import annotations
 
-from suites.bench.context import BenchContext
-from suites.bench.registry import Case, Measurement, sweep
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.registry import Case, Measurement, sweep
 
 _TRACES: dict[tuple, object] = {}
 
 
 def _trace(workload: str, requests: int, seed: int, **sharing: object):  # type: ignore[no-untyped-def]
     """A generated trace, made once per process for every case that replays it."""
-    from workloads.sharing import generate
+    from kvbench.workloads.sharing import generate
 
     key = (workload, requests, seed, *sorted(sharing.items()))
     if key not in _TRACES:
@@ -40,8 +40,8 @@ def _trace(workload: str, requests: int, seed: int, **sharing: object):  # type:
 
 
 def _simulate(case: Case, ctx: BenchContext, budget: str, max_seqs: int) -> dict:
-    from paged.scheduler_model import SchedulerConfig
-    from paged.scheduler_setup import CacheSpec, simulate
+    from kvbench.paged.scheduler_model import SchedulerConfig
+    from kvbench.paged.scheduler_setup import CacheSpec, simulate
 
     trace = _trace(case["workload"], case["requests"], ctx.seed)
     spec = CacheSpec(
@@ -97,7 +97,7 @@ def _batch_cases(full: bool) -> list[Case]:
     "scheduler replay: utilization, peak concurrency and modeled throughput vs batch "
     "size, contiguous (max reservation) vs paged, same 42 GB KV budget",
     _batch_cases,
-    requires=("paged.scheduler_setup",),
+    requires=("kvbench.paged.scheduler_setup",),
     tags=("serving",),
 )
 def serving_batch(case: Case, ctx: BenchContext) -> list[Measurement]:
@@ -129,7 +129,7 @@ def _block_cases(full: bool) -> list[Case]:
     "scheduler replay under memory pressure: utilization and modeled throughput vs "
     "block size (ShareGPT-like, Alpaca-like)",
     _block_cases,
-    requires=("paged.scheduler_setup",),
+    requires=("kvbench.paged.scheduler_setup",),
     tags=("serving",),
 )
 def serving_block_size(case: Case, ctx: BenchContext) -> list[Measurement]:
@@ -151,7 +151,7 @@ def _sharing_cases(full: bool) -> list[Case]:
 
 def _unshared(trace, width: int):  # type: ignore[no-untyped-def]
     """The same work without sharing: each request as `width` independent sequences."""
-    from workloads.trace import Trace, TraceRequest
+    from kvbench.workloads.trace import Trace, TraceRequest
 
     return Trace(
         tuple(
@@ -168,13 +168,13 @@ def _unshared(trace, width: int):  # type: ignore[no-untyped-def]
     "held with forks (copy-on-write; beams pruned and forked every step) vs the same work "
     "as independent sequences; Llama-2-70B, 42 GB, no memory pressure, prefix caching off",
     _sharing_cases,
-    requires=("paged.scheduler_setup", "paged.beams"),
+    requires=("kvbench.paged.scheduler_setup", "kvbench.paged.beams"),
     tags=("serving", "cow"),
 )
 def serving_sharing(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from paged.scheduler_model import SchedulerConfig
-    from paged.scheduler_setup import CacheSpec, simulate
-    from workloads.sharing import generate
+    from kvbench.paged.scheduler_model import SchedulerConfig
+    from kvbench.paged.scheduler_setup import CacheSpec, simulate
+    from kvbench.workloads.sharing import generate
 
     k = case["width"]
     option = {"n": k} if case["sharing"] == "parallel" else {"beam_width": k}
@@ -219,12 +219,12 @@ def _sample_preemption_cases(full: bool) -> list[Case]:
     "running samples swapped as one group, shared blocks copied once, or all recomputed; "
     "vLLM's sequence-group rule) vs one sample at a time; Llama-2-70B, 4 GB KV budget",
     _sample_preemption_cases,
-    requires=("paged.scheduler_setup",),
+    requires=("kvbench.paged.scheduler_setup",),
     tags=("serving", "cow"),
 )
 def serving_sample_preemption(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from paged.scheduler_model import SchedulerConfig
-    from paged.scheduler_setup import CacheSpec, simulate
+    from kvbench.paged.scheduler_model import SchedulerConfig
+    from kvbench.paged.scheduler_setup import CacheSpec, simulate
 
     trace = _trace(case["workload"], case["requests"], ctx.seed, sharing="parallel", n=case["n"])
     spec = CacheSpec(kind="paged", model="llama-2-70b", kv_budget=case["kv_budget"])
@@ -255,8 +255,8 @@ def _replay_cases(full: bool) -> list[Case]:
 
 
 def _replay(case: Case, ctx: BenchContext, mode: str):  # type: ignore[no-untyped-def]
-    from paged.scheduler_model import SchedulerConfig
-    from paged.scheduler_setup import CacheSpec, simulate
+    from kvbench.paged.scheduler_model import SchedulerConfig
+    from kvbench.paged.scheduler_setup import CacheSpec, simulate
 
     trace = _trace(case["workload"], case["requests"], ctx.seed)
     spec = CacheSpec(
@@ -282,7 +282,7 @@ def _decisions(result) -> tuple:  # type: ignore[no-untyped-def]
     "token-stepping cases also replay in event mode and report the speedup (the two must "
     "decide identically)",
     _replay_cases,
-    requires=("paged.scheduler_setup",),
+    requires=("kvbench.paged.scheduler_setup",),
     tags=("serving", "engine"),
 )
 def serving_replay(case: Case, ctx: BenchContext) -> list[Measurement]:

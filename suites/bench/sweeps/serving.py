@@ -21,13 +21,13 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from suites.bench.context import BenchContext
-from suites.bench.registry import Case, Measurement, sweep
-from workloads import capacity as cap
-from workloads.distributions import named
-from workloads.geometry import KVGeometry
-from workloads.presets import get_preset
-from workloads.profiles import PROFILES, get_profile
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads import capacity as cap
+from kvbench.workloads.distributions import named
+from kvbench.workloads.geometry import KVGeometry
+from kvbench.workloads.presets import get_preset
+from kvbench.workloads.profiles import PROFILES, get_profile
 
 TINY = KVGeometry(1, 1, 1, "float16")
 
@@ -45,7 +45,7 @@ class _Ids:
 
 
 def _cache(num_blocks: int, block_size: int, prefix: bool):  # type: ignore[no-untyped-def]
-    from paged.cache import PagedKVCache
+    from kvbench.paged.cache import PagedKVCache
 
     return PagedKVCache(TINY, num_blocks, block_size, enable_prefix_caching=prefix, store_kv=False)
 
@@ -111,7 +111,7 @@ def _run_sampling(
     "cow.parallel_sampling",
     "KV blocks saved by sharing the prompt among n parallel samples (fork + CoW)",
     _sampling_cases,
-    requires=("paged.cache",),
+    requires=("kvbench.paged.cache",),
     tags=("cow", "serving"),
 )
 def parallel_sampling(case: Case, ctx: BenchContext) -> list[Measurement]:
@@ -220,7 +220,7 @@ def _run_beams(
     "cow.beam_search",
     "KV blocks saved by sharing beam histories (fork + CoW) in beam search of width w",
     _beam_cases,
-    requires=("paged.cache",),
+    requires=("kvbench.paged.cache",),
     tags=("cow", "serving"),
 )
 def beam_search(case: Case, ctx: BenchContext) -> list[Measurement]:
@@ -277,7 +277,7 @@ def _held_blocks(prefix_len: int, unique: int, n: int, bs: int, caching: bool) -
     "prefix.scenarios",
     "KV memory saved by prefix caching in seed 001's scenarios (shared prompt + unique)",
     _scenario_cases,
-    requires=("paged.cache",),
+    requires=("kvbench.paged.cache",),
     tags=("prefix", "serving"),
 )
 def prefix_scenarios(case: Case, ctx: BenchContext) -> list[Measurement]:
@@ -308,7 +308,7 @@ def _shared_cases(full: bool) -> list[Case]:
     "prefix.shared_prompt",
     "prefix blocks held by 100 requests sharing a 1,000-token prompt (seed 000 example)",
     _shared_cases,
-    requires=("paged.cache",),
+    requires=("kvbench.paged.cache",),
     tags=("prefix", "serving"),
 )
 def shared_prompt(case: Case, ctx: BenchContext) -> list[Measurement]:
@@ -351,7 +351,7 @@ def measured_swap_bandwidth(ctx: BenchContext) -> float:
     """Bytes/s of `kernels.ops.swap_blocks` from this device's pool to a host pool
     (pinned when the device is a GPU), measured once per process on 5 MiB blocks."""
     if "swap_bw" not in ctx.cache:
-        from kernels import ops
+        from kvbench.kernels import ops
 
         nblocks, block_elems = 32, 5 * 2**20 // 2
         dev = ctx.device
@@ -370,7 +370,7 @@ def measured_swap_bandwidth(ctx: BenchContext) -> float:
     "cost of preempting one request: swap out + in over the host link vs recomputing "
     "its prefill (seed 001's cost model), per device profile and measured here",
     _swap_cases,
-    requires=("kernels.ops",),
+    requires=("kvbench.kernels.ops",),
     tags=("preemption",),
 )
 def swap_vs_recompute(case: Case, ctx: BenchContext) -> Iterable[Measurement]:

@@ -9,18 +9,18 @@ full grid is every configuration the dispatch can choose.
 
 from __future__ import annotations
 
-from suites.bench.context import BenchContext
-from suites.bench.registry import Case, Measurement, sweep
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.registry import Case, Measurement, sweep
 
 
 def _configs(full: bool) -> list:  # type: ignore[type-arg]
-    from kernels import aot, configs
+    from kvbench.kernels import aot, configs
 
     return configs.all_configs() if full else aot.headline_configs()
 
 
 def _cases(full: bool) -> list[Case]:
-    from kernels import aot
+    from kvbench.kernels import aot
 
     return [
         {"kernel": cfg.kernel, "config": aot.config_json(cfg.describe()), "arch": f"sm_{arch}"}
@@ -34,12 +34,12 @@ def _cases(full: bool) -> list[Case]:
     "Triton kernels compiled ahead of time for sm_80 / sm_90: registers, spills, shared "
     "memory, SASS instructions (no GPU needed)",
     _cases,
-    requires=("kernels.aot",),
+    requires=("kvbench.kernels.aot",),
     tags=("kernel",),
     in_default=False,
 )
 def static_costs(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kernels import aot, configs
+    from kvbench.kernels import aot, configs
 
     matches = [
         cfg

@@ -15,12 +15,12 @@ import importlib
 import numpy as np
 import torch
 
-from reference.contiguous import ContiguousKVCache
-from suites.bench.context import BenchContext
-from suites.bench.registry import Case, Measurement, sweep
-from workloads import capacity as cap
-from workloads.distributions import named
-from workloads.geometry import KVGeometry
+from kvbench.reference.contiguous import ContiguousKVCache
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads import capacity as cap
+from kvbench.workloads.distributions import named
+from kvbench.workloads.geometry import KVGeometry
 
 #: A one-element geometry: the caches' bookkeeping is what is measured, not bytes.
 TINY = KVGeometry(1, 1, 1, "float16")
@@ -40,11 +40,11 @@ def sample_lengths(workload: str, n: int, rng: np.random.Generator, max_len: int
 
 def paged_cache_available() -> bool:
     try:
-        importlib.import_module("paged.cache")
+        importlib.import_module("kvbench.paged.cache")
     except ImportError:
         return False
-    return hasattr(importlib.import_module("paged"), "PagedKVCache") or hasattr(
-        importlib.import_module("paged.cache"), "PagedKVCache"
+    return hasattr(importlib.import_module("kvbench.paged"), "PagedKVCache") or hasattr(
+        importlib.import_module("kvbench.paged.cache"), "PagedKVCache"
     )
 
 
@@ -68,7 +68,7 @@ def _fill(cache, lengths: np.ndarray) -> None:  # type: ignore[no-untyped-def]
 
 
 def _paged_cache(lengths: np.ndarray, block_size: int):  # type: ignore[no-untyped-def]
-    from paged.cache import PagedKVCache
+    from kvbench.paged.cache import PagedKVCache
 
     blocks = sum(cap.blocks_for_tokens(int(n), block_size) for n in lengths)
     return PagedKVCache(
