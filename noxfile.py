@@ -66,6 +66,16 @@ def conformance(session: nox.Session) -> None:
 
 
 @nox.session(python=_python())
+def tests(session: nox.Session) -> None:
+    """Tests of kvbench's own tooling (suites/tests): packaging (one `kvbench` namespace,
+    side by side with a top-level `kernels`), and, laid out like the packages they test, the
+    CLI, results store, site and gate logic. Posargs go to pytest.
+    """
+    install_project(session, "test")
+    session.run("pytest", "suites/tests", "--durations=10", *session.posargs)
+
+
+@nox.session(python=_python())
 def gate(session: nox.Session) -> None:
     """Did a change make a kernel slower or heavier? `kvbench gate` against the committed
     baselines (reports/baselines/*.json); exits 1 on a regression, 2 on unusable input.

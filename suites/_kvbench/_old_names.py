@@ -53,8 +53,26 @@ def _locations(spec: importlib.machinery.ModuleSpec | None) -> set[Path]:
     return {Path(p).resolve() for p in paths}
 
 
+class _RefusingLoader(importlib.abc.Loader):
+    """Fails the import with the message that names the new module."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        raise ImportError(self.message, name=spec.name)
+
+    def exec_module(self, module: ModuleType) -> None:  # pragma: no cover - never reached
+        raise ImportError(self.message, name=module.__name__)
+
+
 class OldNameGuard(importlib.abc.MetaPathFinder):
-    """Refuses `import <old name>` when it would import kvbench's own folder again."""
+    """Refuses `import <old name>` when it would import kvbench's own folder again.
+
+    `find_spec` itself never raises: libraries probe names with `importlib.util.find_spec`
+    (transformers asks for `kernels`), and a probe must get an answer, not an exception. The
+    refusal happens when the module is actually loaded.
+    """
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
@@ -72,7 +90,10 @@ class OldNameGuard(importlib.abc.MetaPathFinder):
             return None
         ours = _locations(importlib.util.find_spec(f"kvbench.{fullname}"))
         if ours & _locations(found):
-            raise ImportError(old_name_hint(ImportError(name=fullname)), name=fullname)
+            message = old_name_hint(ImportError(name=fullname)) or fullname
+            return importlib.machinery.ModuleSpec(
+                fullname, _RefusingLoader(message), origin=found.origin
+            )
         return None
 
 
