@@ -175,12 +175,36 @@ def test_kvbench_and_a_top_level_kernels_package_live_side_by_side(kvbench_wheel
 
 def test_old_names_from_a_checkout_fail_with_the_new_name():
     """From the repository root (the old folders on sys.path) `import paged` would import a
-    second copy of kvbench; the guard names the new module instead."""
-    code = "import kvbench\ntry:\n    import paged.cache\nexcept ImportError as e:\n    print(e)\n"
+    second copy of kvbench; the guard loads nothing of it and names the new module, while a
+    probe (transformers' find_spec + import + version check) sees no real package."""
+    code = textwrap.dedent(
+        """
+        import importlib, importlib.util, sys
+        import kvbench
+        for stmt in ("import paged.cache", "from suites.peers.base import PeerSpec",
+                     "import kernels; kernels.ops"):
+            try:
+                exec(stmt)
+            except ImportError as e:
+                print(e)
+        probe = importlib.import_module("kernels")
+        assert importlib.util.find_spec("kernels") is not None
+        assert getattr(probe, "__version__", "N/A") == "N/A"
+        assert getattr(probe, "__file__", None) is None
+        assert not any(m == "paged.cache" or m.startswith("suites.") for m in sys.modules)
+        """
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
-    assert "import `kvbench.paged` instead" in out.stdout
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3, out.stdout
+    for line, new in zip(
+        lines,
+        ("kvbench.paged.cache", "kvbench.suites.peers", "kvbench.kernels.ops"),
+        strict=True,
+    ):
+        assert f"import `{new}` instead" in line
 
 
 @pytest.mark.parametrize("old", sorted(OLD_NAMES))
