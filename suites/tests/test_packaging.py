@@ -11,6 +11,7 @@ import base64
 import hashlib
 import importlib.metadata
 import logging
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -90,13 +91,22 @@ def _standin_kernels_wheel(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def kvbench_wheel(tmp_path_factory) -> Path:
-    """kvbench's wheel built from this checkout (no isolation: the build needs no network)."""
+    """kvbench's wheel built from a copy of this checkout (setuptools builds in the source
+    folder; the copy keeps `build/` out of the checkout). No build isolation: no network."""
     out = tmp_path_factory.mktemp("wheel")
-    build = tmp_path_factory.mktemp("build")
+    source = tmp_path_factory.mktemp("source") / "kvbench"
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".nox", ".ci-venv", "venv", ".venv", "out", "build", "dist", "*.egg-info",
+            "__pycache__", ".hypothesis", ".pytest_cache", ".benchmarks", ".ruff_cache",
+        ),
+    )  # fmt: skip
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(REPO)],
-        check=True, cwd=build, capture_output=True,
+         "-w", str(out), str(source)],
+        check=True, capture_output=True,
     )  # fmt: skip
     (wheel,) = out.glob("kvbench-*.whl")
     return wheel
