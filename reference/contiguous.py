@@ -16,6 +16,7 @@ Every operation validates everything before it changes anything.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -23,7 +24,11 @@ import torch
 
 from kvbench.reference.contract import CacheStats, RequestId
 from kvbench.reference.oracle import decode_attention
-from kvbench.reference.validation import validate_kv_append, validate_prompt
+from kvbench.reference.validation import (
+    validate_kv_append,
+    validate_prompt,
+    validate_token_ids,
+)
 from kvbench.workloads.errors import (
     CapacityError,
     ConfigError,
@@ -161,6 +166,13 @@ class ContiguousKVCache:
         return needed
 
     # ----------------------------------------------------------------- contract
+    def _known(self, request_id: RequestId) -> bool:
+        """Whether the cache holds `request_id`; ConfigError for an unhashable id."""
+        try:
+            return request_id in self._requests
+        except TypeError:
+            raise ConfigError(f"request id {request_id!r} is not hashable") from None
+
     def _get(self, request_id: RequestId) -> _Request:
         try:
             return self._requests[request_id]
@@ -176,13 +188,16 @@ class ContiguousKVCache:
         output_len: int | None = None,
     ) -> int:
         """Reserve a contiguous range for the request (see KVCache.admit). Returns 0."""
-        if request_id in self._requests:
+        if self._known(request_id):
             raise DuplicateRequestError(f"request id {request_id!r} is already admitted")
         prompt_ids = tuple(validate_prompt(prompt, self.max_seq_len))
-        if output_len is not None and (isinstance(output_len, bool) or output_len < 0):
-            raise ConfigError(f"output_len must be >= 0, got {output_len!r}")
+        if output_len is not None and (
+            isinstance(output_len, bool) or not isinstance(output_len, int) or output_len < 0
+        ):
+            raise ConfigError(f"output_len must be an integer >= 0, got {output_len!r}")
+        if salt is not None and not isinstance(salt, str):
+            raise ConfigError(f"salt must be a string or None, got {salt!r}")
         size = self._reservation_for(len(prompt_ids), output_len)
-        self._probe_slots = size
         start = self._first_fit(size)
         if start is None:
             free = self.capacity_tokens - sum(e - s for s, e, _ in self._ranges)
@@ -190,6 +205,8 @@ class ContiguousKVCache:
                 f"cannot admit request {request_id!r}: needs {size} contiguous slots, "
                 f"{free} free in total but no gap is large enough"
             )
+        # ---- mutation starts: nothing below can fail
+        self._probe_slots = size
         self._insert_range(start, size, request_id)
         self._requests[request_id] = _Request(start, size, 0, prompt_ids, output_len, salt)
         return 0
@@ -205,8 +222,14 @@ class ContiguousKVCache:
         its reservation (pow2/oracle)."""
         req = self._get(request_id)
         n = validate_kv_append(self._geometry, self._dtype, keys, values)
-        if token_ids is not None and len(token_ids) != n:
-            raise ShapeError(f"token_ids has {len(token_ids)} ids for {n} tokens")
+        if token_ids is not None:
+            try:
+                given = len(token_ids)
+            except TypeError:
+                raise ShapeError(f"token_ids must be a sequence, got {token_ids!r:.80}") from None
+            if given != n:
+                raise ShapeError(f"token_ids has {given} ids for {n} tokens")
+            validate_token_ids(token_ids)
         new_len = req.length + n
         if new_len > self.max_seq_len:
             raise CapacityError(
@@ -249,7 +272,7 @@ class ContiguousKVCache:
     def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
         """Copy the parent into a fresh reservation of the same size."""
         parent = self._get(parent_id)
-        if child_id in self._requests:
+        if self._known(child_id):
             raise DuplicateRequestError(f"request id {child_id!r} is already admitted")
         start = self._first_fit(parent.reserved)
         if start is None:
@@ -308,14 +331,25 @@ class ContiguousKVCache:
         if not self.store_kv:
             raise ConfigError("attend needs KV tensors; this cache is memory-only")
         expected = (len(reqs), g.num_q_heads, g.head_dim)
-        if query.dim() != 3 or tuple(query.shape) != expected:
+        if not isinstance(query, torch.Tensor) or query.dim() != 3:
+            raise ShapeError(f"query must be a tensor {list(expected)}, got {query!r:.80}")
+        if tuple(query.shape) != expected:
             raise ShapeError(f"query must be {list(expected)}, got {tuple(query.shape)}")
-        if not 0 <= layer < g.num_layers:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < g.num_layers:
             raise ConfigError(f"layer {layer!r} outside [0, {g.num_layers})")
+        if scale is not None and (
+            isinstance(scale, bool)
+            or not isinstance(scale, (int, float))
+            or not math.isfinite(scale)
+            or scale <= 0
+        ):
+            raise ConfigError(f"scale must be a finite number > 0 or None, got {scale!r}")
         for rid, req in zip(request_ids, reqs, strict=True):
             if req.length == 0:
                 raise ShapeError(f"request {rid!r} has no cached tokens to attend over")
         assert self._k is not None and self._v is not None
+        if not reqs:
+            return query.clone()
         outs = []
         for i, req in enumerate(reqs):
             span = slice(req.start, req.start + req.length)

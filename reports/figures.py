@@ -319,11 +319,14 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
             for key, g in groups:
                 key = key if isinstance(key, tuple) else (key,)
                 g = g.sort_values(spec.x)
-                ax.plot(
+                ax.errorbar(
                     g[spec.x],
                     g["value"],
+                    yerr=_yerr(g),
                     marker="o",
                     ms=3,
+                    capsize=2,
+                    elinewidth=0.8,
                     label=_label(list(zip(series_keys, key, strict=True))),
                 )
         if spec.logx and spec.kind != "bar":
@@ -350,17 +353,49 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
     return text[text.index("<svg") :]
 
 
+def _yerr(g: pd.DataFrame) -> Any:
+    """Asymmetric error bars from the median down to q1 and up to q3 (None without stats)."""
+    if "stats.q1" not in g.columns or "stats.q3" not in g.columns:
+        return None
+    q1, q3 = g["stats.q1"], g["stats.q3"]
+    if q1.isna().all() or q3.isna().all():
+        return None
+    lower = (g["value"] - q1).clip(lower=0).fillna(0)
+    upper = (q3 - g["value"]).clip(lower=0).fillna(0)
+    return [lower.to_numpy(), upper.to_numpy()]
+
+
+def spread_note(frame: pd.DataFrame, spec: FigureSpec) -> str:
+    """What the figure's error bars show ('' when its values have no repeat statistics)."""
+    sub = _select(frame, spec)
+    if sub.empty or "stats.q1" not in sub.columns or sub["stats.q1"].isna().all():
+        return ""
+    n = sub["stats.n"].dropna() if "stats.n" in sub.columns else pd.Series(dtype=float)
+    if n.empty:
+        return "points are medians; bars span q1–q3 of the repeats"
+    lo, hi = int(n.min()), int(n.max())
+    count = f"n = {lo}" if lo == hi else f"n = {lo}–{hi}"
+    return f"points are medians; bars span q1–q3 of the repeats ({count} per point)"
+
+
 def _bars(ax: Any, groups: list, series_keys: list[str], spec: FigureSpec) -> None:
     cats = list(dict.fromkeys(str(v) for g in groups for v in g[1][spec.x]))
     width = 0.8 / max(1, len(groups))
     for i, (key, g) in enumerate(groups):
         key = key if isinstance(key, tuple) else (key,)
         vals = {str(x): v for x, v in zip(g[spec.x], g["value"], strict=True)}
+        err = _yerr(g)
+        lows = dict(zip(map(str, g[spec.x]), err[0], strict=True)) if err is not None else {}
+        highs = dict(zip(map(str, g[spec.x]), err[1], strict=True)) if err is not None else {}
         xs = [j + i * width for j in range(len(cats))]
         ax.bar(
             xs,
             [vals.get(c, math.nan) for c in cats],
             width,
+            yerr=[[lows.get(c, 0) for c in cats], [highs.get(c, 0) for c in cats]]
+            if err is not None
+            else None,
+            capsize=2,
             label=_label(list(zip(series_keys, key, strict=True))),
         )
     ax.set_xticks([j + width * (len(groups) - 1) / 2 for j in range(len(cats))])

@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import platform
+import re
 import secrets
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -146,15 +147,21 @@ def new_run_id() -> str:
     return f"{stamp}-{secrets.token_hex(3)}"
 
 
-def _check_run_id(run_id: str) -> str:
-    if (
-        not isinstance(run_id, str)
-        or not run_id
-        or run_id.startswith(".")
-        or any(c in run_id for c in "/\\\0\n")
-    ):
-        raise ConfigError(f"invalid run id {run_id!r}: use letters, digits, '-', '_' and '.'")
+_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+
+
+def check_run_id(run_id: str) -> str:
+    """`run_id` if it is a usable run id (a file name: letters, digits, '-', '_' and '.',
+    not starting with '.', at most 200 characters); else ConfigError naming it."""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        raise ConfigError(
+            f"invalid run id {run_id!r}: use up to 200 letters, digits, '-', '_' and '.' "
+            "(not starting with '.')"
+        )
     return run_id
+
+
+_check_run_id = check_run_id
 
 
 def case_key(suite: str, case: Mapping[str, Any]) -> str:
@@ -218,6 +225,7 @@ def collect_environment(extra: Mapping[str, Any] | None = None) -> dict[str, Any
         "torch": _version("torch"),
         "triton": _version("triton"),
         "kvbench": _version("kvbench"),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
         "time": utc_now(),
     }
     try:
@@ -477,7 +485,7 @@ def load_run(path: str | os.PathLike[str], *, strict: bool = False) -> Run:
     """Load and validate one results file.
 
     Corrupt or truncated lines are skipped and listed in `Run.problems` (with file and
-    line number) and logged as warnings; with `strict=True` the first one raises
+    line number) and logged at INFO level; with `strict=True` the first one raises
     ResultsError instead. A newer schema raises SchemaVersionError. A missing file
     raises RunNotFoundError.
     """
@@ -498,7 +506,7 @@ def load_run(path: str | os.PathLike[str], *, strict: bool = False) -> Run:
             issue = LineProblem(str(p), lineno, problem)
             if strict:
                 raise ResultsError(str(issue))
-            log.warning("%s", issue)
+            log.info("%s", issue)  # callers report problems their own way (-v logs each)
             run.problems.append(issue)
     return run
 
@@ -511,6 +519,8 @@ def _parse_line(run: Run, path: Path, lineno: int, data: bytes, *, is_last: bool
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         torn = " (truncated: the writer was probably killed mid-line)" if is_last else ""
         return f"not valid JSON{torn}: {exc}"
+    except RecursionError:
+        return "not valid JSON: nested too deeply"
     if not isinstance(obj, dict):
         return f"line is a JSON {type(obj).__name__}, not an object"
     bad_schema = _check_schema(obj, path, lineno)
@@ -544,14 +554,18 @@ def _parse_line(run: Run, path: Path, lineno: int, data: bytes, *, is_last: bool
     return f"unknown line kind {kind!r:.40}"
 
 
-def _header_of(path: Path) -> dict[str, Any]:
-    """The first line of a results file as a dict ({} when it is not a JSON object)."""
+def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The first line of a results file as a dict ({} when it is not a JSON object).
+    Reads at most 16 MiB, so a binary file without newlines costs little."""
     try:
         with open(path, "rb") as fh:
-            obj = json.loads(fh.readline().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            obj = json.loads(fh.readline(16 * 2**20).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return {}
     return obj if isinstance(obj, dict) else {}
+
+
+_header_of = read_header
 
 
 def latest_run(
@@ -721,28 +735,106 @@ def export_frame(frame: Any, path: str | os.PathLike[str]) -> Path:
     return out
 
 
+def _shard_of(run: Run) -> tuple[int, int]:
+    """(K, N) of a shard run's `bench.shard` "K/N"; ResultsError when it is not one."""
+    bench = run.header.get("bench")
+    spec = bench.get("shard") if isinstance(bench, dict) else None
+    m = re.fullmatch(r"(\d+)/(\d+)", spec) if isinstance(spec, str) else None
+    if m is None:
+        raise ResultsError(
+            f"cannot merge {run.path}: it is not a shard of `kvbench bench --shard K/N` "
+            "(its header names no shard)"
+        )
+    return int(m.group(1)), int(m.group(2))
+
+
+#: Bench options every shard of one run shares (the shard spec aside).
+_SHARED_BENCH_OPTIONS = ("sweeps", "full", "seed")
+
+
+def check_shards(runs: Sequence[Run], *, allow_incomplete: bool = False) -> list[int]:
+    """Check `runs` are the shards of one sharded bench: each a `--shard K/N` run, all of
+    the same sweeps, grid and seed and the same N, no shard (or file) twice, and every K
+    from 1 to N present unless `allow_incomplete`. Returns the missing K (sorted);
+    raises ResultsError naming the first problem."""
+    if not runs:
+        raise ResultsError("nothing to merge: no runs given")
+    seen_paths: dict[Path, str] = {}
+    for run in runs:
+        where = run.path.resolve()
+        if where in seen_paths:
+            raise ResultsError(f"run {run.run_id} ({run.path}) is given twice")
+        seen_paths[where] = run.run_id
+    shards = [_shard_of(r) for r in runs]
+    first_bench = runs[0].header["bench"]
+    n = shards[0][1]
+    by_k: dict[int, Run] = {}
+    for run, (k, nn) in zip(runs, shards, strict=True):
+        if nn != n:
+            raise ResultsError(
+                f"cannot merge shards of different splits: {runs[0].run_id} is shard "
+                f"{shards[0][0]}/{n}, {run.run_id} is shard {k}/{nn}"
+            )
+        for key in _SHARED_BENCH_OPTIONS:
+            mine, theirs = run.header["bench"].get(key), first_bench.get(key)
+            if mine != theirs:
+                raise ResultsError(
+                    f"cannot merge shards of different runs: {runs[0].run_id} has {key}="
+                    f"{theirs!r}, {run.run_id} has {key}={mine!r}"
+                )
+        if k in by_k:
+            raise ResultsError(f"shard {k}/{n} is given twice: {by_k[k].run_id} and {run.run_id}")
+        by_k[k] = run
+    missing = [k for k in range(1, n + 1) if k not in by_k]
+    if missing and not allow_incomplete:
+        raise ResultsError(
+            f"incomplete set: shard(s) {', '.join(f'{k}/{n}' for k in missing)} missing "
+            "(pass them too, or --allow-incomplete to merge what there is, marked incomplete)"
+        )
+    return missing
+
+
 def merge_runs(
     runs: Sequence[Run],
     run_id: str | None = None,
     out_dir: str | os.PathLike[str] = DEFAULT_RESULTS_DIR,
+    *,
+    allow_incomplete: bool = False,
 ) -> tuple[Path, int, int]:
-    """Join shard runs into one new run file; returns (path, rows kept, duplicates).
+    """Join the shards of one sharded bench into one new run file; returns (path, rows
+    kept, duplicates).
 
-    The new header records each part's run id and environment; its own environment is
-    the first part's. A (suite, case, metric) measured by several parts keeps the first.
+    Everything is checked before anything is written (see `check_shards`; a `run_id`
+    whose file exists is refused), so a refused merge changes no file. The new header is
+    a bench header (so `kvbench report` takes the merged run as the latest bench run)
+    recording each part's run id and environment, and the shards that are missing when
+    `allow_incomplete`; its environment is the first part's. A (suite, case, metric)
+    measured by several parts keeps the first.
     """
-    if not runs:
-        raise ResultsError("nothing to merge: no runs given")
+    missing = check_shards(runs, allow_incomplete=allow_incomplete)
+    rid = check_run_id(run_id) if run_id is not None else new_run_id()
+    target = Path(out_dir) / f"{rid}.jsonl"
+    if target.exists():
+        raise ResultsError(f"cannot merge into {target}: the run already exists")
     parts = [{"run_id": r.run_id, "environment": r.environment, "path": str(r.path)} for r in runs]
+    bench = dict(runs[0].header["bench"])
+    planned = [r.header["bench"].get("planned_cases") for r in runs]
+    bench.update(
+        shard=None,
+        merged_shards=len(runs),
+        missing_shards=[f"{k}/{_shard_of(runs[0])[1]}" for k in missing],
+        planned_cases=sum(planned) if all(isinstance(x, int) for x in planned) else None,
+        descriptions={
+            k: v for r in runs for k, v in (r.header["bench"].get("descriptions") or {}).items()
+        },
+        waiting={k: v for r in runs for k, v in (r.header["bench"].get("waiting") or {}).items()},
+    )
     writer = ResultWriter(
-        run_id,
+        rid,
         out_dir,
         environment=runs[0].environment or {"device": "unknown"},
-        header_fields={"merged_from": parts},
+        header_fields={"merged_from": parts, "bench": bench},
     )
-    if writer.resumed:
-        writer.close()
-        raise ResultsError(f"cannot merge into {writer.path}: the run already exists")
     seen: set[tuple[str, str]] = set()
     kept = dupes = 0
     with writer:
@@ -771,6 +863,8 @@ __all__ = [
     "RunSummary",
     "SchemaVersionError",
     "case_key",
+    "check_run_id",
+    "check_shards",
     "collect_environment",
     "export_frame",
     "git_state",
@@ -780,6 +874,7 @@ __all__ = [
     "merge_runs",
     "new_run_id",
     "parquet_available",
+    "read_header",
     "resolve_run",
     "run_files",
     "summarize",

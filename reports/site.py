@@ -33,7 +33,7 @@ import pandas as pd
 
 from kvbench.reports import claims as claims_mod
 from kvbench.reports import figures, tables
-from kvbench.reports.results import ResultsError, Run, to_frame
+from kvbench.reports.results import ResultsError, Run, case_key, to_frame
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
 
@@ -45,9 +45,11 @@ class SweepPage:
     description: str
     cases: int
     header: list[str] = field(default_factory=list)
-    rows: list[list[str]] = field(default_factory=list)
+    rows: list[list[dict[str, str]]] = field(default_factory=list)
     n_keys: int = 0
     figure_files: list[dict[str, str]] = field(default_factory=list)
+    provenance: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)
 
     @property
     def figures(self) -> int:
@@ -90,20 +92,23 @@ def _waiting(run: Run) -> list[tuple[str, str]]:
     ]
 
 
+def _cell(text: str, spread: str = "") -> dict[str, str]:
+    return {"text": text, "spread": spread}
+
+
 def _sweep_page(
     name: str, frame: pd.DataFrame, href: str, description: str, fig_dir: Path
 ) -> SweepPage:
-    keys, metrics, rows = tables.wide(frame)
+    keys, metrics, rows, spread = tables.wide_with_spread(frame)
     unit = tables.units(frame)
     page = SweepPage(name, href, description, len(rows))
-    page.header = keys + [f"{m} [{unit.get(m, '')}]" if unit.get(m) else m for m in metrics]
+    page.header = keys + metrics
     page.n_keys = len(keys)
-    for row in rows:
-        cells = [tables.format_value(v) for v in row[: len(keys)]]
-        cells += [
-            tables.format_value(v, unit.get(m, ""))
-            for v, m in zip(row[len(keys) :], metrics, strict=True)
-        ]
+    for row, row_spread in zip(rows, spread, strict=True):
+        cells = [_cell(tables.format_value(v)) for v in row[: len(keys)]]
+        for v, m, sp in zip(row[len(keys) :], metrics, row_spread, strict=True):
+            u = unit.get(m, "")
+            cells.append(_cell(tables.format_value(v, u), sp.text(u) if sp is not None else ""))
         page.rows.append(cells)
     for i, spec in enumerate(figures.specs_for(name)):
         svg = figures.render(frame, spec)
@@ -111,8 +116,100 @@ def _sweep_page(
             continue
         fname = f"{_slug(name)}-{i}.svg"
         (fig_dir / fname).write_text(svg, encoding="utf-8")
-        page.figure_files.append({"src": f"figures/{fname}", "title": spec.title})
+        page.figure_files.append(
+            {
+                "src": f"figures/{fname}",
+                "title": spec.title,
+                "spread": figures.spread_note(frame, spec),
+            }
+        )
     return page
+
+
+def backends(frame: pd.DataFrame) -> list[str]:
+    """The kernel backends a suite's rows name: a `backend` case parameter, or the
+    `backend_is_triton` metric kernel sweeps record; [] when the rows name none."""
+    out: list[str] = []
+    if "backend" in frame.columns:
+        out += sorted({str(b) for b in frame["backend"].dropna()})
+    flags = frame[frame["metric"] == "backend_is_triton"]["value"]
+    if not flags.empty:
+        out += sorted({"triton" if v > 0 else "torch" for v in flags})
+    return list(dict.fromkeys(out))
+
+
+def provenance(run: Run, frame: pd.DataFrame) -> str:
+    """One line naming where a suite's rows of `run` were measured: run id, device (and
+    CPU), torch / triton versions, whether Triton ran in its interpreter, and the kernel
+    backends the rows name."""
+    env = run.environment
+    device = str(env.get("device", "?"))
+    if device == "cpu" and env.get("cpu_model"):
+        device = f"cpu ({env['cpu_model']}, {env.get('cpu_count', '?')} cores)"
+    parts = [f"run {run.run_id}", f"started {run.created or '?'}", f"device {device}"]
+    versions = [f"{k} {env[k]}" for k in ("torch", "triton") if env.get(k)]
+    if versions:
+        parts.append(", ".join(versions))
+    interp = env.get("triton_interpret")
+    if interp not in (None, "", "0"):
+        parts.append("Triton in its interpreter (TRITON_INTERPRET=1)")
+    used = backends(frame)
+    parts.append(f"kernel backend {', '.join(used)}" if used else "no kernel backend named")
+    return "; ".join(parts)
+
+
+def completeness(run: Run) -> str:
+    """'' for a run that measured every case it planned; else a sentence saying what is
+    missing (cases not finished, shards not merged, a torn last line of a killed run)."""
+    bench = run.header.get("bench")
+    bench = bench if isinstance(bench, dict) else {}
+    notes = []
+    planned = bench.get("planned_cases")
+    done = len(
+        {
+            case_key(r["suite"], r["case"])
+            for r in run.rows
+            if r["metric"] in tables.BOOKKEEPING_METRICS
+        }
+    )
+    if isinstance(planned, int) and not isinstance(planned, bool) and done < planned:
+        notes.append(
+            f"incomplete: {done} of the {planned} planned cases finished (the run was "
+            f"interrupted, killed, or some cases failed); continue it with "
+            f"`kvbench bench --resume {run.run_id}`"
+        )
+    missing = bench.get("missing_shards")
+    if isinstance(missing, list) and missing:
+        notes.append(f"incomplete: merged without shard(s) {', '.join(map(str, missing))}")
+    torn = [p for p in run.problems if "truncated" in p.message]
+    if torn:
+        notes.append(
+            f"its last line is torn (line {torn[-1].line}): the writer was killed mid-write"
+        )
+    return "; ".join(notes)
+
+
+#: Written into every site folder, so a rebuild knows the folder is a kvbench site.
+SITE_MARKER = ".kvbench-site"
+
+
+def check_site_dir(out_dir: str | Path) -> None:
+    """Refuse (ResultsError) to build a site into a folder that holds something other
+    than a kvbench site: a rebuild replaces the folder's HTML pages and figures, which
+    must never be someone else's files. An empty or missing folder is fine."""
+    out = Path(out_dir)
+    if not out.is_dir() or not any(out.iterdir()) or (out / SITE_MARKER).is_file():
+        return
+    index = out / "index.html"
+    try:
+        is_site = index.is_file() and "kvbench report" in index.read_text(errors="replace")
+    except OSError:
+        is_site = False
+    if not is_site:
+        raise ResultsError(
+            f"--out {str(out)!r} is a folder with other files in it, not a kvbench site; "
+            "building the site there would replace its HTML files: give a new or empty folder"
+        )
 
 
 def build_site(
@@ -131,12 +228,14 @@ def build_site(
         if not run.rows:
             raise ResultsError(f"run {run.run_id} ({run.path}) has no measurements to report")
     out = Path(out_dir)
+    check_site_dir(out)
     fig_dir = out / "figures"
     if fig_dir.exists():
         shutil.rmtree(fig_dir)
     fig_dir.mkdir(parents=True)
     for old in out.glob("*.html"):
         old.unlink()
+    (out / SITE_MARKER).write_text("built by kvbench report\n", encoding="utf-8")
     env = _env()
     frame = tables.latest(to_frame(runs))
     descriptions = _descriptions(runs)
@@ -156,12 +255,24 @@ def build_site(
         _sweep_page(s, frame[frame["suite"] == s], hrefs[s], descriptions.get(s, ""), fig_dir)
         for s in suites
     ]
+    for page in pages:
+        sub = frame[frame["suite"] == page.name]
+        for run in runs:
+            mine = sub[sub["run_id"] == run.run_id]
+            if not mine.empty:
+                page.provenance.append(provenance(run, mine))
+                note = completeness(run)
+                if note:
+                    page.incomplete.append(f"run {run.run_id}: {note}")
     common = {
         "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "has_compare": len(runs) >= 2,
         "has_gate": bool(gates),
         "nav_sweeps": [{"name": "peers", "href": PEERS_HREF}]
         + [{"name": p.name, "href": p.href} for p in pages],
+        "incomplete_runs": [
+            {"run_id": r.run_id, "note": completeness(r)} for r in runs if completeness(r)
+        ],
     }
 
     def write(name: str, template: str, **ctx: Any) -> None:
@@ -289,12 +400,6 @@ _PEER_KEYS = {
 def _fmt_cell(value: Any, unit: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
-    if unit == "ratio":
-        return f"{float(value):.3g}×"
-    if unit.endswith("/s") and unit != "B/s":  # rates: whole numbers with separators
-        return f"{float(value):,.0f}"
-    if unit == "s" and abs(float(value)) >= 1:
-        return f"{float(value):.4g} s"
     return tables.format_value(value, unit)
 
 
@@ -452,6 +557,7 @@ def _run_view(run: Run) -> dict[str, Any]:
         else "",
         "waiting": _waiting(run),
         "problems": [str(p) for p in run.problems],
+        "incomplete": completeness(run),
     }
 
 
@@ -482,11 +588,22 @@ def _compare(a: Run, b: Run, frame: pd.DataFrame, claims: dict) -> dict[str, Any
             "metric": r.metric,
             "a": tables.format_value(r.value_a, r.unit),
             "b": tables.format_value(r.value_b, r.unit),
-            "ratio": "" if pd.isna(r.ratio) else f"{r.ratio:.3f}",
+            "spread_a": r.spread_a.text(r.unit) if r.spread_a is not None else "",
+            "spread_b": r.spread_b.text(r.unit) if r.spread_b is not None else "",
+            "ratio": "" if pd.isna(r.ratio) else tables.format_value(r.ratio, "ratio"),
+            "verdict": r.verdict,
         }
         for r in both.itertuples(index=False)
     ]
+    counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in tables._RANK}
     claim_rows = [
         (ca, va, vb) for (ca, va), (_, vb) in zip(claims[a.run_id], claims[b.run_id], strict=True)
     ]
-    return {"a": a, "b": b, "env_rows": env_rows, "rows": rows, "claim_rows": claim_rows}
+    return {
+        "a": a,
+        "b": b,
+        "env_rows": env_rows,
+        "rows": rows,
+        "counts": counts,
+        "claim_rows": claim_rows,
+    }

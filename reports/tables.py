@@ -7,11 +7,14 @@ Input is the long frame of `reports.results.to_frame` (one row per measurement).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kvbench.reports.results import BASE_COLUMNS
+from kvbench.workloads.units import format_quantity, format_spread
 
 #: Metrics the runner writes for its own bookkeeping; shown in tables, never plotted.
 BOOKKEEPING_METRICS = ("case_wall_time",)
@@ -52,6 +55,15 @@ def wide(frame: pd.DataFrame) -> tuple[list[str], list[str], list[list[Any]]]:
     Returns (case columns, metric columns, rows); the run id is the first case column when
     the frame holds more than one run. Rows are sorted by the case parameters.
     """
+    keys, metrics, rows, _ = wide_with_spread(frame)
+    return keys, metrics, rows
+
+
+def wide_with_spread(
+    frame: pd.DataFrame,
+) -> tuple[list[str], list[str], list[list[Any]], list[list[Spread | None]]]:
+    """`wide`, plus for every metric cell its repeat spread (q1, q3, n) where the store
+    kept one (a parallel list of lists, None where it did not)."""
     frame = latest(frame)
     params = case_columns(frame)
     keys = (["run_id"] if frame["run_id"].nunique() > 1 else []) + params
@@ -63,14 +75,46 @@ def wide(frame: pd.DataFrame) -> tuple[list[str], list[str], list[list[Any]]]:
         index=["run_id", "case_key"], columns="metric", values="value", aggfunc="last"
     )
     first = frame.drop_duplicates(["run_id", "case_key"]).set_index(["run_id", "case_key"])
-    rows = []
+    spread = spreads(frame)
+    lines = []
     for idx, line in table.iterrows():
-        rows.append(
-            [idx[0] if k == "run_id" else first.loc[idx, k] for k in keys]
-            + [line.get(m, math.nan) for m in metrics]
-        )
-    rows.sort(key=lambda r: [_sort_key(v) for v in r[: len(keys)]])
-    return keys, metrics, rows
+        row = [idx[0] if k == "run_id" else first.loc[idx, k] for k in keys] + [
+            line.get(m, math.nan) for m in metrics
+        ]
+        lines.append((row, [spread.get((idx[0], idx[1], m)) for m in metrics]))
+    lines.sort(key=lambda rs: [_sort_key(v) for v in rs[0][: len(keys)]])
+    return keys, metrics, [r for r, _ in lines], [sp for _, sp in lines]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Repeat statistics of one measurement: quartiles and the number of repeats."""
+
+    q1: float
+    q3: float
+    n: int | None
+
+    def overlaps(self, other: Spread) -> bool:
+        """Whether the two interquartile ranges overlap (a difference within noise)."""
+        return self.q1 <= other.q3 and other.q1 <= self.q3
+
+    def text(self, unit: str = "") -> str:
+        return format_spread(self.q1, self.q3, self.n, unit)
+
+
+def spreads(frame: pd.DataFrame) -> dict[tuple[str, str, str], Spread]:
+    """(run_id, case_key, metric) -> Spread for the rows whose stats hold q1 and q3."""
+    if frame.empty or "stats.q1" not in frame.columns or "stats.q3" not in frame.columns:
+        return {}
+    cols = ["run_id", "case_key", "metric", "stats.q1", "stats.q3"]
+    n_col = "stats.n" if "stats.n" in frame.columns else None
+    sub = frame[[*cols, *([n_col] if n_col else [])]].dropna(subset=["stats.q1", "stats.q3"])
+    out = {}
+    for rec in sub.itertuples(index=False):
+        n = rec[5] if n_col else None
+        n = int(n) if n is not None and not (isinstance(n, float) and math.isnan(n)) else None
+        out[(rec[0], rec[1], rec[2])] = Spread(float(rec[3]), float(rec[4]), n)
+    return out
 
 
 def _sort_key(v: Any) -> tuple[int, Any]:
@@ -102,41 +146,53 @@ def beside(
     return table.sort_index()
 
 
+#: What the compare page says of a difference between two runs.
+CHANGED, DIFFERS, WITHIN_NOISE, SAME = "changed", "differs", "within noise", "same"
+_RANK = {CHANGED: 0, DIFFERS: 1, WITHIN_NOISE: 2, SAME: 3}
+
+
 def compare(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> pd.DataFrame:
-    """Rows measured in both runs, side by side: suite, case, metric, unit, a, b, b / a."""
-    cols = ["suite", "case_key", "metric", "unit", "value"]
+    """Rows measured in both runs, side by side: suite, case, metric, unit, a, b, b / a,
+    the spread of each side (Spread or None) and a verdict:
+
+        changed       the interquartile ranges of the repeats do not overlap;
+        differs       a value without repeats (a count, a modeled or compiled figure, a
+                      ratio computed from medians) differs: exact for deterministic
+                      figures, of unknown noise for derived timings;
+        within noise  the interquartile ranges overlap: the runs do not tell them apart;
+        same          equal values.
+
+    Sorted changed, differs, within noise, same; largest |log(b / a)| first in each.
+    """
+    cols = ["run_id", "suite", "case_key", "metric", "unit", "value"]
     a = latest(frame_a)[cols]
     b = latest(frame_b)[cols]
+    sa, sb = spreads(latest(frame_a)), spreads(latest(frame_b))
     both = a.merge(b, on=["suite", "case_key", "metric", "unit"], suffixes=("_a", "_b"))
     both = both[~both["metric"].isin(BOOKKEEPING_METRICS)]
     ratio = both["value_b"] / both["value_a"].where(both["value_a"] != 0)
-    both = both.assign(ratio=ratio)
-    return both.sort_values(["suite", "metric", "case_key"]).reset_index(drop=True)
+    spread_a = [
+        sa.get((r, c, m))
+        for r, c, m in zip(both["run_id_a"], both["case_key"], both["metric"], strict=True)
+    ]
+    spread_b = [
+        sb.get((r, c, m))
+        for r, c, m in zip(both["run_id_b"], both["case_key"], both["metric"], strict=True)
+    ]
+    verdicts = []
+    for va, vb, xa, xb in zip(both["value_a"], both["value_b"], spread_a, spread_b, strict=True):
+        if xa is not None and xb is not None:
+            verdicts.append(WITHIN_NOISE if xa.overlaps(xb) else CHANGED)
+        else:
+            verdicts.append(SAME if va == vb else DIFFERS)
+    both = both.assign(ratio=ratio, spread_a=spread_a, spread_b=spread_b, verdict=verdicts)
+    size = np.log(both["ratio"].where(both["ratio"] > 0)).abs().fillna(np.inf)
+    both = both.assign(_changed=both["verdict"].map(_RANK), _size=-size)
+    both = both.sort_values(["_changed", "_size", "suite", "metric", "case_key"])
+    return both.drop(columns=["_changed", "_size", "run_id_a", "run_id_b"]).reset_index(drop=True)
 
 
 def format_value(value: Any, unit: str = "") -> str:
-    """A number for a table cell: integers as integers, else 4 significant digits, with
-    SI-style scaling for bytes and B/s."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return str(value)
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    if math.isnan(v):
-        return ""
-    if unit in ("B", "B/s") and abs(v) >= 1024:
-        for scale, name in ((2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki")):
-            if abs(v) >= scale:
-                return f"{v / scale:.4g} {name}{unit}"
-    if unit == "s" and 0 < abs(v) < 1:
-        return f"{v * 1e3:.4g} ms" if abs(v) >= 1e-3 else f"{v * 1e6:.4g} µs"
-    if unit == "fraction":
-        return f"{v:.2%}" if abs(v) < 10 else f"{v:.4g}"
-    if v.is_integer() and abs(v) < 1e15:
-        return f"{int(v):,}"
-    return f"{v:.4g}"
+    """A number for a table cell, always with its unit: `workloads.units.format_quantity`
+    (the one formatting rule of every page)."""
+    return format_quantity(value, unit)

@@ -2,8 +2,13 @@
 
 Subcommands live one per module in `suites/commands/`; each module defines
 `register(subparsers)` that adds its parser and sets `func` to a callable taking the parsed
-arguments and returning an exit code. Bad arguments and kvbench errors exit 2 with a
-one-line message and no traceback.
+arguments and returning an exit code.
+
+Exit status and messages: bad arguments, kvbench errors (`KVBenchError`), files that
+cannot be read or written (`OSError`), undecodable input and a run that would not fit in
+memory all exit 2 with exactly one line on stderr, `kvbench COMMAND: error: ...`, and no
+traceback. Any other exception is a bug in kvbench: one line saying so and exit 70 (with
+`-v` the traceback follows, for a bug report).
 """
 
 from __future__ import annotations
@@ -13,18 +18,21 @@ import importlib
 import logging
 import pkgutil
 import sys
+import traceback
 from collections.abc import Sequence
 
 from kvbench.workloads.errors import KVBenchError
 
 USAGE_ERROR = 2
+INTERNAL_ERROR = 70  # sysexits EX_SOFTWARE: distinct from a command's own 1
 
 
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr and exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"kvbench {self.prog.split()[-1]}: error: {message}\n")
+        text = " ".join(str(message).split())
+        sys.stderr.write(f"kvbench {self.prog.split()[-1]}: error: {text}\n")
         raise SystemExit(USAGE_ERROR)
 
 
@@ -58,11 +66,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KVBenchError as exc:
-        sys.stderr.write(f"kvbench {args.command}: error: {exc}\n")
-        return USAGE_ERROR
+        return _one_line(args.command, str(exc))
+    except OSError as exc:
+        return _one_line(args.command, _os_error_text(exc))
+    except UnicodeError as exc:
+        return _one_line(args.command, f"input is not UTF-8 text ({exc})")
+    except MemoryError:
+        return _one_line(args.command, "out of memory: the run needs more memory than is free")
     except KeyboardInterrupt:
         sys.stderr.write(f"kvbench {args.command}: interrupted\n")
         return 130
+    except Exception as exc:  # a bug: one line, the traceback only with -v
+        if args.verbose:
+            traceback.print_exc()
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+        sys.stderr.write(
+            f"kvbench {args.command}: internal error (a bug in kvbench, please report it; "
+            f"-v shows the traceback): {text}\n"
+        )
+        return INTERNAL_ERROR
+
+
+def _one_line(command: str, message: str) -> int:
+    """Write `kvbench COMMAND: error: MESSAGE` as one line; return the usage-error status."""
+    text = " ".join(message.split()) or "failed"
+    sys.stderr.write(f"kvbench {command}: error: {text}\n")
+    return USAGE_ERROR
+
+
+def _os_error_text(exc: OSError) -> str:
+    """'cannot use PATH: REASON' for an OSError (its file name when it has one)."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    name = exc.filename if exc.filename is not None else None
+    return f"cannot use {str(name)!r}: {reason}" if name is not None else reason
 
 
 if __name__ == "__main__":

@@ -106,20 +106,36 @@ def reservation_waste(
 def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     """KV heads each tensor-parallel rank stores.
 
-    Evenly sharded when the heads divide by the ranks; otherwise every rank keeps a full
-    replica (the conservative layout a runtime falls back to), and with fewer heads than
-    ranks each rank keeps the heads it needs replicated, i.e. all of them.
+    As serving engines lay them out (vLLM, SGLang, TensorRT-LLM): evenly sharded when the
+    heads divide by the ranks; with fewer heads than ranks, and the ranks a multiple of
+    the heads, each head is replicated on tp / heads ranks, so each rank holds one.
+    Any other split (8 KV heads over 3 ranks) is refused with ConfigError, as the
+    engines refuse it.
     """
     require_positive("num_kv_heads", num_kv_heads)
     require_positive("tp", tp)
     if num_kv_heads % tp == 0:
         return num_kv_heads // tp
-    return num_kv_heads
+    if tp % num_kv_heads == 0:
+        return 1
+    raise ConfigError(
+        f"tp={tp} cannot split {num_kv_heads} KV heads: serving engines need the KV heads "
+        f"to divide by the tensor-parallel ranks, or the ranks by the heads (tp in "
+        f"{', '.join(str(t) for t in _valid_tp(num_kv_heads))}, ...)"
+    )
+
+
+def _valid_tp(num_kv_heads: int) -> list[int]:
+    """Tensor-parallel sizes that split `num_kv_heads` heads: its divisors, then 2x and
+    4x the heads (the first eight)."""
+    divisors = [t for t in range(1, num_kv_heads + 1) if num_kv_heads % t == 0]
+    return [*divisors, 2 * num_kv_heads, 4 * num_kv_heads][:8]
 
 
 def kv_sharding(num_kv_heads: int, tp: int) -> str:
-    """'sharded' or 'replicated', matching kv_heads_per_rank."""
-    require_positive("tp", tp)
+    """'sharded' (each rank its own heads) or 'replicated' (each head on tp / heads
+    ranks), matching kv_heads_per_rank; ConfigError for a split no engine makes."""
+    kv_heads_per_rank(num_kv_heads, tp)
     return "sharded" if num_kv_heads % tp == 0 else "replicated"
 
 

@@ -6,6 +6,7 @@ Everything else (block bytes, capacity, concurrency) derives from this one numbe
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -143,8 +144,8 @@ def parse_bytes(text: str | int | float, *, decimal_gb_as_mib: bool = False) -> 
     (42,000 MiB = 8,400 blocks of 5 MiB).
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if text <= 0:
-            raise ConfigError(f"size must be positive, got {text!r}")
+        if not math.isfinite(text) or text <= 0:
+            raise ConfigError(f"size must be a positive finite number, got {text!r}")
         return int(text)
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not match or match.group(2).lower() not in _UNITS:
@@ -152,6 +153,7 @@ def parse_bytes(text: str | int | float, *, decimal_gb_as_mib: bool = False) -> 
     number, unit = float(match.group(1)), match.group(2).lower()
     if number <= 0:
         raise ConfigError(f"size must be positive, got {text!r}")
-    if decimal_gb_as_mib and unit == "gb":
-        return round(number * 1000 * 1024**2)
-    return round(number * _UNITS[unit])
+    scale = 1000 * 1024**2 if decimal_gb_as_mib and unit == "gb" else _UNITS[unit]
+    if not math.isfinite(number * scale) or number * scale >= 2**80:
+        raise ConfigError(f"size {text!r} is too large (at most a zettabyte)")
+    return round(number * scale)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from kvbench.workloads import capacity as cap
+from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, require_positive
 
 
@@ -58,6 +59,11 @@ def plan_capacity(
     """Compute the whole plan; raises ConfigError naming any bad value."""
     for name, value in (("block_size", block_size), ("avg_len", avg_len), ("max_len", max_len)):
         require_positive(name, value)
+    if avg_len > max_len:
+        raise ConfigError(
+            f"avg_len={avg_len} is above max_len={max_len}: requests cannot average more than "
+            "the longest a request may be"
+        )
     per_rank_token = cap.bytes_per_token_per_rank(geometry, tp)
     per_rank_geometry = KVGeometry(
         geometry.num_layers,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import numbers
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,12 +155,23 @@ class Trace:
         return "\n".join(self.lines()) + "\n"
 
     def write(self, path: str | Path) -> Path:
-        """Write the trace to `path` (parent folders are created)."""
+        """Write the trace to `path` (parent folders are created).
+
+        The file is written next to `path` under a temporary name and renamed into place,
+        so a failed write (a full disk, a kill) leaves any earlier file at `path` whole.
+        """
         out = Path(path)
+        if out.is_dir():
+            raise ConfigError(f"trace file {str(out)!r} is a folder; give a file name")
         out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w", encoding="utf-8") as fh:
-            for line in self.lines():
-                fh.write(line + "\n")
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        try:
+            with tmp.open("w", encoding="utf-8") as fh:
+                for line in self.lines():
+                    fh.write(line + "\n")
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
         return out
 
     @classmethod
@@ -170,10 +182,29 @@ class Trace:
     def read(cls, path: str | Path) -> Trace:
         """Load and validate a trace file (raises TraceError naming line and field)."""
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"trace file {str(p)!r} is a folder, not a file")
         if not p.is_file():
             raise ConfigError(f"trace file {str(p)!r} does not exist")
-        with p.open("r", encoding="utf-8") as fh:
-            return cls.from_lines(fh)
+        try:
+            text = p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = _line_of(exc.object, exc.start)
+            bad = exc.object[exc.start : exc.start + 1]
+            err = TraceError(
+                f"trace file {str(p)!r}: line {line}: not UTF-8 text (byte {exc.start} is "
+                f"{bad!r}); is this a kvbench trace file?"
+            )
+            err.line = line
+            raise err from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read trace file {str(p)!r}: {exc.strerror or exc}") from None
+        try:
+            return cls.from_lines(text.splitlines())
+        except TraceError as exc:
+            err = TraceError(f"trace file {str(p)!r}: {exc}")
+            err.line, err.field = exc.line, exc.field
+            raise err from None
 
     @classmethod
     def from_lines(cls, lines: Iterable[str]) -> Trace:
@@ -228,11 +259,18 @@ class Trace:
         return cls(tuple(requests), dict(meta))
 
 
+def _line_of(data: bytes, offset: int) -> int:
+    """1-based line number of byte `offset` in `data`."""
+    return data.count(b"\n", 0, offset) + 1
+
+
 def _parse_object(raw: str, lineno: int) -> dict[str, Any]:
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise TraceError(f"malformed JSON ({exc.msg} at column {exc.colno})", lineno) from None
+    except RecursionError:
+        raise TraceError("malformed JSON (nested too deeply)", lineno) from None
     if not isinstance(obj, dict):
         raise TraceError(f"expected a JSON object, got {type(obj).__name__}", lineno)
     return obj

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -87,17 +88,34 @@ class Thresholds:
         return self.min_effect if against_own_code(series_name) else self.cross_min_effect
 
     def __post_init__(self) -> None:
-        if self.register_slack < 0 or self.shared_slack < 0 or self.sass_pct < 0:
-            raise GateInputError(f"slack must be >= 0: {self!r}")
+        """Every threshold must be a finite number inside its range (a NaN would make every
+        comparison false and switch the gate off), else GateInputError naming it."""
+        for name, lo, hi, integer in THRESHOLD_RANGES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise GateInputError(f"threshold {name} must be a number, got {value!r}")
+            if integer and not float(value).is_integer():
+                raise GateInputError(f"threshold {name} must be a whole number, got {value!r}")
+            if not math.isfinite(value) or not lo <= value <= hi:
+                raise GateInputError(
+                    f"threshold {name} must be a finite number in [{lo:g}, {hi:g}], got {value!r}"
+                )
         if not 0 < self.alpha < 1:
-            raise GateInputError(f"alpha must be in (0, 1), got {self.alpha!r}")
-        if self.min_effect < 0 or self.cross_min_effect < 0:
-            raise GateInputError(
-                f"min_effect and cross_min_effect must be >= 0, got {self.min_effect!r} "
-                f"and {self.cross_min_effect!r}"
-            )
-        if self.min_samples < 2:
-            raise GateInputError(f"min_samples must be >= 2, got {self.min_samples!r}")
+            raise GateInputError(f"threshold alpha must be in (0, 1), got {self.alpha!r}")
+
+
+#: (field, lowest, highest, whole number?) of every Thresholds field. The upper bounds keep
+#: a typo from switching a check off: a minimum effect of at most +100%, at most 100%
+#: more SASS instructions, a significance level below 1.
+THRESHOLD_RANGES: tuple[tuple[str, float, float, bool], ...] = (
+    ("register_slack", 0, 255, True),
+    ("shared_slack", 0, 1 << 20, True),
+    ("sass_pct", 0.0, 100.0, False),
+    ("alpha", 0.0, 1.0, False),
+    ("min_effect", 0.0, 1.0, False),
+    ("cross_min_effect", 0.0, 1.0, False),
+    ("min_samples", 2, 1 << 20, True),
+)
 
 
 # --------------------------------------------------------------------------- data

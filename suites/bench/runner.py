@@ -22,7 +22,9 @@ from kvbench.reports.results import (
     DEFAULT_RESULTS_DIR,
     ResultWriter,
     case_key,
+    check_run_id,
     load_run,
+    read_header,
     resolve_run,
 )
 from kvbench.suites.bench.context import BenchContext
@@ -155,9 +157,24 @@ def run_bench(
         if run_id is not None:
             raise ConfigError("give either --resume RUN or --run-id ID, not both")
         path = resolve_run(resume, out_dir, kind="bench")
+        header = read_header(path)
+        if not isinstance(header.get("bench"), dict) or header.get("kind") != "header":
+            raise ConfigError(
+                f"cannot resume {path}: its first line is not the header of a `kvbench bench` "
+                "run (a results file of another command, or not a results file at all)"
+            )
+        if header.get("merged_from"):
+            raise ConfigError(f"cannot resume {path}: it is a merged run; resume its shards")
         done = done_case_keys(path)
         session = 1 + len(load_run(path).resumes)
         out_dir, run_id = path.parent, path.name.removesuffix(".jsonl")
+    elif run_id is not None:
+        existing = Path(out_dir) / f"{check_run_id(run_id)}.jsonl"
+        if existing.exists():
+            raise ConfigError(
+                f"run {run_id!r} already exists ({existing}); continue it with --resume "
+                f"{run_id}, or pick another --run-id"
+            )
     the_plan = plan(names, full=full, shard=shard, done_keys=done)
     for name, missing in the_plan.waiting.items():
         log.warning(
@@ -171,9 +188,12 @@ def run_bench(
             "shard": str(shard) if shard else None,
             "seed": seed,
             "waiting": the_plan.waiting,
+            "planned_cases": len(the_plan.cases) + the_plan.skipped_done,
             "descriptions": {
-                "copy_peak": "device-to-device copy bandwidth (bytes read + written per "
-                "second), measured once per process; the peak kernel bandwidth is judged by",
+                "copy_peak": "copy bandwidth of the device (a 64 MiB buffer copied into "
+                "another; bytes read plus bytes written per second), measured once per "
+                "process; kernel.decode divides each kernel's achieved bandwidth by it "
+                "(bandwidth_fraction), so 100% means as fast as a plain copy.",
                 **{sw.name: sw.description for sw in _selected(names)},
             },
         }

@@ -19,6 +19,7 @@ import sys
 
 from kvbench.reports.results import DEFAULT_RESULTS_DIR
 from kvbench.suites.bench.harness import TimingConfig
+from kvbench.suites.commands.argtypes import check_output_dir, int_range, run_id_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -33,11 +34,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--full", action="store_true", help="the whole grid, not the default one")
     p.add_argument("--shard", metavar="K/N", help="run shard K of N (1-based)")
     p.add_argument("--resume", metavar="RUN", help="continue RUN, skipping finished cases")
-    p.add_argument("--run-id", help="id of the new run (default: time + random suffix)")
+    p.add_argument(
+        "--run-id", type=run_id_arg, help="id of the new run (default: time + random suffix)"
+    )
     p.add_argument("--out-dir", default=DEFAULT_RESULTS_DIR, help="results folder (%(default)s)")
-    p.add_argument("--repeats", type=int, default=15, help="timed repeats per case (%(default)s)")
-    p.add_argument("--warmup", type=int, default=3, help="warm-up calls per case (%(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random workloads")
+    p.add_argument(
+        "--repeats",
+        type=int_range(1, 100_000),
+        default=15,
+        help="timed repeats per case (%(default)s)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int_range(0, 100_000),
+        default=3,
+        help="warm-up calls per case (%(default)s)",
+    )
+    p.add_argument(
+        "--seed", type=int_range(0, 2**32 - 1), default=0, help="seed of the random workloads"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--list", action="store_true", help="list sweeps and exit")
     p.set_defaults(func=run)
@@ -65,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         return _list(args)
     shard = Shard.parse(args.shard) if args.shard else None
+    check_output_dir(args.out_dir, "--out-dir")
     timing = TimingConfig(warmup=args.warmup, repeats=args.repeats)
     try:
         result = run_bench(
@@ -91,6 +107,21 @@ def run(args: argparse.Namespace) -> int:
         + (f", skipped {result.skipped_done} already measured" if result.skipped_done else "")
         + f" in {result.wall_s:.1f} s -> {result.path}"
     )
+    print(claims_line(result.path))
     for case, why in result.failures:
         print(f"FAILED {case}: {why}", file=sys.stderr)
     return 1 if result.failures else 0
+
+
+def claims_line(path) -> str:  # type: ignore[no-untyped-def]
+    """'claims: 3 hold, 1 does not hold, 14 not measured (of 18)' for the run at `path`."""
+    from kvbench.reports import claims
+    from kvbench.reports.results import load_run
+
+    verdicts = [v.verdict for _, v in claims.evaluate(load_run(path).frame())]
+    plural = {claims.HOLDS: "hold", claims.FAILS: "do not hold"}
+    parts = []
+    for v in (claims.HOLDS, claims.FAILS, claims.NOT_MEASURED):
+        n = verdicts.count(v)
+        parts.append(f"{n} {v if n == 1 else plural.get(v, v)}")
+    return f"claims: {', '.join(parts)} (of {len(verdicts)}; `kvbench report` shows each one)"

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from kvbench.suites.commands.argtypes import float_range, int_range
 from kvbench.workloads.geometry import KVGeometry, parse_bytes
 from kvbench.workloads.planner import CapacityPlan, plan_capacity
 from kvbench.workloads.presets import PRESETS, get_preset
 from kvbench.workloads.units import format_bytes
+
+_count = int_range(1, 1 << 16)
+_length = int_range(1, 1 << 30)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,16 +28,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--model", default="llama-2-70b", help=f"preset: {', '.join(PRESETS)}")
-    p.add_argument("--layers", type=int, help="override: number of layers")
-    p.add_argument("--kv-heads", type=int, help="override: KV heads")
-    p.add_argument("--head-dim", type=int, help="override: head dim")
+    p.add_argument("--layers", type=_count, help="override: number of layers")
+    p.add_argument("--kv-heads", type=_count, help="override: KV heads")
+    p.add_argument("--head-dim", type=_count, help="override: head dim")
     p.add_argument("--dtype", default=None, help="KV dtype (float16, bfloat16, float32, fp8_e4m3)")
     p.add_argument("--kv-budget", required=True, help="KV budget per rank, e.g. 42GB, 8GiB")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
-    p.add_argument("--avg-len", type=int, default=500, help="average live tokens per request")
-    p.add_argument("--max-len", type=int, default=2048, help="max sequence length reserved")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
-    p.add_argument("--tail", type=float, default=1.04, help="tail-waste allowance (1.04)")
+    p.add_argument("--block-size", type=_count, default=16, help="tokens per block (default 16)")
+    p.add_argument("--avg-len", type=_length, default=500, help="average live tokens per request")
+    p.add_argument("--max-len", type=_length, default=2048, help="max sequence length reserved")
+    p.add_argument("--tp", type=_count, default=1, help="tensor-parallel ranks (default 1)")
+    p.add_argument(
+        "--tail", type=float_range(1.0, 100.0), default=1.04, help="tail-waste allowance (1.04)"
+    )
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.set_defaults(func=run)
 

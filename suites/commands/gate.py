@@ -38,7 +38,13 @@ from kvbench.reports.gate import (
     to_json,
     write_baseline,
 )
+from kvbench.reports.gate.model import THRESHOLD_RANGES
 from kvbench.reports.results import DEFAULT_RESULTS_DIR, load_run, resolve_run, utc_now
+from kvbench.suites.commands.argtypes import (
+    check_output_file,
+    float_range,
+    int_range,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,49 +93,63 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         action="store_true",
         help="compile every configuration even if the kernel sources are unchanged",
     )
-    m.add_argument("--repeats", type=int, default=24, help="timing repeats per case (24)")
     m.add_argument(
-        "--min-sample", type=float, default=0.005, help="shortest timing sample in seconds (0.005)"
+        "--repeats", type=int_range(2, 100_000), default=24, help="timing repeats per case (24)"
+    )
+    m.add_argument(
+        "--min-sample",
+        type=float_range(0.0, 60.0, lo_open=True),
+        default=0.005,
+        help="shortest timing sample in seconds (0.005)",
     )
     m.add_argument("--no-timing", action="store_true", help="skip the timing ratios")
     m.add_argument("--no-static", action="store_true", help="skip the static costs")
     m.add_argument(
         "--inject-slowdown",
-        type=float,
+        type=float_range(0.0, 100.0),
         default=0.0,
         metavar="F",
         help="testing: make every timed candidate (1+F) times slower",
     )
     t = p.add_argument_group("thresholds")
-    t.add_argument("--register-slack", type=int, default=th.register_slack)
-    t.add_argument("--shared-slack", type=int, default=th.shared_slack, help="bytes")
+    t.add_argument("--register-slack", type=_threshold("register_slack"), default=th.register_slack)
+    t.add_argument(
+        "--shared-slack", type=_threshold("shared_slack"), default=th.shared_slack, help="bytes"
+    )
     t.add_argument(
         "--sass-pct",
-        type=float,
+        type=_threshold("sass_pct"),
         default=th.sass_pct,
         help="allowed SASS instruction increase, percent (%(default)s)",
     )
     t.add_argument(
         "--alpha",
-        type=float,
+        type=float_range(0.0, 1.0, lo_open=True, hi_open=True),
         default=th.alpha,
         help="Mann-Whitney significance level (%(default)s)",
     )
     t.add_argument(
         "--min-effect",
-        type=float,
+        type=_threshold("min_effect"),
         default=th.min_effect,
         help="smallest median-ratio increase that fails, for ratios against the baseline's "
         "own frozen code (%(default)s = 10%%)",
     )
     t.add_argument(
         "--cross-min-effect",
-        type=float,
+        type=_threshold("cross_min_effect"),
         default=th.cross_min_effect,
         help="the same for ratios against another kind of work, e.g. paged against SDPA, "
         "which depend on the machine (%(default)s = 30%%)",
     )
     p.set_defaults(func=run)
+
+
+def _threshold(name: str):  # type: ignore[no-untyped-def]
+    """The argparse type of threshold `name`: a finite number in its THRESHOLD_RANGES
+    range (a whole number where the threshold counts something)."""
+    lo, hi, integer = next((lo, hi, i) for n, lo, hi, i in THRESHOLD_RANGES if n == name)
+    return int_range(int(lo), int(hi)) if integer else float_range(lo, hi)
 
 
 def _target_of(path: Path) -> str:
@@ -191,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
         raise GateInputError(
             f"no baseline: pass --baseline FILE or commit one under {BASELINE_DIR}"
         )
+    for path, what in ((args.json, "--json"), (args.html, "--html")):
+        if path:
+            check_output_file(path, what)
     th = Thresholds(
         register_slack=args.register_slack,
         shared_slack=args.shared_slack,

@@ -23,6 +23,12 @@ from tqdm import tqdm
 
 from kvbench.kernels import aot
 from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultWriter
+from kvbench.suites.commands.argtypes import (
+    check_output_dir,
+    check_output_file,
+    int_range,
+    run_id_arg,
+)
 
 SUITE = "kernels.aot"
 
@@ -40,9 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("--arch", type=int, nargs="+", choices=aot.ARCHS, default=list(aot.ARCHS))
     p.add_argument("--headline", action="store_true", help="only the representative set")
-    p.add_argument("--workers", type=int, default=None, help="compile processes")
+    p.add_argument("--workers", type=int_range(1, 256), default=None, help="compile processes")
     p.add_argument("--results-dir", default=DEFAULT_RESULTS_DIR, help="(%(default)s)")
-    p.add_argument("--run-id", default=None, help="append to this run (default: a new one)")
+    p.add_argument(
+        "--run-id", type=run_id_arg, default=None, help="append to this run (default: a new one)"
+    )
     p.add_argument("--no-results", action="store_true", help="do not write result rows")
     p.add_argument("--json", type=Path, default=None, help="also write the records here")
     p.set_defaults(func=run)
@@ -64,6 +72,10 @@ def format_table(records: list[aot.CompileRecord]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Compile, print, record; returns 1 if any configuration breaks a rule."""
+    if not args.no_results:
+        check_output_dir(args.results_dir, "--results-dir")
+    if args.json is not None:
+        check_output_file(args.json, "--json")
     cfgs = aot.headline_configs() if args.headline else None
     bar = tqdm(desc="compiling kernels", unit="cfg", leave=False)
 

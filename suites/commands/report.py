@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultsError, load_runs, resolve_run
+from kvbench.suites.commands.argtypes import check_output_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,8 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Build the site; returns the exit status."""
-    from kvbench.reports.site import build_site
+    from kvbench.reports.site import build_site, check_site_dir
 
+    check_output_dir(args.out, "--out")
+    check_site_dir(args.out)
     if args.all and args.runs:
         raise ResultsError("give runs or --all, not both")
     if args.all:

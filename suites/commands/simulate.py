@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -26,10 +27,17 @@ from pathlib import Path
 from tqdm import tqdm
 
 from kvbench.paged.scheduler_model import SchedulerConfig
-from kvbench.paged.scheduler_setup import CACHE_KINDS, CacheSpec, simulate
+from kvbench.paged.scheduler_setup import CACHE_KINDS, CacheSpec, simulate, time_model_for
+from kvbench.suites.commands.argtypes import (
+    check_input_file,
+    check_output_dir,
+    float_range,
+    int_range,
+)
 from kvbench.suites.commands.workload import add_generator_args, trace_from_args
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.trace import Trace
+from kvbench.workloads.units import format_bytes
 
 _COLUMNS = (
     ("cache", "cache", "{}"),
@@ -58,12 +66,69 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    trace = Trace.read(args.trace) if args.trace else trace_from_args(args)
-    kinds = CACHE_KINDS if args.cache == "all" else tuple(k.strip() for k in args.cache.split(","))
+#: Bytes of host memory the memory-only paged cache keeps per block, device and CPU pool
+#: together (reference counts, fill counts, free stacks; measured: about 104 bytes).
+BOOKKEEPING_BYTES_PER_BLOCK = 128
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this machine can still give a process (MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def validate_args(args: argparse.Namespace, kinds: tuple[str, ...]) -> None:
+    """Refuse, before anything is allocated or written, what the run could not do: an
+    output folder that cannot be written, a trace file that is missing, and a KV budget
+    whose block bookkeeping would not fit in the memory this machine has free."""
+    if args.out is not None:
+        check_output_dir(args.out, "--out")
+    if args.trace is not None:
+        check_input_file(args.trace, "--trace")
+    if args.mode not in ("event", "token"):
+        raise ConfigError(f"unknown --mode {args.mode!r}; known: event, token")
+    spec = CacheSpec(model=args.model, kv_budget=args.kv_budget, block_size=args.block_size)
+    time_model_for(spec, args.profile)  # an unknown model or profile: ConfigError names it
+    blocks = spec.blocks()  # parses the budget: ConfigError names it
+    if blocks < 1:
+        raise ConfigError(
+            f"KV budget {args.kv_budget!r} holds no block of {args.block_size} tokens of "
+            f"{args.model}"
+        )
+    if any(k.startswith("paged") for k in kinds):
+        need = blocks * BOOKKEEPING_BYTES_PER_BLOCK
+        free = available_memory_bytes()
+        if free is not None and need > free // 2:
+            raise ConfigError(
+                f"KV budget {args.kv_budget!r} is {blocks:,} blocks of {args.block_size} "
+                f"tokens of {args.model}; simulating it needs about {format_bytes(need)} of "
+                f"host memory, more than half of the {format_bytes(free)} free: use a smaller "
+                "--kv-budget"
+            )
+
+
+def _kinds(text: str) -> tuple[str, ...]:
+    """The cache kinds `--cache` names (ConfigError names an unknown one)."""
+    kinds = CACHE_KINDS if text == "all" else tuple(k.strip() for k in text.split(","))
     for k in kinds:
         if k not in CACHE_KINDS:
             raise ConfigError(f"unknown cache kind {k!r}; known: {', '.join(CACHE_KINDS)}, all")
+    return kinds
+
+
+def run(args: argparse.Namespace) -> int:
+    validate_args(args, _kinds(args.cache))
+    trace = Trace.read(args.trace) if args.trace else trace_from_args(args)
+    kinds = _kinds(args.cache)
     if args.cache == "all" and any(r.beam_width > 1 for r in trace.requests):
         kinds = tuple(k for k in kinds if k.startswith("paged"))
         sys.stderr.write("beam search needs block sharing: simulating the paged caches only\n")
@@ -130,17 +195,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cache", default="paged", help=f"{', '.join(CACHE_KINDS)}, or all")
     p.add_argument("--model", default="llama-2-70b")
     p.add_argument("--kv-budget", default="42GB")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--watermark", type=float, default=0.01)
+    p.add_argument("--block-size", type=int_range(1, 1 << 16), default=16)
+    p.add_argument("--max-seq-len", type=int_range(1, 1 << 24), default=2048)
+    p.add_argument("--watermark", type=float_range(0.0, 1.0, hi_open=True), default=0.01)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--policy", default="auto", help="preemption: swap | recompute | auto")
     p.add_argument("--profile", default="a100-80gb", help="device profile for modeled time")
     p.add_argument("--batching", default="continuous", help="continuous | static")
-    p.add_argument("--static-batch-size", type=int, default=0)
-    p.add_argument("--max-batched-tokens", type=int, default=4096)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-preemptions", type=int, default=8)
+    p.add_argument("--static-batch-size", type=int_range(0, 1 << 20), default=0)
+    p.add_argument("--max-batched-tokens", type=int_range(1, 1 << 24), default=4096)
+    p.add_argument("--max-num-seqs", type=int_range(1, 1 << 20), default=256)
+    p.add_argument("--max-preemptions", type=int_range(1, 1 << 20), default=8)
     p.add_argument(
         "--sample-preemption",
         default="request",

@@ -20,9 +20,17 @@ from kvbench.paged.utilization import (
     seed002_lengths,
     shared_prompt_blocks,
 )
+from kvbench.suites.commands.argtypes import float_range, int_range, seed_int
 from kvbench.workloads.errors import ConfigError
 
 SUITE = "paged.utilization"
+
+#: Largest batch and longest length accepted: far past the seed's 200 and 2048, small
+#: enough that the caches this command fills fit in memory.
+MAX_BATCH = 100_000
+MAX_TOKENS = 1 << 22
+
+_length = int_range(1, MAX_TOKENS)
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -30,8 +38,10 @@ def _batch_sizes(text: str) -> list[int]:
         sizes = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"batch sizes must be integers, got {text!r}") from None
-    if not sizes or min(sizes) <= 0:
-        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
+    if not sizes or min(sizes) <= 0 or max(sizes) > MAX_BATCH:
+        raise argparse.ArgumentTypeError(
+            f"batch sizes must be integers in [1, {MAX_BATCH:,}], got {text!r}"
+        )
     return sizes
 
 
@@ -52,14 +62,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=list(SEED002_BATCH_SIZES),
         help="comma-separated batch sizes (default 10,25,50,100,200)",
     )
-    p.add_argument("--block-size", type=int, default=16, help="tokens per block (16)")
-    p.add_argument("--max-len", type=int, default=2048, help="naive reservation per request")
-    p.add_argument("--mean", type=float, default=500.0, help="mean request length (500)")
-    p.add_argument("--std", type=float, default=200.0, help="std of request length (200)")
-    p.add_argument("--min-len", type=int, default=200, help="lengths clipped below (200)")
-    p.add_argument("--seed", type=int, default=42, help="legacy numpy seed (42, as seed 002)")
-    p.add_argument("--system-prompt", type=int, default=200, help="shared prompt tokens (200)")
-    p.add_argument("--shared-requests", type=int, default=10, help="requests sharing it (10)")
+    p.add_argument("--block-size", type=_length, default=16, help="tokens per block (16)")
+    p.add_argument("--max-len", type=_length, default=2048, help="naive reservation per request")
+    p.add_argument(
+        "--mean",
+        type=float_range(0.0, MAX_TOKENS, lo_open=True),
+        default=500.0,
+        help="mean request length (500)",
+    )
+    p.add_argument(
+        "--std",
+        type=float_range(0.0, MAX_TOKENS),
+        default=200.0,
+        help="std of request length (200)",
+    )
+    p.add_argument("--min-len", type=_length, default=200, help="lengths clipped below (200)")
+    p.add_argument("--seed", type=seed_int, default=42, help="legacy numpy seed (42, as seed 002)")
+    p.add_argument("--system-prompt", type=_length, default=200, help="shared prompt tokens (200)")
+    p.add_argument(
+        "--shared-requests",
+        type=int_range(1, MAX_BATCH),
+        default=10,
+        help="requests sharing it (10)",
+    )
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument(
         "--results",
@@ -98,10 +123,12 @@ def _record(
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.block_size <= 0 or args.max_len <= 0:
-        raise ConfigError(
-            f"block size and max len must be positive, got {args.block_size} and {args.max_len}"
-        )
+    if args.min_len > args.max_len:
+        raise ConfigError(f"--min-len {args.min_len} is above --max-len {args.max_len}")
+    if args.results:
+        from kvbench.reports.results import check_run_id
+
+        check_run_id(args.results)
     batches = seed002_lengths(
         args.batch_sizes,
         seed=args.seed,

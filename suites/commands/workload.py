@@ -10,23 +10,35 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvbench.suites.commands.argtypes import check_output_file, int_range
 from kvbench.workloads.arrivals import parse_arrivals
 from kvbench.workloads.distributions import parse_distribution
 from kvbench.workloads.sharing import SHARING_PATTERNS, WORKLOAD_NAMES, generate
+
+#: Bounds of the generator options: far past any sweep, small enough to fit in memory.
+MAX_REQUESTS = 10_000_000
+MAX_TOKENS = 1 << 20
 
 
 def add_generator_args(p: argparse.ArgumentParser) -> None:
     """Generator options shared by `workload` and `simulate`."""
     p.add_argument("--workload", default="sharegpt", help=f"one of {', '.join(WORKLOAD_NAMES)}")
-    p.add_argument("--requests", type=int, default=1000, help="requests (prompts) to generate")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--requests",
+        type=int_range(1, MAX_REQUESTS),
+        default=1000,
+        help="requests (prompts) to generate",
+    )
+    p.add_argument("--seed", type=int_range(0, 2**63 - 1), default=0)
     p.add_argument("--arrivals", default="all", help="all | poisson:RATE | burst:SIZE:INTERVAL")
     p.add_argument("--sharing", default="none", help=f"one of {', '.join(SHARING_PATTERNS)}")
-    p.add_argument("--system-tokens", type=int, default=500)
-    p.add_argument("--tenants", type=int, default=1)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--n", type=int, default=4, help="samples per prompt (--sharing parallel)")
-    p.add_argument("--beam-width", type=int, default=4)
+    p.add_argument("--system-tokens", type=int_range(0, MAX_TOKENS), default=500)
+    p.add_argument("--tenants", type=int_range(1, MAX_REQUESTS), default=1)
+    p.add_argument("--turns", type=int_range(1, 10_000), default=4)
+    p.add_argument(
+        "--n", type=int_range(1, 1024), default=4, help="samples per prompt (--sharing parallel)"
+    )
+    p.add_argument("--beam-width", type=int_range(1, 1024), default=4)
     p.add_argument("--input-dist", default=None, help="override prompt lengths (spec string)")
     p.add_argument("--output-dist", default=None, help="override output lengths (spec string)")
 
@@ -50,6 +62,7 @@ def trace_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.out, "--out")
     trace = trace_from_args(args)
     path = trace.write(args.out)
     prompts = sum(r.prompt_len for r in trace.requests)

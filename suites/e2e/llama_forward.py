@@ -311,12 +311,86 @@ class ForwardOutput:
     logits: torch.Tensor
 
 
+#: Submodules this forward runs, per level of a Llama-architecture model. A model with
+#: any other (Qwen3's per-head `q_norm` / `k_norm`, Gemma's extra norms, ...) would be
+#: decoded wrongly without them, so `check_supported` refuses it by name.
+SUPPORTED_MODULES = {
+    "model": frozenset({"embed_tokens", "layers", "norm", "rotary_emb"}),
+    "decoder layer": frozenset({"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}),
+    "attention": frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "rotary_emb"}),
+}
+
+#: Model types whose forward is exactly embedding, (RMSNorm, rotary attention, RMSNorm,
+#: MLP) x layers, norm, lm_head: what `LlamaForward.__call__` implements.
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
+
+#: Config fields that change the computation in ways this forward does not model, and
+#: the value that means "off".
+_UNMODELED_CONFIG = (
+    ("attn_logit_softcapping", None),
+    ("final_logit_softcapping", None),
+    ("attention_chunk_size", None),
+    ("embedding_multiplier", None),
+    ("residual_multiplier", None),
+    ("logits_scaling", None),
+    ("attention_multiplier", None),
+)
+
+
+def check_supported(model) -> None:
+    """Refuse (ConfigError, naming it) a model this forward would decode wrongly: an
+    unsupported model type, a submodule it does not run, a sliding attention window, or
+    a config field that changes attention or the logits."""
+    cfg = model.config
+    model_type = getattr(cfg, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            f"model type {model_type!r} is not supported by the e2e runner (it implements "
+            f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))} only)"
+        )
+    inner = model.model
+    levels = [("model", "model", inner)]
+    for i, layer in enumerate(inner.layers):
+        levels.append((f"decoder layer {i}", "decoder layer", layer))
+        levels.append((f"attention of layer {i}", "attention", layer.self_attn))
+    for where, kind, module in levels:
+        allowed = SUPPORTED_MODULES[kind]
+        extra = [name for name, _ in module.named_children() if name not in allowed]
+        if extra:
+            raise ConfigError(
+                f"{model_type} model: {where} has module(s) {', '.join(extra)} that the e2e "
+                "runner's forward does not implement (e.g. Qwen3's per-head q/k norms)"
+            )
+    window = getattr(cfg, "sliding_window", None)
+    uses_window = getattr(cfg, "use_sliding_window", True)
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if (window is not None and uses_window is not False) or any(
+        t != "full_attention" for t in layer_types
+    ):
+        raise ConfigError(
+            f"{model_type} model: sliding-window attention (sliding_window={window!r}, "
+            f"layer_types={sorted(set(layer_types))}) is not implemented by the e2e runner, "
+            "which attends over the whole context"
+        )
+    for name, off in _UNMODELED_CONFIG:
+        value = getattr(cfg, name, off)
+        if value is not off and value != off:
+            raise ConfigError(
+                f"{model_type} model: config {name}={value!r} is not implemented by the e2e "
+                "runner's forward"
+            )
+
+
 class LlamaForward:
-    """The HF Llama's layers run on a packed ragged batch with kvbench attention."""
+    """The HF Llama's layers run on a packed ragged batch with kvbench attention.
+
+    Refuses (ConfigError) a model it would decode wrongly: see `check_supported`.
+    """
 
     def __init__(self, model) -> None:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+        check_supported(model)
         self.model = model
         self._rotary = apply_rotary_pos_emb
         cfg = model.config

@@ -246,16 +246,64 @@ def test_export_csv_and_parquet(tmp_path: Path) -> None:
         R.export_frame(frame, tmp_path / "x.xlsx")
 
 
+def _shard(tmp_path: Path, run_id: str, k: int, n: int, cases: list[int], **bench) -> None:
+    header = {"bench": {"sweeps": ["s"], "full": False, "seed": 0, "shard": f"{k}/{n}", **bench}}
+    with R.ResultWriter(run_id, tmp_path, environment=ENV, header_fields=header) as w:
+        for i in cases:
+            w.record("s", {"i": i}, "m", float(i), "u")
+
+
 def test_merge_keeps_every_part_and_drops_duplicates(tmp_path: Path) -> None:
-    for rid, cases in (("p1", [0, 2]), ("p2", [1, 2])):
-        with _writer(tmp_path, rid) as w:
-            for i in cases:
-                w.record("s", {"i": i}, "m", float(i), "u")
+    _shard(tmp_path, "p1", 1, 2, [0, 2])
+    _shard(tmp_path, "p2", 2, 2, [1, 2])
     assert kvbench(["merge", "p1", "p2", "--into", "all", "--dir", str(tmp_path)]) == 0
     merged = R.load_run(tmp_path / "all.jsonl")
     assert sorted(r["case"]["i"] for r in merged.rows) == [0, 1, 2]
     assert [p["run_id"] for p in merged.header["merged_from"]] == ["p1", "p2"]
-    assert kvbench(["merge", "p1", "--into", "all", "--dir", str(tmp_path)]) == 2
+    assert merged.header["bench"]["merged_shards"] == 2
+    assert R.latest_run(tmp_path, kind="bench") == tmp_path / "all.jsonl"
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        (lambda t: None, ["p1", "p2", "--into", "old"], "already exists"),
+        (lambda t: None, ["p1", "p1"], "given twice"),
+        (lambda t: _shard(t, "q1", 1, 2, [0]), ["p1", "q1"], "shard 1/2 is given twice"),
+        (lambda t: None, ["p1"], "incomplete set: shard(s) 2/2 missing"),
+        (lambda t: _shard(t, "o2", 2, 2, [1], seed=7), ["p1", "o2"], "seed"),
+        (lambda t: _shard(t, "w2", 2, 2, [1], sweeps=["t"]), ["p1", "w2"], "sweeps"),
+        (lambda t: _shard(t, "n3", 2, 3, [1]), ["p1", "n3"], "different splits"),
+        (lambda t: (t / "junk.jsonl").write_bytes(b"\x00\xff junk"), ["p1", "junk"], "not a shard"),
+    ],
+)
+def test_merge_refuses_what_is_not_one_whole_sharded_run_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture, setup, args: list[str], message: str
+) -> None:
+    _shard(tmp_path, "p1", 1, 2, [0])
+    _shard(tmp_path, "p2", 2, 2, [1])
+    with _writer(tmp_path, "old") as w:
+        w.record("s", {"i": 9}, "m", 9.0, "u")
+    setup(tmp_path)
+    before = _tree(tmp_path)
+    capsys.readouterr()
+    assert kvbench(["merge", *args, "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert _tree(tmp_path) == before
+
+
+def test_merge_of_an_incomplete_set_when_allowed_says_what_is_missing(tmp_path: Path) -> None:
+    _shard(tmp_path, "p1", 1, 3, [0], planned_cases=1)
+    _shard(tmp_path, "p3", 3, 3, [2], planned_cases=1)
+    args = ["merge", "p1", "p3", "--into", "m", "--allow-incomplete", "--dir", str(tmp_path)]
+    assert kvbench(args) == 0
+    bench = R.load_run(tmp_path / "m.jsonl").header["bench"]
+    assert bench["missing_shards"] == ["2/3"] and bench["planned_cases"] == 2
 
 
 def test_results_cli_lists_and_exports(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -130,7 +130,8 @@ def test_claims_fail_when_the_numbers_say_so(tmp_path: Path) -> None:
 def test_compare_page_pairs_the_same_cases(site: Path) -> None:
     text = (site / "compare.html").read_text()
     assert "<code>a</code> (A)" in text and "<code>b</code> (B)" in text
-    assert "capacity.footprint" in text and "1.000" in text  # closed-form rows agree
+    assert "capacity.footprint" in text and "1×" in text  # closed-form rows agree
+    assert "<td>same</td>" in text
 
 
 def test_empty_and_missing_runs_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

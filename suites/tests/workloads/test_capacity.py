@@ -65,7 +65,7 @@ def test_tensor_parallel_rank_budget() -> None:
 
 @pytest.mark.parametrize(
     ("heads", "tp", "per_rank", "layout"),
-    [(8, 2, 4, "sharded"), (8, 3, 8, "replicated"), (1, 4, 1, "replicated"), (8, 8, 1, "sharded")],
+    [(8, 2, 4, "sharded"), (1, 4, 1, "replicated"), (8, 8, 1, "sharded"), (8, 16, 1, "replicated")],
 )
 def test_kv_heads_per_rank(heads: int, tp: int, per_rank: int, layout: str) -> None:
     assert cap.kv_heads_per_rank(heads, tp) == per_rank
@@ -149,6 +149,8 @@ def test_bad_geometry_names_the_value(kwargs: dict, names: str) -> None:
         (lambda: parse_bytes("-4GB"), "-4GB"),
         (lambda: cap.blocks_for_tokens(10, 0), "block_size"),
         (lambda: cap.kv_heads_per_rank(8, 0), "tp"),
+        (lambda: cap.kv_heads_per_rank(8, 3), "tp=3 cannot split 8 KV heads"),
+        (lambda: cap.kv_sharding(8, 3), "tp=3"),
         (lambda: cap.reservation_waste(get_preset("gqa-80x8").geometry, [9000], 8192), "9000"),
         (lambda: cap.request_bytes_per_rank(get_preset("gqa-80x8").geometry, 8, 1, 0.5), "0.5"),
     ],

@@ -70,12 +70,12 @@ def test_tensor_parallel_json(capsys) -> None:
     [
         (["capacity", "--model", "gpt-5", "--kv-budget", "1GB"], "gpt-5"),
         (["capacity", "--kv-budget", "lots"], "lots"),
-        (["capacity", "--kv-budget", "1GB", "--block-size", "0"], "block_size"),
+        (["capacity", "--kv-budget", "1GB", "--block-size", "0"], "--block-size: '0'"),
         (
             ["capacity", "--kv-budget", "1GB", "--kv-heads", "3", "--tp", "2", "--dtype", "int2"],
             "int2",
         ),
-        (["capacity", "--kv-budget", "1GB", "--block-size", "x"], "invalid int"),
+        (["capacity", "--kv-budget", "1GB", "--block-size", "x"], "'x' is not an integer"),
         (["capacity"], "--kv-budget"),
         (["no-such-command"], "no-such-command"),
     ],
