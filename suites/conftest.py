@@ -42,3 +42,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    """After a session that ran the hostile-input battery: how many bad inputs it tried,
+    by kind (the numbers the battery's tests counted as they ran)."""
+    from kvbench.suites.conformance.hostile import TRIED
+
+    if not TRIED:
+        return
+    terminalreporter.section("hostile-input battery")
+    terminalreporter.write_line(
+        f"{sum(TRIED.values())} bad inputs tried (each test asserts a clean refusal):"
+    )
+    for kind, n in sorted(TRIED.items()):
+        terminalreporter.write_line(f"  {n:>5}  {kind}")

@@ -166,6 +166,10 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     text = p.read_text(encoding="utf-8", errors="replace")
     try:
         doc = json.loads(text)
+    except RecursionError:
+        raise GateInputError(
+            f"baseline {p} is not a baseline: its JSON is nested too deeply"
+        ) from None
     except json.JSONDecodeError as exc:
         hint = "" if text.rstrip().endswith("}") else " (the file looks truncated)"
         raise GateInputError(

@@ -36,6 +36,7 @@ def int_range(lo: int | None = None, hi: int | None = None) -> Callable[[str], i
         return value
 
     parse.__name__ = "integer"
+    parse.bounds = (lo, hi)  # type: ignore[attr-defined]  # read by the hostile-input battery
     return parse
 
 
@@ -62,6 +63,7 @@ def float_range(
         return value
 
     parse.__name__ = "number"
+    parse.bounds = (lo, hi)  # type: ignore[attr-defined]  # read by the hostile-input battery
     return parse
 
 

@@ -55,6 +55,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         refs = args.runs or [str(resolve_run("latest", args.dir, kind="bench"))]
         runs = load_runs(refs, args.dir)
+    for r in runs:  # refuse before any warning, so a refusal is one line
+        if not r.rows:
+            why = ""
+            if r.problems:
+                first = r.problems[0]
+                why = (
+                    f" ({len(r.problems)} unreadable line(s); first: line {first.line}: "
+                    f"{first.message})"
+                )
+            raise ResultsError(f"run {r.run_id} ({r.path}) has no measurements to report{why}")
+    fragments = _gate_fragments(args.gate)
     for r in runs:
         if r.problems:
             first = r.problems[0]
@@ -62,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                 f"kvbench report: warning: skipped {len(r.problems)} bad line(s) of {r.path} "
                 f"(first: line {first.line}: {first.message})\n"
             )
-    index = build_site(runs, args.out, _gate_fragments(args.gate))
+    index = build_site(runs, args.out, fragments)
     print(f"wrote {index} ({len(runs)} run(s))")
     return 0
 
@@ -81,6 +92,6 @@ def _gate_fragments(paths: list[str]) -> list[tuple[str, str]]:
         try:
             doc = json.loads(Path(p).read_text(encoding="utf-8"))
             out.append((Path(p).name, gate.render_html(doc)))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ResultsError(f"cannot read gate result {p}: {exc}") from exc
     return out

@@ -1,0 +1,294 @@
+"""The hostile-input battery, Python API: bad calls on both caches of the contract
+(ContiguousKVCache and PagedKVCache). Hypothesis draws the bad value of each kind (an
+unhashable, unknown or duplicate id; a bad prompt, output_len or salt; K/V of the wrong
+shape, dtype or type; bad token ids; a bad query, layer or scale). For each call:
+
+    the kind's error class (a KVBenchError), a message naming the bad value, and the
+    cache exactly as it was (every request's tokens, K/V and ids, and stats()).
+
+`hostile.TRIED` counts the calls by kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvbench.paged.cache import PagedKVCache
+from kvbench.reference.contiguous import ContiguousKVCache
+from kvbench.suites.conformance.hostile import TRIED
+from kvbench.workloads.errors import (
+    CapacityError,
+    ConfigError,
+    DuplicateRequestError,
+    KVBenchError,
+    ShapeError,
+    UnknownRequestError,
+)
+from kvbench.workloads.geometry import KVGeometry
+
+G = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=4, dtype="float32", num_q_heads=4)
+MAX_LEN = 32
+
+
+def _kv(n: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(n)
+    shape = (G.num_layers, n, G.num_kv_heads, G.head_dim)
+    return torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype)
+
+
+def _contiguous() -> ContiguousKVCache:
+    return ContiguousKVCache(G, 4 * MAX_LEN, MAX_LEN, "pow2")
+
+
+def _paged() -> PagedKVCache:
+    return PagedKVCache(G, 12, 4, max_seq_len=MAX_LEN, num_cpu_blocks=8)
+
+
+CACHES: dict[str, Callable[[], Any]] = {"contiguous": _contiguous, "paged": _paged}
+
+
+def _filled(make: Callable[[], Any]) -> Any:
+    """A cache holding two requests with KV and token ids (one forked from the other)."""
+    cache = make()
+    cache.admit("a", [1, 2, 3, 4, 5], output_len=4)
+    k, v = _kv(5)
+    cache.append("a", k, v)
+    cache.fork("a", "b")
+    k, v = _kv(1)
+    cache.append("b", k, v, token_ids=[9])
+    return cache
+
+
+def state(cache: Any) -> tuple:
+    """Everything a caller can observe: ids, lengths, token ids, K/V bytes, stats."""
+    ids = sorted(map(str, cache.request_ids()))
+    per = []
+    for rid in sorted(cache.request_ids(), key=str):
+        k, v = cache.gather(rid)
+        per.append(
+            (
+                rid,
+                cache.seq_len(rid),
+                tuple(cache.token_ids(rid)),
+                k.numpy().tobytes(),
+                v.numpy().tobytes(),
+            )
+        )
+    return ids, per, cache.stats()
+
+
+@dataclass(frozen=True)
+class BadCall:
+    kind: str
+    call: Callable[[Any], object]
+    error: type[KVBenchError]
+    names: str
+
+
+UNHASHABLE = st.one_of(
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+    st.sets(st.integers(), max_size=2),
+)
+NOT_INT = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),
+    st.none(),
+    st.booleans(),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@st.composite
+def bad_calls(draw: st.DrawFn) -> BadCall:
+    kind = draw(
+        st.sampled_from(
+            [
+                "unhashable id (admit)",
+                "unhashable id (fork)",
+                "duplicate id",
+                "unknown id",
+                "empty prompt",
+                "negative token id (prompt)",
+                "non-integer token id (prompt)",
+                "prompt too long",
+                "bad output_len",
+                "bad salt",
+                "K/V of the wrong shape",
+                "K/V of the wrong dtype",
+                "K/V not tensors",
+                "negative token id (append)",
+                "token ids of the wrong length",
+                "query not a tensor",
+                "query of the wrong shape",
+                "bad layer",
+                "too big to admit",
+            ]
+        )
+    )
+    if kind.startswith("unhashable id"):
+        rid = draw(UNHASHABLE)
+        if kind.endswith("(admit)"):
+            return BadCall(kind, lambda c: c.admit(rid, [1, 2]), ConfigError, repr(rid))
+        return BadCall(kind, lambda c: c.fork("a", rid), ConfigError, repr(rid))
+    if kind == "duplicate id":
+        rid = draw(st.sampled_from(["a", "b"]))
+        how = draw(st.sampled_from(["admit", "fork"]))
+        call = (lambda c: c.admit(rid, [1])) if how == "admit" else (lambda c: c.fork("a", rid))
+        return BadCall(kind, call, DuplicateRequestError, repr(rid))
+    if kind == "unknown id":
+        rid = draw(
+            st.one_of(st.text(max_size=3).filter(lambda t: t not in ("a", "b")), st.integers())
+        )
+        op = draw(st.sampled_from(["append", "free", "gather", "seq_len", "fork", "attend"]))
+        k, v = _kv(1)
+        calls = {
+            "append": lambda c: c.append(rid, k, v),
+            "free": lambda c: c.free(rid),
+            "gather": lambda c: c.gather(rid),
+            "seq_len": lambda c: c.seq_len(rid),
+            "fork": lambda c: c.fork(rid, "new"),
+            "attend": lambda c: c.attend([rid], torch.zeros(1, G.num_q_heads, G.head_dim)),
+        }
+        return BadCall(f"{kind} ({op})", calls[op], UnknownRequestError, repr(rid))
+    if kind == "empty prompt":
+        prompt = draw(st.sampled_from([[], (), range(0)]))
+        return BadCall(kind, lambda c: c.admit("n", prompt), ConfigError, "empty")
+    if kind == "negative token id (prompt)":
+        bad = draw(st.integers(max_value=-1))
+        return BadCall(kind, lambda c: c.admit("n", [1, bad, 2]), ConfigError, repr(bad))
+    if kind == "non-integer token id (prompt)":
+        bad = draw(NOT_INT.filter(lambda x: x is not None or True))
+        return BadCall(kind, lambda c: c.admit("n", [1, bad]), ConfigError, repr(bad)[:20])
+    if kind == "prompt too long":
+        n = draw(st.integers(MAX_LEN + 1, 4 * MAX_LEN))
+        return BadCall(kind, lambda c: c.admit("n", list(range(n))), ConfigError, str(n))
+    if kind == "bad output_len":
+        bad = draw(
+            st.one_of(st.integers(max_value=-1), st.text(max_size=3), st.floats(), st.booleans())
+        )
+        return BadCall(kind, lambda c: c.admit("n", [1], output_len=bad), ConfigError, repr(bad))
+    if kind == "bad salt":
+        bad = draw(
+            st.one_of(
+                st.integers(), st.floats(allow_nan=False), st.lists(st.integers(), max_size=2)
+            )
+        )
+        return BadCall(kind, lambda c: c.admit("n", [1], salt=bad), ConfigError, repr(bad))
+    if kind == "K/V of the wrong shape":
+        dims = draw(
+            st.lists(st.integers(1, 5), min_size=1, max_size=5).filter(
+                lambda d: (
+                    len(d) != 4 or d[0] != G.num_layers or d[2:] != [G.num_kv_heads, G.head_dim]
+                )
+            )
+        )
+        t = torch.zeros(dims)
+        return BadCall(kind, lambda c: c.append("a", t, t), ShapeError, str(tuple(dims)))
+    if kind == "K/V of the wrong dtype":
+        dtype = draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float64, torch.int32]))
+        k, v = _kv(1, dtype)
+        return BadCall(kind, lambda c: c.append("a", k, v), ShapeError, str(dtype))
+    if kind == "K/V not tensors":
+        bad = draw(
+            st.one_of(
+                st.none(), st.integers(), st.lists(st.floats(), max_size=3), st.text(max_size=3)
+            )
+        )
+        return BadCall(kind, lambda c: c.append("a", bad, bad), ShapeError, type(bad).__name__)
+    if kind == "negative token id (append)":
+        bad = draw(st.integers(max_value=-1))
+        k, v = _kv(2)
+        return BadCall(
+            kind, lambda c: c.append("a", k, v, token_ids=[7, bad]), ConfigError, repr(bad)
+        )
+    if kind == "token ids of the wrong length":
+        n = draw(st.integers(0, 5).filter(lambda x: x != 2))
+        k, v = _kv(2)
+        return BadCall(kind, lambda c: c.append("a", k, v, token_ids=[1] * n), ShapeError, str(n))
+    if kind == "query not a tensor":
+        bad = draw(
+            st.one_of(
+                st.none(), st.integers(), st.text(max_size=3), st.lists(st.floats(), max_size=3)
+            )
+        )
+        return BadCall(kind, lambda c: c.attend(["a"], bad), ShapeError, repr(bad)[:20])
+    if kind == "query of the wrong shape":
+        dims = draw(
+            st.lists(st.integers(1, 5), min_size=1, max_size=4).filter(
+                lambda d: d != [1, G.num_q_heads, G.head_dim]
+            )
+        )
+        q = torch.zeros(dims)
+        return BadCall(
+            kind,
+            lambda c: c.attend(["a"], q),
+            ShapeError,
+            str(tuple(dims)) if len(dims) == 3 else "query",
+        )
+    if kind == "bad layer":
+        bad = draw(
+            st.one_of(
+                st.integers(max_value=-1),
+                st.integers(min_value=G.num_layers),
+                st.text(max_size=2),
+                st.floats(),
+                st.booleans(),
+                st.none(),
+            )
+        )
+        q = torch.zeros(1, G.num_q_heads, G.head_dim)
+        return BadCall(kind, lambda c: c.attend(["a"], q, layer=bad), ConfigError, repr(bad))
+    assert kind == "too big to admit"
+    n = draw(st.integers(1, 3))
+    prompts = [list(range(1, MAX_LEN + 1))] * (n + 8)
+
+    def flood(c: Any) -> None:
+        for i, p in enumerate(prompts):
+            c.admit(f"big{i}", p)
+
+    return BadCall(kind, flood, CapacityError, "cannot admit")
+
+
+@pytest.mark.parametrize("which", sorted(CACHES))
+@settings(max_examples=150)
+@given(bad=bad_calls())
+def test_bad_call_raises_the_right_error_naming_the_value_and_changes_nothing(
+    which: str, bad: BadCall
+) -> None:
+    cache = _filled(CACHES[which])
+    # a flood admits some requests before the one that fails: only its error is judged
+    before = None if bad.kind == "too big to admit" else state(cache)
+    with pytest.raises(bad.error) as info:
+        bad.call(cache)
+    assert bad.names in str(info.value), f"{bad.kind}: {bad.names!r} not in {info.value}"
+    if before is not None:
+        assert state(cache) == before, bad.kind
+    TRIED[f"api: {bad.kind.split(' (')[0]}"] += 1
+
+
+@pytest.mark.parametrize("which", sorted(CACHES))
+def test_a_failed_admit_changes_no_statistic(which: str) -> None:
+    """A CapacityError at admission leaves stats() exactly as it was, fragmentation
+    included (the pow2 contiguous cache once updated its probe size first)."""
+    cache = CACHES[which]()
+    cache.admit("a", list(range(1, 20)))
+    k, v = _kv(19)
+    cache.append("a", k, v)
+    for i in range(20):
+        try:
+            cache.admit(f"x{i}", list(range(1, 20)))
+        except CapacityError:
+            break
+    before = state(cache)
+    with pytest.raises(CapacityError):
+        cache.admit("huge", list(range(1, MAX_LEN + 1)))
+    assert state(cache) == before
+    TRIED["api: too big to admit"] += 1

@@ -1,0 +1,541 @@
+"""The hostile-input battery, command line: every subcommand, every numeric option with
+negative, zero, NaN, infinite, huge and malformed values, every file option with missing,
+directory, truncated, binary, non-UTF-8, empty, wrong-schema (and, where not root,
+unreadable) files, and every output path that cannot be written. For each:
+
+    exit status 2, exactly one line on stderr (`kvbench CMD: error: ...`), no traceback,
+    and no file changed, created or removed anywhere under the working folder.
+
+The CLI runs in-process through `main()` (fast); a few cases also run as a subprocess to
+check the real exit status. Hypothesis adds random text for the numeric options and
+random bytes for the input files. `hostile.TRIED` counts what was tried, by kind (the
+conftest prints it at the end of the session).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvbench.suites.cli import build_parser
+from kvbench.suites.commands import simulate as simulate_cmd
+from kvbench.suites.conformance.hostile import TRIED, assert_refused, run_cli, tree_digest
+
+# ------------------------------------------------------------------ numeric options
+
+#: Values of each kind that no numeric option may accept (negative and zero aside: see
+#: ZERO_OK). `--opt=VALUE` keeps argparse from reading '-1' as an option.
+BAD_NUMBERS: dict[str, tuple[str, ...]] = {
+    "negative": ("-1", "-1e300"),
+    "zero": ("0",),
+    "nan": ("nan",),
+    "infinite": ("inf", "-inf"),
+    "huge": ("1e400", "9" * 40),
+    "malformed": ("", "abc", "1,5", "½"),
+}
+
+#: Options for which zero is a meaningful value (no warm-up, no slack, seed 0, ...).
+ZERO_OK = {
+    ("bench", "--warmup"),
+    ("bench", "--seed"),
+    ("simulate", "--seed"),
+    ("workload", "--seed"),
+    ("utilization", "--seed"),
+    ("utilization", "--std"),
+    ("simulate", "--static-batch-size"),
+    ("simulate", "--watermark"),
+    ("simulate", "--system-tokens"),
+    ("workload", "--system-tokens"),
+    ("gate", "--inject-slowdown"),
+    ("gate", "--register-slack"),
+    ("gate", "--shared-slack"),
+    ("gate", "--sass-pct"),
+    ("gate", "--min-effect"),
+    ("gate", "--cross-min-effect"),
+}
+
+#: Options that take numbers through their own parsers (lists, sizes, K/N), with values
+#: each must refuse.
+SPECIAL_NUMBERS: list[tuple[str, list[str], str]] = [
+    ("utilization", ["--batch-sizes=0"], "'0'"),
+    ("utilization", ["--batch-sizes=-5,10"], "'-5,10'"),
+    ("utilization", ["--batch-sizes=10,nan"], "'10,nan'"),
+    ("utilization", ["--batch-sizes=1e12"], "'1e12'"),
+    ("utilization", ["--batch-sizes=,"], "','"),
+    ("capacity", ["--kv-budget=-4GB"], "-4GB"),
+    ("capacity", ["--kv-budget=nanGB"], "nanGB"),
+    ("capacity", ["--kv-budget=0GB"], "0GB"),
+    ("capacity", ["--kv-budget=1e9999GB"], "1e9999GB"),
+    ("capacity", ["--kv-budget=" + "9" * 400 + "GB"], "too large"),
+    ("simulate", ["--kv-budget=infGB"], "infGB"),
+    ("simulate", ["--kv-budget=lots"], "lots"),
+    ("simulate", ["--kv-budget=1B"], "'1B'"),
+    ("bench", ["--shard=0/4"], "0/4"),
+    ("bench", ["--shard=5/4"], "5/4"),
+    ("bench", ["--shard=-1/4"], "-1/4"),
+    ("bench", ["--shard=nan"], "nan"),
+    ("kernels", ["--arch=75"], "75"),
+    ("kernels", ["--arch=nan"], "nan"),
+]
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def numeric_options() -> list[tuple[str, str, Callable[[str], object]]]:
+    """(command, option, type) of every option whose type is int, float or a ranged
+    numeric type from suites/commands/argtypes.py."""
+    out = []
+    for name, p in _subparsers().items():
+        for action in p._actions:
+            t = action.type
+            if not action.option_strings or t is None:
+                continue
+            if t in (int, float) and action.choices is not None:
+                out.append((name, action.option_strings[-1], _choice(t, action.choices)))
+            elif t in (int, float) or hasattr(t, "bounds"):
+                out.append((name, action.option_strings[-1], t))
+    return out
+
+
+def _choice(t: Callable[[str], object], choices) -> Callable[[str], object]:  # type: ignore[no-untyped-def]
+    """The type of a numeric option with choices: refuses what is not one of them."""
+
+    def parse(text: str) -> object:
+        value = t(text)
+        if value not in choices:
+            raise ValueError(f"{text!r} is not one of {choices}")
+        return value
+
+    parse.bounds = (min(choices), max(choices))  # type: ignore[attr-defined]
+    return parse
+
+
+NUMERIC = numeric_options()
+
+
+def test_every_numeric_option_is_range_checked() -> None:
+    """A bare `type=int` or `type=float` lets NaN, infinities or negatives through: each
+    numeric option must use a ranged type from argtypes."""
+    bare = [f"{c} {o}" for c, o, t in NUMERIC if t in (int, float)]
+    assert not bare, f"numeric options without a range: {bare}"
+    assert len(NUMERIC) >= 40  # every subcommand's numbers are in the battery
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One working folder for the module (the CLI's default out/ lands here): a refused
+    command leaves it as it was, so the cases can share it, and one that changed it fails.
+    simulate sees 8 GiB of free memory whatever this machine has, and a command that
+    reached the expensive work (the gate's measurement, the kernel compile, the
+    simulation) fails at once (exit 70) instead of running for minutes."""
+    from kvbench.kernels import aot
+    from kvbench.suites.gate import run as gate_run
+
+    def reached(what: str):  # type: ignore[no-untyped-def]
+        def stop(*args, **kwargs):  # type: ignore[no-untyped-def]
+            raise RuntimeError(f"bad input reached {what}")
+
+        return stop
+
+    work = tmp_path_factory.mktemp("hostile") / "work"
+    work.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(work)
+        mp.setattr(simulate_cmd, "available_memory_bytes", lambda: 8 * 2**30)
+        mp.setattr(gate_run, "measure", reached("the gate's measurement"))
+        mp.setattr(aot, "compile_all", reached("the kernel compile"))
+        mp.setattr(simulate_cmd, "simulate", reached("the simulation"))
+        yield work
+
+
+def _refused(workdir: Path, argv: list[str], command: str, kind: str, names: str | None) -> None:
+    before = tree_digest(workdir)
+    code, _, err = run_cli(argv)
+    assert_refused(code, err, command, names)
+    assert tree_digest(workdir) == before, f"{argv} changed files"
+    TRIED[kind] += 1
+
+
+def _all_refused(workdir: Path, cases: list[tuple[list[str], str, str, str | None]]) -> None:
+    """Run every (argv, command, kind, names) case; fail listing each that was not
+    refused cleanly."""
+    failures = []
+    for argv, command, kind, names in cases:
+        try:
+            _refused(workdir, argv, command, kind, names)
+        except AssertionError as exc:
+            failures.append(f"{' '.join(argv)!r}: {exc}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize(
+    ("command", "option"), [(c, o) for c, o, _ in NUMERIC], ids=[f"{c} {o}" for c, o, _ in NUMERIC]
+)
+def test_bad_numbers_are_refused_in_one_line(workdir: Path, command: str, option: str) -> None:
+    """Negative, zero (where zero means nothing), NaN, infinite, huge and malformed
+    values of every numeric option: one-line refusals naming the option."""
+    cases = [
+        ([command, f"{option}={value}"], command, f"cli number: {kind}", option)
+        for kind, values in BAD_NUMBERS.items()
+        for value in values
+        if not (kind == "zero" and (command, option) in ZERO_OK)
+    ]
+    _all_refused(workdir, cases)
+
+
+@pytest.mark.parametrize(("command", "argv", "names"), SPECIAL_NUMBERS)
+def test_bad_number_in_a_spec_is_refused_in_one_line(
+    workdir: Path, command: str, argv: list[str], names: str
+) -> None:
+    extra = ["--kv-budget=1GB"] if command == "capacity" and "--kv-budget" not in argv[0] else []
+    _refused(workdir, [command, *argv, *extra], command, "cli number: in a spec", names)
+
+
+@settings(max_examples=60)
+@given(option=st.sampled_from(NUMERIC), text=st.text(max_size=12))
+def test_random_text_for_a_number_is_taken_or_refused_in_one_line(
+    workdir: Path, option: tuple, text: str
+) -> None:
+    """Any text the option's type refuses makes the whole command refuse cleanly."""
+    command, name, parse = option
+    if text.strip() == "--":
+        return  # argparse reads `--opt=--` as "no value given": the option's default
+    try:
+        parse(text)
+    except (argparse.ArgumentTypeError, ValueError, TypeError):
+        pass
+    else:
+        return  # a value the option takes; running the command is not this test's job
+    _refused(workdir, [command, f"{name}={text}"], command, "cli number: random text", name)
+
+
+# ------------------------------------------------------------------ input files
+
+
+def _results_file(path: Path, **bench: object) -> Path:
+    """A small valid bench results file (header + one finished case)."""
+    from kvbench.reports.results import ResultWriter
+
+    header = {"bench": {"sweeps": ["s"], "full": False, "seed": 0, "shard": None, **bench}}
+    with ResultWriter(
+        path.stem, path.parent, environment={"device": "t"}, header_fields=header
+    ) as w:
+        w.record("s", {"i": 1}, "m", 1.0, "s", {"median": 1.0, "q1": 0.9, "q3": 1.1, "n": 5})
+        w.record("s", {"i": 1}, "case_wall_time", 0.1, "s")
+    return path
+
+
+def _bad_inputs(folder: Path) -> dict[str, Path]:
+    """One file (or non-file) of each bad kind, made under `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    good = _results_file(folder / "good.jsonl")
+    made = {
+        "missing": folder / "missing.jsonl",
+        "directory": folder / "adir.jsonl",
+        "empty": folder / "empty.jsonl",
+        "binary": folder / "binary.jsonl",
+        "non-UTF-8": folder / "latin1.jsonl",
+        "truncated": folder / "truncated.jsonl",
+        "wrong schema": folder / "wrong.jsonl",
+        "deeply nested": folder / "nested.jsonl",
+    }
+    made["directory"].mkdir()
+    made["empty"].write_bytes(b"")
+    made["binary"].write_bytes(bytes(range(256)) * 8)
+    made["non-UTF-8"].write_bytes('{"kind": "header", "x": "caf\u00e9"}\n'.encode("latin-1"))
+    text = good.read_bytes()
+    made["truncated"].write_bytes(text[: text.index(b"\n") // 2])
+    made["wrong schema"].write_text(json.dumps({"format": "something else", "rows": [1, 2]}) + "\n")
+    made["deeply nested"].write_text("[" * 50_000 + "\n")
+    if os.geteuid() != 0:  # root reads anything: "unreadable" means nothing there
+        made["unreadable"] = folder / "unreadable.jsonl"
+        made["unreadable"].write_bytes(text)
+        made["unreadable"].chmod(0)
+    return made
+
+
+#: (command, argv with {f} for the bad file, kinds that are not bad for it)
+INPUT_OPTIONS: list[tuple[str, list[str], set[str]]] = [
+    ("simulate", ["simulate", "--quiet", "--requests=2", "--trace", "{f}"], set()),
+    ("bench", ["bench", "--no-progress", "--only", "capacity.footprint", "--resume", "{f}"], set()),
+    ("report", ["report", "{f}", "--out", "site"], set()),
+    ("report", ["report", "{good}", "--gate", "{f}", "--out", "site"], set()),
+    ("merge", ["merge", "{f}", "{good}", "--into", "merged"], set()),
+    ("results", ["results", "--export", "{f}", "--to", "x.csv"], {"truncated"}),
+    ("gate", ["gate", "--baseline", "{f}", "--candidate", "{good}"], set()),
+    ("gate", ["gate", "--no-static", "--candidate", "{f}"], set()),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_files(workdir: Path) -> dict[str, Path]:
+    return _bad_inputs(workdir / "in")
+
+
+@pytest.mark.parametrize(
+    ("command", "argv", "ok"),
+    INPUT_OPTIONS,
+    ids=[" ".join(a for a in argv if not a.startswith("{")) for _, argv, _ in INPUT_OPTIONS],
+)
+def test_bad_input_files_are_refused_in_one_line(
+    workdir: Path, bad_files: dict[str, Path], command: str, argv: list[str], ok: set[str]
+) -> None:
+    good = str(workdir / "in" / "good.jsonl")
+    cases = [
+        (
+            [a.replace("{f}", str(path)).replace("{good}", good) for a in argv],
+            command,
+            f"cli file: {kind}",
+            None,
+        )
+        for kind, path in bad_files.items()
+        if kind not in ok
+    ]
+    _all_refused(workdir, cases)
+
+
+@settings(max_examples=25)
+@given(data=st.binary(min_size=1, max_size=400), which=st.sampled_from(INPUT_OPTIONS[:3]))
+def test_random_bytes_as_an_input_file_are_refused_in_one_line(
+    workdir: Path, data: bytes, which: tuple
+) -> None:
+    command, argv, _ = which
+    path = workdir / "random.jsonl"
+    path.write_bytes(data)
+    try:
+        real = [a.replace("{f}", str(path)) for a in argv]
+        _refused(workdir, real, command, "cli file: random bytes", None)
+    finally:
+        path.unlink()
+
+
+# ------------------------------------------------------------------ output paths
+
+
+def _outputs(folder: Path) -> dict[str, str]:
+    (folder / "plain").write_text("not a folder\n")
+    (folder / "foreign").mkdir()
+    (folder / "foreign" / "notes.html").write_text("<p>someone else's page</p>\n")
+    (folder / "existing").mkdir()
+    return {
+        "existing folder": str(folder / "existing"),
+        "regular file": str(folder / "plain"),
+        "below a regular file": str(folder / "plain" / "sub" / "x.jsonl"),
+        "foreign folder": str(folder / "foreign"),
+    }
+
+
+#: (command, argv with {o} for the output path, the kinds it must refuse)
+OUTPUT_OPTIONS: list[tuple[str, list[str], set[str]]] = [
+    (
+        "workload",
+        ["workload", "--requests=2", "--out", "{o}"],
+        {"existing folder", "below a regular file"},
+    ),
+    (
+        "simulate",
+        ["simulate", "--quiet", "--requests=2", "--out", "{o}"],
+        {"regular file", "below a regular file"},
+    ),
+    (
+        "bench",
+        ["bench", "--no-progress", "--only", "capacity.footprint", "--out-dir", "{o}"],
+        {"regular file", "below a regular file"},
+    ),
+    (
+        "report",
+        ["report", "{good}", "--out", "{o}"],
+        {"regular file", "below a regular file", "foreign folder"},
+    ),
+    (
+        "kernels",
+        ["kernels", "--headline", "--json", "{o}"],
+        {"existing folder", "below a regular file"},
+    ),
+    (
+        "kernels",
+        ["kernels", "--headline", "--results-dir", "{o}"],
+        {"regular file", "below a regular file"},
+    ),
+    (
+        "gate",
+        ["gate", "--candidate", "{good}", "--json", "{o}"],
+        {"existing folder", "below a regular file"},
+    ),
+    (
+        "gate",
+        ["gate", "--candidate", "{good}", "--html", "{o}"],
+        {"existing folder", "below a regular file"},
+    ),
+    (
+        "results",
+        ["results", "--export", "{good}", "--to", "{o}"],
+        {"existing folder", "below a regular file"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "argv", "kinds"),
+    OUTPUT_OPTIONS,
+    ids=[" ".join(argv[:1] + argv[-2:-1]) for _, argv, _ in OUTPUT_OPTIONS],
+)
+def test_unwritable_outputs_are_refused_before_anything_is_written(
+    workdir: Path, command: str, argv: list[str], kinds: set[str]
+) -> None:
+    folder = workdir / f"out-{command}-{argv[-2].lstrip('-')}"
+    folder.mkdir()
+    good = str(_results_file(folder / "good.jsonl"))
+    targets = _outputs(folder)
+    cases = [
+        (
+            [a.replace("{o}", targets[kind]).replace("{good}", good) for a in argv],
+            command,
+            f"cli output: {kind}",
+            None,
+        )
+        for kind in sorted(kinds)
+    ]
+    _all_refused(workdir, cases)
+
+
+# ------------------------------------------------------------------ the issue's cases
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["utilization", "--std", "-1"], "--std"),
+        (["utilization", "--mean", "nan"], "--mean"),
+        (["kernels", "--workers", "-1"], "--workers"),
+        (["simulate", "--max-seq-len", "0"], "--max-seq-len"),
+        (["simulate", "--kv-budget", "1000TB", "--quiet"], "1000TB"),
+        (["gate", "--min-effect", "nan"], "--min-effect"),
+        (["gate", "--cross-min-effect", "nan"], "--cross-min-effect"),
+        (["gate", "--sass-pct", "nan"], "--sass-pct"),
+        (["capacity", "--kv-budget", "42GB", "--tp", "3"], "tp=3 cannot split 8 KV heads"),
+        (["capacity", "--kv-budget", "42GB", "--avg-len", "5000"], "avg_len=5000"),
+        (["workload", "--out", "missing-parent-is-a-file/x/y.jsonl"], "which is a file"),
+        (["workload", "--out", "."], "is a folder"),
+        (["bench", "--out-dir", "missing-parent-is-a-file/results"], "which is a file"),
+        (["report", "--out", "missing-parent-is-a-file"], "is a file"),
+        (["utilization", "--results", "../escape"], "invalid run id"),
+        (["bench", "--run-id", "a b"], "invalid run id"),
+    ],
+)
+def test_issue_18_cases_are_refused_in_one_line(workdir: Path, argv: list[str], names: str) -> None:
+    blocker = workdir / "missing-parent-is-a-file"
+    if not blocker.exists():
+        blocker.write_text("x\n")
+    _refused(workdir, argv, argv[0], "cli: issue 18 case", names)
+
+
+def test_simulate_checks_the_budget_before_allocating(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1000 TB of Llama-2-70B KV is 190 million blocks: the bookkeeping alone would not fit;
+    refused before any pool is built."""
+    from kvbench.paged import scheduler_setup
+
+    def no_build(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("a cache was built before the budget was checked")
+
+    monkeypatch.setattr(scheduler_setup.CacheSpec, "build", no_build)
+    _refused(
+        workdir,
+        ["simulate", "--kv-budget", "1000TB", "--requests", "2", "--quiet"],
+        "simulate",
+        "cli: issue 18 case",
+        "190,734,863 blocks",
+    )
+
+
+@pytest.mark.parametrize("payload", [os.urandom(2048), "é\n".encode("latin-1") * 10])
+def test_simulate_trace_of_random_or_non_utf8_bytes(workdir: Path, payload: bytes) -> None:
+    trace = workdir / "t.jsonl"
+    trace.write_bytes(payload)
+    _refused(
+        workdir,
+        ["simulate", "--trace", str(trace), "--quiet"],
+        "simulate",
+        "cli: issue 18 case",
+        "t.jsonl",
+    )
+
+
+def test_bench_resume_of_a_garbage_file_leaves_it_unchanged(workdir: Path) -> None:
+    garbage = workdir / "garbage.jsonl"
+    garbage.write_bytes(b"\x00\x01 not a run\n{}\n")
+    _refused(
+        workdir,
+        ["bench", "--resume", str(garbage), "--only", "capacity.footprint"],
+        "bench",
+        "cli: issue 18 case",
+        "garbage.jsonl",
+    )
+
+
+def test_bench_run_id_of_an_existing_run_is_refused(workdir: Path) -> None:
+    (workdir / "out" / "results").mkdir(parents=True, exist_ok=True)
+    _results_file(workdir / "out" / "results" / "taken.jsonl")
+    _refused(
+        workdir,
+        ["bench", "--run-id", "taken", "--only", "capacity.footprint"],
+        "bench",
+        "cli: issue 18 case",
+        "already exists",
+    )
+
+
+def test_report_of_a_merged_run_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After `kvbench merge`, a plain `kvbench report` reports the merged run, not the
+    last shard."""
+    workdir = tmp_path
+    monkeypatch.chdir(workdir)
+    results = workdir / "out" / "results"
+    for k in (1, 2):
+        _results_file(results / f"shard{k}.jsonl", shard=f"{k}/2")
+    code, _, err = run_cli(["merge", "shard1", "shard2", "--into", "whole"])
+    assert code == 0, err
+    code, _, err = run_cli(["report", "--out", "site"])
+    assert code == 0, err
+    index = (workdir / "site" / "index.html").read_text()
+    assert "<code>whole</code>" in index and "<code>shard2</code>" not in index
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["utilization", "--std", "-1"],
+        ["kernels", "--workers", "-1"],
+        ["gate", "--min-effect", "nan"],
+        ["simulate", "--trace", "/dev/null/not-a-file", "--quiet"],
+    ],
+)
+def test_real_process_exits_2_with_one_line(tmp_path: Path, argv: list[str]) -> None:
+    """A few cases through a real `python -m kvbench` process: the exit status the shell
+    sees and nothing else on stderr (no logging, no warnings, no traceback)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "kvbench", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert_refused(done.returncode, done.stderr, argv[0])
+    assert list(tmp_path.iterdir()) == []
+    TRIED["cli: real process"] += 1
