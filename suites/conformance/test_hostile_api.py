@@ -274,21 +274,18 @@ def test_bad_call_raises_the_right_error_naming_the_value_and_changes_nothing(
     TRIED[f"api: {bad.kind.split(' (')[0]}"] += 1
 
 
-@pytest.mark.parametrize("which", sorted(CACHES))
-def test_a_failed_admit_changes_no_statistic(which: str) -> None:
-    """A CapacityError at admission leaves stats() exactly as it was, fragmentation
-    included (the pow2 contiguous cache once updated its probe size first)."""
-    cache = CACHES[which]()
-    cache.admit("a", list(range(1, 20)))
-    k, v = _kv(19)
-    cache.append("a", k, v)
-    for i in range(20):
-        try:
-            cache.admit(f"x{i}", list(range(1, 20)))
-        except CapacityError:
-            break
-    before = state(cache)
+def test_a_failed_pow2_admit_leaves_external_fragmentation_as_it_was() -> None:
+    """The pow2 contiguous cache counts gaps smaller than the last reservation size as
+    external fragmentation; a CapacityError must not update that size first."""
+    cache = ContiguousKVCache(G, 4 * MAX_LEN, MAX_LEN, "pow2", store_kv=False)
+    for rid, n in (("a", 16), ("b", 16), ("c", 32), ("d", 16), ("e", 32), ("f", 16)):
+        cache.admit(rid, list(range(1, n + 1)))
+    cache.free("b")
+    cache.free("d")
+    cache.admit("g", [1, 2, 3, 4, 5])  # 8 slots: gaps of 8 and 16 left, none < 8
+    before = cache.stats()
+    assert before.external_fragmentation_slots == 0
     with pytest.raises(CapacityError):
-        cache.admit("huge", list(range(1, MAX_LEN + 1)))
-    assert state(cache) == before
+        cache.admit("h", list(range(1, 21)))  # needs 32 contiguous slots
+    assert cache.stats() == before
     TRIED["api: too big to admit"] += 1

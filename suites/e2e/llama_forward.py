@@ -343,11 +343,6 @@ def check_supported(model) -> None:
     a config field that changes attention or the logits."""
     cfg = model.config
     model_type = getattr(cfg, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(
-            f"model type {model_type!r} is not supported by the e2e runner (it implements "
-            f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))} only)"
-        )
     inner = model.model
     levels = [("model", "model", inner)]
     for i, layer in enumerate(inner.layers):
@@ -379,6 +374,11 @@ def check_supported(model) -> None:
                 f"{model_type} model: config {name}={value!r} is not implemented by the e2e "
                 "runner's forward"
             )
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            f"model type {model_type!r} is not supported by the e2e runner (it implements "
+            f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))} only)"
+        )
 
 
 class LlamaForward:
