@@ -159,3 +159,13 @@ def run_id_arg(text: str) -> str:
         return check_run_id(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def folder_arg(text: str) -> str:
+    """An argparse type: a folder to read from, which may not exist yet, but must not be
+    a regular file (or lie below one)."""
+    try:
+        check_output_dir(text, "folder")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("folder ")) from None
+    return text

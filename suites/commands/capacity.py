@@ -51,7 +51,7 @@ def _geometry(args: argparse.Namespace) -> KVGeometry:
         args.layers if args.layers is not None else base.num_layers,
         kv_heads,
         args.head_dim if args.head_dim is not None else base.head_dim,
-        args.dtype or base.dtype,
+        args.dtype if args.dtype is not None else base.dtype,
         None if args.kv_heads is not None else base.num_q_heads,
     )
 

@@ -43,6 +43,7 @@ from kvbench.reports.results import DEFAULT_RESULTS_DIR, load_run, resolve_run, 
 from kvbench.suites.commands.argtypes import (
     check_output_file,
     float_range,
+    folder_arg,
     int_range,
 )
 
@@ -83,7 +84,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="write the candidate's figures into the baseline file(s) instead of "
         "comparing (measures with a full compile when no --candidate)",
     )
-    p.add_argument("--dir", default=DEFAULT_RESULTS_DIR, help="results folder (%(default)s)")
+    p.add_argument(
+        "--dir", type=folder_arg, default=DEFAULT_RESULTS_DIR, help="results folder (%(default)s)"
+    )
     p.add_argument("--json", metavar="FILE", help="also write the verdict as JSON")
     p.add_argument("--html", metavar="FILE", help="also write the verdict as an HTML fragment")
     p.add_argument("--all", action="store_true", help="show passing rows too")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from kvbench.reports.results import DEFAULT_RESULTS_DIR, load_runs, merge_runs
-from kvbench.suites.commands.argtypes import run_id_arg
+from kvbench.suites.commands.argtypes import folder_arg, run_id_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         action="store_true",
         help="merge even when some shards are missing (the report marks the run incomplete)",
     )
-    p.add_argument("--dir", default=DEFAULT_RESULTS_DIR, help="results folder (%(default)s)")
+    p.add_argument(
+        "--dir", type=folder_arg, default=DEFAULT_RESULTS_DIR, help="results folder (%(default)s)"
+    )
     p.set_defaults(func=run)
 
 

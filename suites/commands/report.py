@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultsError, load_runs, resolve_run
-from kvbench.suites.commands.argtypes import check_output_dir
+from kvbench.suites.commands.argtypes import check_output_dir, folder_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -28,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("runs", nargs="*", metavar="RUN", help="runs to report (default: latest)")
     p.add_argument("--all", action="store_true", help="report every run in --dir")
-    p.add_argument("--dir", default=DEFAULT_RESULTS_DIR, help="results folder (%(default)s)")
+    p.add_argument(
+        "--dir", type=folder_arg, default=DEFAULT_RESULTS_DIR, help="results folder (%(default)s)"
+    )
     p.add_argument("--out", default="out/site", help="site folder (%(default)s)")
     p.add_argument(
         "--gate",
@@ -54,7 +56,11 @@ def run(args: argparse.Namespace) -> int:
             raise ResultsError(f"no runs in {args.dir}; run `kvbench bench` first")
     else:
         refs = args.runs or [str(resolve_run("latest", args.dir, kind="bench"))]
-        runs = load_runs(refs, args.dir)
+        paths = [resolve_run(r, args.dir) for r in refs]
+        for i, path in enumerate(paths):
+            if path.resolve() in {q.resolve() for q in paths[:i]}:
+                raise ResultsError(f"run {refs[i]!r} ({path}) is given twice")
+        runs = load_runs(paths, args.dir)
     for r in runs:  # refuse before any warning, so a refusal is one line
         if not r.rows:
             why = ""

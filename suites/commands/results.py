@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from kvbench.reports.results import (
     DEFAULT_RESULTS_DIR,
@@ -21,6 +22,7 @@ from kvbench.reports.results import (
     summarize,
     to_frame,
 )
+from kvbench.suites.commands.argtypes import check_output_file, folder_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -31,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--dir", default=DEFAULT_RESULTS_DIR, help="results folder (%(default)s)")
+    p.add_argument(
+        "--dir", type=folder_arg, default=DEFAULT_RESULTS_DIR, help="results folder (%(default)s)"
+    )
     p.add_argument(
         "--export",
         nargs="+",
@@ -47,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     if args.export:
         if not args.to:
             raise ResultsError("--export needs --to FILE.csv (or FILE.parquet)")
+        check_output_file(args.to, "--to")
+        if Path(args.to).suffix.lower() not in (".csv", ".parquet"):
+            raise ResultsError(f"cannot export to {args.to}: use a .csv or .parquet file name")
         runs = load_runs(args.export, args.dir)
         frame = to_frame(runs)
         if frame.empty:

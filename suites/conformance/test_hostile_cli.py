@@ -222,6 +222,81 @@ def test_random_text_for_a_number_is_taken_or_refused_in_one_line(
     _refused(workdir, [command, f"{name}={text}"], command, "cli number: random text", name)
 
 
+#: Options that take a word from a vocabulary or a spec string, with bad values.
+BAD_WORDS: list[tuple[str, list[str], str]] = [
+    ("simulate", ["--workload=foo"], "'foo'"),
+    ("simulate", ["--arrivals=poisson:-1"], "-1"),
+    ("simulate", ["--arrivals=poisson:nan"], "nan"),
+    ("simulate", ["--arrivals=burst:0:1"], "0"),
+    ("simulate", ["--arrivals=sometimes"], "'sometimes'"),
+    ("simulate", ["--sharing=foo"], "'foo'"),
+    ("simulate", ["--input-dist=weird"], "'weird'"),
+    ("simulate", ["--input-dist=normal:nan,1"], "'normal:nan,1'"),
+    ("simulate", ["--output-dist=fixed:-5"], "-5"),
+    ("simulate", ["--policy=foo"], "'foo'"),
+    ("simulate", ["--batching=foo"], "'foo'"),
+    ("simulate", ["--mode=foo"], "'foo'"),
+    ("simulate", ["--sample-preemption=foo"], "'foo'"),
+    ("simulate", ["--cache=,"], "''"),
+    ("simulate", ["--cache=paged,bogus"], "'bogus'"),
+    ("simulate", ["--model=gpt-9"], "'gpt-9'"),
+    ("simulate", ["--profile=tpu"], "'tpu'"),
+    ("simulate", ["--max-num-seqs=9000", "--max-batched-tokens=10"], "9000"),
+    ("workload", ["--workload="], "''"),
+    ("workload", ["--arrivals=poisson:1e400"], "inf"),
+    ("capacity", ["--kv-budget=1GB", "--dtype="], "''"),
+    ("capacity", ["--kv-budget=1GB", "--dtype=int3"], "'int3'"),
+    ("capacity", ["--kv-budget=1GB", "--model="], "''"),
+    ("capacity", ["--kv-budget=1GB", "--kv-heads=6", "--tp=4"], "tp=4"),
+    ("capacity", ["--kv-budget=1GB", "--format=xml"], "'xml'"),
+    ("utilization", ["--format=xml"], "'xml'"),
+    ("utilization", ["--min-len=3000"], "3000"),
+    ("bench", ["--only", "nonexistent"], "'nonexistent'"),
+    ("bench", ["--resume=x", "--run-id=y"], "not both"),
+    ("results", ["--to=x.csv"], "--export"),
+    ("results", ["--export=latest", "--to=x.xlsx"], ".xlsx"),
+    ("report", ["--all", "x"], "not both"),
+    ("gate", ["--alpha=1"], "--alpha"),
+    ("gate", ["--alpha=0"], "--alpha"),
+    ("gate", ["--min-effect=1.5"], "--min-effect"),
+    ("gate", ["--register-slack=2.5"], "--register-slack"),
+    ("merge", [], None),
+    ("no-such-command", [], "no-such-command"),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "argv", "names"), BAD_WORDS, ids=[" ".join([c, *a]) for c, a, _ in BAD_WORDS]
+)
+def test_bad_word_or_spec_is_refused_in_one_line(
+    workdir: Path, command: str, argv: list[str], names: str | None
+) -> None:
+    shown = "kvbench" if command == "no-such-command" else command
+    _refused(workdir, [command, *argv], shown, "cli word: bad vocabulary or spec", names)
+
+
+def test_folders_and_runs_given_wrongly_are_refused(workdir: Path) -> None:
+    (workdir / "dirs").mkdir(exist_ok=True)
+    plain = workdir / "dirs" / "plain"
+    plain.write_text("a file\n")
+    good = _results_file(workdir / "dirs" / "r.jsonl")
+    cases = [
+        ([c, "--dir", str(plain)], c, "cli file: folder is a file", "is a file")
+        for c in ("results", "report", "merge", "gate")
+    ]
+    cases[2] = (
+        ["merge", "x", "--dir", str(plain)],
+        "merge",
+        "cli file: folder is a file",
+        "is a file",
+    )
+    cases.append(
+        (["report", str(good), str(good), "--out", "s"], "report", "cli file: run twice", "twice")
+    )
+    cases.append((["merge", str(good), str(good)], "merge", "cli file: run twice", "twice"))
+    _all_refused(workdir, cases)
+
+
 # ------------------------------------------------------------------ input files
 
 
