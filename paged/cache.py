@@ -46,7 +46,16 @@ from kvbench.paged.block_table import RequestState, block_table_tensor, slot_map
 from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, PrefixCacheStats, block_key
 from kvbench.paged.swap import SwapSpace
 from kvbench.reference.contract import CacheStats, RequestId
-from kvbench.reference.validation import validate_kv_append, validate_prompt, validate_token_ids
+from kvbench.reference.validation import (
+    allocate_zeros,
+    token_id_count,
+    validate_count,
+    validate_device,
+    validate_geometry,
+    validate_kv_append,
+    validate_prompt,
+    validate_token_ids,
+)
 from kvbench.workloads.errors import (
     CapacityError,
     ConfigError,
@@ -92,8 +101,13 @@ class PagedKVCache:
         key_fn: KeyFn = block_key,
         kernel_backend: str | None = None,
     ) -> None:
+        validate_geometry(geometry)
         require_positive("num_blocks", num_blocks)
         require_positive("block_size", block_size)
+        validate_count("num_blocks", num_blocks)
+        validate_count("block_size", block_size)
+        if num_cpu_blocks:
+            validate_count("num_cpu_blocks", num_cpu_blocks)
         if max_seq_len is not None:
             require_positive("max_seq_len", max_seq_len)
         if isinstance(watermark, bool) or not isinstance(watermark, numbers.Real):
@@ -102,7 +116,7 @@ class PagedKVCache:
             raise ConfigError(f"watermark must be in [0, 1), got {watermark!r}")
         self._geometry = geometry
         self._dtype = torch_dtype(geometry.dtype)
-        self._device = torch.device(device)
+        self._device = validate_device(device)
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.max_seq_len = max_seq_len if max_seq_len is not None else num_blocks * block_size
@@ -112,15 +126,16 @@ class PagedKVCache:
         ops.choose_backend(self._device, kernel_backend)  # ConfigError on an unknown name
         self.store_kv = store_kv
         self.kernel_backend = kernel_backend
-        self.prefix = PrefixCache(key_fn) if enable_prefix_caching else None
-        self.pool = BlockPool(num_blocks, block_size, self.prefix)
         block_shape = (block_size, geometry.num_kv_heads, geometry.head_dim)
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         if store_kv:
             shape = (geometry.num_layers, num_blocks, *block_shape)
-            self._k = torch.zeros(shape, dtype=self._dtype, device=self._device)
-            self._v = torch.zeros(shape, dtype=self._dtype, device=self._device)
+            self._k = allocate_zeros(shape, self._dtype, self._device, "the key pool")
+            self._v = allocate_zeros(shape, self._dtype, self._device, "the value pool")
+        # the pool's bookkeeping after the tensors: a pool too big to hold fails first there
+        self.prefix = PrefixCache(key_fn) if enable_prefix_caching else None
+        self.pool = BlockPool(num_blocks, block_size, self.prefix)
         self.swap = SwapSpace(
             num_cpu_blocks, block_shape if store_kv else None, geometry.num_layers, self._dtype
         )
@@ -327,7 +342,7 @@ class PagedKVCache:
     ) -> tuple[RequestState, int, bool]:
         req = self._resident(request_id, "append to")
         if token_ids is not None:
-            if len(token_ids) != n:
+            if token_id_count(token_ids) != n:
                 raise ShapeError(f"token_ids has {len(token_ids)} ids for {n} tokens")
             validate_token_ids(token_ids)
         new_len = req.seq_len + n

@@ -25,6 +25,11 @@ import torch
 from kvbench.reference.contract import CacheStats, RequestId
 from kvbench.reference.oracle import decode_attention
 from kvbench.reference.validation import (
+    allocate_zeros,
+    token_id_count,
+    validate_count,
+    validate_device,
+    validate_geometry,
     validate_kv_append,
     validate_prompt,
     validate_token_ids,
@@ -88,20 +93,28 @@ class ContiguousKVCache:
         device: str | torch.device = "cpu",
         store_kv: bool = True,
     ) -> None:
+        validate_geometry(geometry)
         require_positive("capacity_tokens", capacity_tokens)
         require_positive("max_seq_len", max_seq_len)
+        validate_count("capacity_tokens", capacity_tokens, 2**48)
         if policy not in POLICIES:
             raise ConfigError(f"unknown reservation policy {policy!r}; known: {POLICIES}")
         self._geometry = geometry
         self.capacity_tokens = capacity_tokens
         self.max_seq_len = max_seq_len
         self.policy = policy
-        self._device = torch.device(device)
+        self._device = validate_device(device)
         self._dtype = torch_dtype(geometry.dtype)
         self.store_kv = store_kv
         shape = (geometry.num_layers, capacity_tokens, geometry.num_kv_heads, geometry.head_dim)
-        self._k = torch.zeros(shape, dtype=self._dtype, device=self._device) if store_kv else None
-        self._v = torch.zeros(shape, dtype=self._dtype, device=self._device) if store_kv else None
+        self._k = (
+            allocate_zeros(shape, self._dtype, self._device, "the key arena") if store_kv else None
+        )
+        self._v = (
+            allocate_zeros(shape, self._dtype, self._device, "the value arena")
+            if store_kv
+            else None
+        )
         self._requests: dict[Hashable, _Request] = {}
         # Reserved ranges sorted by start: parallel lists of starts and (start, end, id).
         self._starts: list[int] = []
@@ -223,10 +236,7 @@ class ContiguousKVCache:
         req = self._get(request_id)
         n = validate_kv_append(self._geometry, self._dtype, keys, values)
         if token_ids is not None:
-            try:
-                given = len(token_ids)
-            except TypeError:
-                raise ShapeError(f"token_ids must be a sequence, got {token_ids!r:.80}") from None
+            given = token_id_count(token_ids)
             if given != n:
                 raise ShapeError(f"token_ids has {given} ids for {n} tokens")
             validate_token_ids(token_ids)

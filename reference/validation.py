@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvbench.workloads.errors import ConfigError, ShapeError
+from kvbench.workloads.errors import CapacityError, ConfigError, ShapeError
 from kvbench.workloads.geometry import KVGeometry
 
 
@@ -83,3 +83,59 @@ def validate_token_ids(token_ids: Sequence[int | None]) -> None:
     plain = set(map(type, token_ids)) <= _PLAIN_TOKEN_TYPES
     if not plain or min((t for t in token_ids if t is not None), default=0) < 0:
         _find_bad_token(token_ids, allow_none=True)
+
+
+#: Block ids and slot counts go to kernels as int32: the largest a cache may hold.
+MAX_INDEX = 2**31 - 1
+
+
+def validate_geometry(geometry: object) -> KVGeometry:
+    """`geometry` if it is a KVGeometry; ConfigError naming it otherwise."""
+    if not isinstance(geometry, KVGeometry):
+        raise ConfigError(f"geometry must be a KVGeometry, got {geometry!r:.80}")
+    return geometry
+
+
+def validate_device(device: object) -> torch.device:
+    """`device` as a torch.device; ConfigError naming it when torch does not know it."""
+    try:
+        return torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ConfigError(f"unknown device {device!r:.80}: {exc}") from None
+
+
+def validate_count(name: str, value: object, maximum: int = MAX_INDEX) -> int:
+    """A whole number in [1, maximum]; ConfigError naming it otherwise."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or not 1 <= value <= maximum
+    ):
+        raise ConfigError(f"{name} must be an integer in [1, {maximum:,}], got {value!r}")
+    return int(value)
+
+
+def allocate_zeros(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, what: str
+) -> torch.Tensor:
+    """torch.zeros(shape), or CapacityError naming `what` and its size when the memory
+    cannot be had (nothing is kept of a failed allocation)."""
+    try:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    except (RuntimeError, MemoryError, OverflowError, TypeError) as exc:
+        elements = 1
+        for d in shape:
+            elements *= d
+        size = elements * torch.empty((), dtype=dtype).element_size()
+        raise CapacityError(
+            f"cannot allocate {what} of shape {list(shape)} ({size:,} bytes) on {device}: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
+
+
+def token_id_count(token_ids: object) -> int:
+    """len(token_ids); ShapeError when token_ids is not a sequence."""
+    try:
+        return len(token_ids)  # type: ignore[arg-type]
+    except TypeError:
+        raise ShapeError(f"token_ids must be a sequence, got {token_ids!r:.80}") from None

@@ -330,6 +330,7 @@ class ResultWriter:
             env.update(extra_environment)
         self.environment = env
         self.resumed = self.path.exists() and self.path.stat().st_size > 0
+        check_appendable(self.path)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.rows_written = 0
         if self.resumed:
@@ -552,6 +553,20 @@ def _parse_line(run: Run, path: Path, lineno: int, data: bytes, *, is_last: bool
         run.rows.append(obj)
         return None
     return f"unknown line kind {kind!r:.40}"
+
+
+def check_appendable(path: str | os.PathLike[str]) -> None:
+    """Refuse (ResultsError) to append to an existing, non-empty file that is not a
+    kvbench results file (its first line is no results header): a writer would mix rows
+    into someone else's file."""
+    p = Path(path)
+    if p.is_dir():
+        raise ResultsError(f"cannot write results to {p}: it is a folder")
+    if p.is_file() and p.stat().st_size > 0 and read_header(p).get("kind") != "header":
+        raise ResultsError(
+            f"cannot append to {p}: its first line is not a kvbench results header (not a "
+            "results file, or a damaged one); nothing was written"
+        )
 
 
 def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -863,6 +878,7 @@ __all__ = [
     "RunSummary",
     "SchemaVersionError",
     "case_key",
+    "check_appendable",
     "check_run_id",
     "check_shards",
     "collect_environment",

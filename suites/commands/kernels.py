@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from kvbench.kernels import aot
-from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultWriter
+from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultWriter, check_appendable
 from kvbench.suites.commands.argtypes import (
     check_output_dir,
     check_output_file,
@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     """Compile, print, record; returns 1 if any configuration breaks a rule."""
     if not args.no_results:
         check_output_dir(args.results_dir, "--results-dir")
+        if args.run_id is not None:
+            check_appendable(Path(args.results_dir) / f"{args.run_id}.jsonl")
     if args.json is not None:
         check_output_file(args.json, "--json")
     cfgs = aot.headline_configs() if args.headline else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -126,9 +127,9 @@ def run(args: argparse.Namespace) -> int:
     if args.min_len > args.max_len:
         raise ConfigError(f"--min-len {args.min_len} is above --max-len {args.max_len}")
     if args.results:
-        from kvbench.reports.results import check_run_id
+        from kvbench.reports.results import DEFAULT_RESULTS_DIR, check_appendable, check_run_id
 
-        check_run_id(args.results)
+        check_appendable(Path(DEFAULT_RESULTS_DIR) / f"{check_run_id(args.results)}.jsonl")
     batches = seed002_lengths(
         args.batch_sizes,
         seed=args.seed,

@@ -289,3 +289,44 @@ def test_a_failed_pow2_admit_leaves_external_fragmentation_as_it_was() -> None:
         cache.admit("h", list(range(1, 21)))  # needs 32 contiguous slots
     assert cache.stats() == before
     TRIED["api: too big to admit"] += 1
+
+
+BIG = KVGeometry(num_layers=80, num_kv_heads=8, head_dim=128, dtype="float16", num_q_heads=64)
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "names"),
+    [
+        (lambda: ContiguousKVCache("g", 64, 16), ConfigError, "'g'"),
+        (lambda: PagedKVCache("g", 8, 4), ConfigError, "'g'"),
+        (lambda: ContiguousKVCache(G, 64, 16, device="warp-drive"), ConfigError, "'warp-drive'"),
+        (lambda: PagedKVCache(G, 8, 4, device="warp-drive"), ConfigError, "'warp-drive'"),
+        (lambda: ContiguousKVCache(G, 10**30, 16), ConfigError, str(10**30)),
+        (lambda: PagedKVCache(G, 10**30, 4), ConfigError, str(10**30)),
+        (lambda: PagedKVCache(G, 8, 10**30), ConfigError, str(10**30)),
+        (lambda: PagedKVCache(G, 8, 4, num_cpu_blocks=10**30), ConfigError, str(10**30)),
+        (lambda: PagedKVCache(G, 8, 4, watermark=float("nan")), ConfigError, "nan"),
+        (lambda: ContiguousKVCache(G, 64, 16, "lifo"), ConfigError, "'lifo'"),
+        (lambda: PagedKVCache(BIG, 2**30, 16), CapacityError, "2,814,749,767,106,560 bytes"),
+        (lambda: ContiguousKVCache(BIG, 2**40, 16), CapacityError, "key arena"),
+    ],
+)
+def test_a_bad_cache_is_refused_at_construction(build, error, names: str) -> None:
+    """Bad construction arguments, and a pool too big to allocate, raise the project's
+    errors naming them (the tensors are allocated before any bookkeeping, so a pool that
+    cannot be had fails at once)."""
+    with pytest.raises(error) as info:
+        build()
+    assert names in str(info.value)
+    TRIED["api: bad construction"] += 1
+
+
+@pytest.mark.parametrize("which", sorted(CACHES))
+@pytest.mark.parametrize("token_ids", [5, 2.5, object()])
+def test_token_ids_that_are_not_a_sequence(which: str, token_ids: object) -> None:
+    cache = _filled(CACHES[which])
+    before = state(cache)
+    with pytest.raises(ShapeError, match="token_ids must be a sequence"):
+        cache.append("a", *_kv(1), token_ids=token_ids)
+    assert state(cache) == before
+    TRIED["api: token ids of the wrong length"] += 1

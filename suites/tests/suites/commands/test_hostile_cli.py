@@ -563,6 +563,21 @@ def test_bench_resume_of_a_garbage_file_leaves_it_unchanged(workdir: Path) -> No
     )
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["utilization", "--results", "garbage"],
+        ["kernels", "--headline", "--run-id", "garbage"],
+    ],
+)
+def test_rows_are_never_appended_to_a_file_that_is_not_a_run(
+    workdir: Path, argv: list[str]
+) -> None:
+    (workdir / "out" / "results").mkdir(parents=True, exist_ok=True)
+    (workdir / "out" / "results" / "garbage.jsonl").write_bytes(b"\x00 not a run\n")
+    _refused(workdir, argv, argv[0], "cli: issue 18 case", "garbage.jsonl")
+
+
 def test_bench_run_id_of_an_existing_run_is_refused(workdir: Path) -> None:
     (workdir / "out" / "results").mkdir(parents=True, exist_ok=True)
     _results_file(workdir / "out" / "results" / "taken.jsonl")
