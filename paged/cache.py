@@ -663,6 +663,7 @@ class PagedKVCache:
             lens.to(self._device),
             scale,
             backend=self.kernel_backend,
+            max_seq_len=max(r.seq_len for r in reqs),
         )
 
     # ------------------------------------------------------------------ stats

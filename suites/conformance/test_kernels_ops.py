@@ -267,3 +267,40 @@ def test_dispatch_follows_device_and_environment(monkeypatch: pytest.MonkeyPatch
     assert ops.choose_backend(cpu, "torch") == "torch"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert ops.choose_backend(cpu) == "torch"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_caller_maxima_are_checked(backend: str) -> None:
+    """A max_seq_len / max_q_len below the true maximum is refused when indices are
+    checked; a value that is not a positive int always is."""
+    args = _decode_args()  # seq_lens [9, 8]
+    with pytest.raises(IndexRangeError, match="max_seq_len=8"):
+        ops.paged_decode_attention(**args, backend=backend, max_seq_len=8)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ConfigError, match="max_seq_len"):
+            ops.paged_decode_attention(**args, backend=backend, max_seq_len=bad)
+    q = torch.randn(5, 4, 16)
+    common = (q, args["k_cache"], args["v_cache"], args["block_tables"])
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    with pytest.raises(IndexRangeError, match="max_q_len=2"):
+        ops.paged_prefill_attention(*common, cu, args["seq_lens"], backend=backend, max_q_len=2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loose_maxima_give_the_same_result(backend: str) -> None:
+    """Without index checks and without maxima the ops size their launch by the shapes
+    (more partitions and query tiles than needed): the output is unchanged."""
+    args = _decode_args()
+    exact = ops.paged_decode_attention(**args, backend=backend, partition_size=4)
+    loose = ops.paged_decode_attention(
+        **args, backend=backend, partition_size=4, check_indices=False
+    )
+    assert torch.equal(exact, loose)
+    q = torch.randn(5, 4, 16)
+    common = (q, args["k_cache"], args["v_cache"], args["block_tables"])
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    exact = ops.paged_prefill_attention(*common, cu, args["seq_lens"], backend=backend)
+    loose = ops.paged_prefill_attention(
+        *common, cu, args["seq_lens"], backend=backend, check_indices=False
+    )
+    assert torch.equal(exact, loose)

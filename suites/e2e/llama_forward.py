@@ -115,15 +115,22 @@ class KernelAttention:
     kernel that ignores the block table reads the wrong tokens), writes every token with
     `write_kv` at its slot, then runs the prefill/extend kernel (the decode kernel when
     each request has exactly one new token). `backend` is passed to `kernels.ops`
-    ("torch", "triton", or None for its own choice).
+    ("torch", "triton", or None for its own choice); so is `check_indices` (False: the
+    ops read nothing back from the device; the longest lengths are known here anyway).
     """
 
     def __init__(
-        self, block_size: int, scale: float, backend: str | None = None, seed: int = 0
+        self,
+        block_size: int,
+        scale: float,
+        backend: str | None = None,
+        seed: int = 0,
+        check_indices: bool = True,
     ) -> None:
         self.block_size = block_size
         self.scale = scale
         self.backend = backend
+        self.check_indices = check_indices
         self._gen = torch.Generator().manual_seed(seed)
 
     def __call__(
@@ -155,19 +162,23 @@ class KernelAttention:
             values += [pv[layer], v[s : s + n]]
             slots += [table[p // bs] * bs + p % bs for p in range(totals[b])]
         slot_mapping = torch.tensor(slots, dtype=torch.int64)
+        checks = self.check_indices
         ops.write_kv(
             k_cache, v_cache, torch.cat(keys), torch.cat(values), slot_mapping,
-            backend=self.backend,
+            backend=self.backend, check_indices=checks,
         )  # fmt: skip
         seq_lens = torch.tensor(totals, dtype=torch.int32)
+        longest = max(totals)
         if all(n == 1 for n in batch.lengths):
             return ops.paged_decode_attention(
-                q, k_cache, v_cache, tables, seq_lens, self.scale, backend=self.backend
-            )
+                q, k_cache, v_cache, tables, seq_lens, self.scale, backend=self.backend,
+                check_indices=checks, max_seq_len=longest,
+            )  # fmt: skip
         cu = torch.tensor([0, *batch.starts[1:], q.shape[0]], dtype=torch.int32)
         return ops.paged_prefill_attention(
-            q, k_cache, v_cache, tables, cu, seq_lens, self.scale, backend=self.backend
-        )
+            q, k_cache, v_cache, tables, cu, seq_lens, self.scale, backend=self.backend,
+            check_indices=checks, max_seq_len=longest, max_q_len=max(batch.lengths),
+        )  # fmt: skip
 
 
 @dataclass
@@ -178,6 +189,8 @@ class _NativePlan:
     seq_lens: torch.Tensor  # int32 [batch]
     cu_seqlens: torch.Tensor  # int32 [batch + 1]
     slots: torch.Tensor  # int64 [T], where the new tokens go
+    max_seq_len: int  # the longest of seq_lens (known on the host)
+    max_q_len: int  # the most new tokens of one request
     num_scratch: int  # blocks appended after the pool
     private_copies: list[tuple[int, int]]  # (pool block, scratch block) to copy first
 
@@ -201,7 +214,9 @@ class PagedNativeAttention:
 
     needs_prefix = False  # reads the prefix from the cache's pool, not from `gather`
 
-    def __init__(self, cache, scale: float, backend: str | None = None) -> None:
+    def __init__(
+        self, cache, scale: float, backend: str | None = None, check_indices: bool = True
+    ) -> None:
         for name in ("block_size", "num_blocks", "block_table", "key_cache", "value_cache"):
             if not hasattr(cache, name):
                 raise ConfigError(
@@ -210,6 +225,7 @@ class PagedNativeAttention:
         self.cache = cache
         self.scale = scale
         self.backend = backend
+        self.check_indices = check_indices
         # The plan of the batch being run (held by reference: ids of freed objects recur).
         self._plan: tuple[PackedBatch, _NativePlan] | None = None
 
@@ -251,6 +267,8 @@ class PagedNativeAttention:
             torch.tensor(totals, dtype=torch.int32),
             torch.tensor([0, *batch.starts[1:], sum(batch.lengths)], dtype=torch.int32),
             torch.tensor(slots, dtype=torch.int64),
+            max(totals),
+            max(batch.lengths),
             scratch,
             copies,
         )
@@ -271,14 +289,17 @@ class PagedNativeAttention:
                 pool[dst] = pool[src]
             pools.append(pool)
         k_cache, v_cache = pools
-        ops.write_kv(k_cache, v_cache, k, v, plan.slots, backend=self.backend)
+        checks = self.check_indices
+        ops.write_kv(k_cache, v_cache, k, v, plan.slots, backend=self.backend, check_indices=checks)
         if all(n == 1 for n in batch.lengths):
             return ops.paged_decode_attention(
-                q, k_cache, v_cache, plan.tables, plan.seq_lens, self.scale, backend=self.backend
-            )
+                q, k_cache, v_cache, plan.tables, plan.seq_lens, self.scale, backend=self.backend,
+                check_indices=checks, max_seq_len=plan.max_seq_len,
+            )  # fmt: skip
         return ops.paged_prefill_attention(
             q, k_cache, v_cache, plan.tables, plan.cu_seqlens, plan.seq_lens, self.scale,
-            backend=self.backend,
+            backend=self.backend, check_indices=checks, max_seq_len=plan.max_seq_len,
+            max_q_len=plan.max_q_len,
         )  # fmt: skip
 
 
