@@ -122,7 +122,11 @@ class PagedKVCache:
             self._k = torch.zeros(shape, dtype=self._dtype, device=self._device)
             self._v = torch.zeros(shape, dtype=self._dtype, device=self._device)
         self.swap = SwapSpace(
-            num_cpu_blocks, block_shape if store_kv else None, geometry.num_layers, self._dtype
+            num_cpu_blocks,
+            block_shape if store_kv else None,
+            geometry.num_layers,
+            self._dtype,
+            pin_memory=self._device.type == "cuda",
         )
         self._requests: dict[Hashable, RequestState] = {}
         self._order = 0
