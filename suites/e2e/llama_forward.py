@@ -102,8 +102,8 @@ class OracleAttention:
             pk, pv = batch.prefix_k[b], batch.prefix_v[b]
             if pk is None or pv is None:
                 raise ShapeError(f"request {batch.request_ids[b]!r} has no gathered prefix")
-            kk = torch.cat([pk[layer], k[s : s + n]])
-            vv = torch.cat([pv[layer], v[s : s + n]])
+            kk = torch.cat([pk[layer].to(k.device), k[s : s + n]])
+            vv = torch.cat([pv[layer].to(v.device), v[s : s + n]])
             out[s : s + n] = extend_attention(q[s : s + n], kk, vv, self.scale).to(q.dtype)
         return out
 
@@ -147,8 +147,9 @@ class KernelAttention:
         # Slots no token occupies hold large finite garbage: a kernel that reads past a
         # sequence's length, or a wrong block, gets visibly wrong output.
         shape = (num_blocks, bs, hkv, d)
-        k_cache = (torch.randn(shape, generator=self._gen) * 100).to(k.dtype)
-        v_cache = (torch.randn(shape, generator=self._gen) * 100).to(k.dtype)
+        dev = q.device
+        k_cache = (torch.randn(shape, generator=self._gen) * 100).to(dev, k.dtype)
+        v_cache = (torch.randn(shape, generator=self._gen) * 100).to(dev, k.dtype)
         tables = torch.zeros((len(totals), max(blocks_per)), dtype=torch.int32)
         keys, values, slots, cursor = [], [], [], 0
         for b, (s, n) in enumerate(zip(batch.starts, batch.lengths, strict=True)):
@@ -158,23 +159,24 @@ class KernelAttention:
             pk, pv = batch.prefix_k[b], batch.prefix_v[b]
             if pk is None or pv is None:
                 raise ShapeError(f"request {batch.request_ids[b]!r} has no gathered prefix")
-            keys += [pk[layer], k[s : s + n]]
-            values += [pv[layer], v[s : s + n]]
+            keys += [pk[layer].to(dev, k.dtype), k[s : s + n]]
+            values += [pv[layer].to(dev, v.dtype), v[s : s + n]]
             slots += [table[p // bs] * bs + p % bs for p in range(totals[b])]
-        slot_mapping = torch.tensor(slots, dtype=torch.int64)
+        slot_mapping = torch.tensor(slots, dtype=torch.int64).to(dev)
+        tables = tables.to(dev)
         checks = self.check_indices
         ops.write_kv(
             k_cache, v_cache, torch.cat(keys), torch.cat(values), slot_mapping,
             backend=self.backend, check_indices=checks,
         )  # fmt: skip
-        seq_lens = torch.tensor(totals, dtype=torch.int32)
+        seq_lens = torch.tensor(totals, dtype=torch.int32).to(dev)
         longest = max(totals)
         if all(n == 1 for n in batch.lengths):
             return ops.paged_decode_attention(
                 q, k_cache, v_cache, tables, seq_lens, self.scale, backend=self.backend,
                 check_indices=checks, max_seq_len=longest,
             )  # fmt: skip
-        cu = torch.tensor([0, *batch.starts[1:], q.shape[0]], dtype=torch.int32)
+        cu = torch.tensor([0, *batch.starts[1:], q.shape[0]], dtype=torch.int32).to(dev)
         return ops.paged_prefill_attention(
             q, k_cache, v_cache, tables, cu, seq_lens, self.scale, backend=self.backend,
             check_indices=checks, max_seq_len=longest, max_q_len=max(batch.lengths),
@@ -193,6 +195,19 @@ class _NativePlan:
     max_q_len: int  # the most new tokens of one request
     num_scratch: int  # blocks appended after the pool
     private_copies: list[tuple[int, int]]  # (pool block, scratch block) to copy first
+
+    def to(self, device: torch.device) -> _NativePlan:
+        """The plan with its tensors on `device` (built on the host, moved once)."""
+        return _NativePlan(
+            self.tables.to(device),
+            self.seq_lens.to(device),
+            self.cu_seqlens.to(device),
+            self.slots.to(device),
+            self.max_seq_len,
+            self.max_q_len,
+            self.num_scratch,
+            self.private_copies,
+        )
 
 
 class PagedNativeAttention:
@@ -279,7 +294,7 @@ class PagedNativeAttention:
         from kvbench.kernels import ops
 
         if self._plan is None or self._plan[0] is not batch:
-            self._plan = (batch, self._make_plan(batch))
+            self._plan = (batch, self._make_plan(batch).to(q.device))
         plan = self._plan[1]
         pools = []
         for real in (self.cache.key_cache(layer), self.cache.value_cache(layer)):
@@ -324,8 +339,9 @@ class CacheAttention:
 
 @dataclass
 class ForwardOutput:
-    """K/V of the packed new tokens ([num_layers, T, num_kv_heads, head_dim]) and the
-    logits of every packed row ([T, vocab], float32)."""
+    """K/V of the packed new tokens ([num_layers, T, num_kv_heads, head_dim], on the
+    model's device) and the logits of every packed row ([T, vocab], float32, on the CPU,
+    where the runner picks tokens and the checks compare them with HF's)."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -349,8 +365,9 @@ class LlamaForward:
     @torch.no_grad()
     def __call__(self, batch: PackedBatch, attention: Attention) -> ForwardOutput:
         inner = self.model.model
-        ids = batch.flat_ids()
-        positions = batch.flat_positions()
+        dev = inner.embed_tokens.weight.device
+        ids = batch.flat_ids().to(dev)
+        positions = batch.flat_positions().to(dev)
         t = ids.shape[0]
         h = inner.embed_tokens(ids)  # [T, hidden]
         cos, sin = inner.rotary_emb(h, positions.unsqueeze(0))  # [1, T, head_dim]
@@ -370,7 +387,7 @@ class LlamaForward:
             o = attention(batch, layer, q, k, v)
             h = h + attn.o_proj(o.reshape(t, self.num_q_heads * self.head_dim))
             h = h + block.mlp(block.post_attention_layernorm(h))
-        logits = self.model.lm_head(inner.norm(h)).float()
+        logits = self.model.lm_head(inner.norm(h)).float().cpu()
         return ForwardOutput(torch.stack(keys), torch.stack(values), logits)
 
 
