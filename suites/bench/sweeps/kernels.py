@@ -9,7 +9,9 @@ from the GPU. Each case records both times, the paged overhead (paged / contiguo
 bytes one call must move (K and V of every cached token, the queries and the outputs, the
 block tables), the achieved bandwidth and its fraction of the copy peak measured in the
 same run, and the relative difference between the two outputs (proof they did the same
-work).
+work). A case whose paged output differs from SDPA's by more than twice the dtype's
+oracle tolerance (each side may be that far from the exact result) fails before it is
+timed, so a miscompiled kernel yields a failed case, never a timing.
 
 Pool layout: each sequence's blocks are scattered over the pool by a seeded permutation,
 as in a pool that has served many requests.
@@ -22,8 +24,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from kvbench.reference.oracle import tolerance
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads.errors import KVBenchError
 from kvbench.workloads.torch_dtypes import torch_dtype
 
 NUM_KV_HEADS = 8
@@ -101,6 +105,23 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(a64 - b64) / torch.linalg.vector_norm(b64))
 
 
+class KernelDisagreesError(KVBenchError):
+    """The paged kernel's output differs from SDPA's on the same K/V beyond tolerance."""
+
+
+def agreement(paged: torch.Tensor, sdpa: torch.Tensor, case: Case) -> float:
+    """The relative difference of the two outputs; raises KernelDisagreesError (naming
+    the case) when it exceeds twice the dtype's oracle tolerance or is not finite."""
+    diff = _rel(paged, sdpa)
+    limit = 2 * tolerance(paged.dtype)
+    if not diff <= limit:  # NaN fails too
+        raise KernelDisagreesError(
+            f"paged output differs from SDPA by {diff:.3g} (relative) > {limit:.3g} for "
+            f"{paged.dtype} in case {case}; not timed"
+        )
+    return diff
+
+
 def _bandwidth(ctx: BenchContext, nbytes: int, seconds: float) -> list[Measurement]:
     bw = nbytes / seconds
     return [
@@ -150,7 +171,7 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
     def contiguous() -> torch.Tensor:
         return F.scaled_dot_product_attention(q4, keys, values, scale=scale)
 
-    diff = _rel(paged().clone(), contiguous().reshape(b, h * g, d))
+    diff = agreement(paged().clone(), contiguous().reshape(b, h * g, d), case)
     t_paged = ctx.time(paged)
     t_contig = ctx.time(contiguous)
     esize = keys.element_size()
@@ -245,7 +266,7 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
         )
 
     ref = contiguous().transpose(1, 2).reshape(b * n, h * g, d)
-    diff = _rel(paged().clone(), ref)
+    diff = agreement(paged().clone(), ref, case)
     t_paged = ctx.time(paged)
     t_contig = ctx.time(contiguous)
     esize = keys.element_size()

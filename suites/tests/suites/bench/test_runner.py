@@ -214,6 +214,27 @@ def test_kernel_prefill_matches_causal_sdpa() -> None:
     assert got["rel_diff_vs_sdpa"] < 1e-5
 
 
+@pytest.mark.parametrize("name", ["kernel.decode", "kernel.prefill"])
+def test_kernel_sweep_fails_a_case_whose_kernel_disagrees(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paged kernel that returns a wrong answer (here: 1% off) fails the case before it is
+    timed, naming the difference; the timing harness is never reached."""
+    from kvbench.kernels import ops
+    from kvbench.suites.bench.sweeps.kernels import KernelDisagreesError
+
+    op = "paged_decode_attention" if name == "kernel.decode" else "paged_prefill_attention"
+    real = getattr(ops, op)
+    monkeypatch.setattr(ops, op, lambda *a, **kw: real(*a, **kw).mul_(1.01))
+    ctx = _ctx()
+    monkeypatch.setattr(ctx, "time", lambda fn: pytest.fail("a disagreeing kernel was timed"))
+    case = {"block_size": 8, "ctx_len": 37, "batch": 2, "dtype": "float32", "gqa": 2}
+    if name == "kernel.prefill":
+        case["q_len"] = 5
+    with pytest.raises(KernelDisagreesError, match=r"differs from SDPA by 0\.01"):
+        list(registry.get_sweep(name).measure(case, ctx))
+
+
 def test_utilization_static_matches_block_arithmetic() -> None:
     sw = registry.get_sweep("utilization.static")
     ctx = _ctx()
