@@ -20,9 +20,12 @@ as in a pool that has served many requests.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from kvbench.reference.oracle import tolerance
 from kvbench.suites.bench.context import BenchContext
@@ -103,6 +106,33 @@ def _backend(device: torch.device) -> str:
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a64, b64 = a.to(torch.float64), b.to(torch.float64)
     return float(torch.linalg.vector_norm(a64 - b64) / torch.linalg.vector_norm(b64))
+
+
+#: SDPA backends in the order torch itself prefers them (fastest first).
+SDPA_BACKENDS: tuple[tuple[str, SDPBackend], ...] = (
+    ("flash", SDPBackend.FLASH_ATTENTION),
+    ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+    ("cudnn", SDPBackend.CUDNN_ATTENTION),
+    ("math", SDPBackend.MATH),
+)
+
+
+def fastest_sdpa(call: Callable[[], torch.Tensor]) -> tuple[str, Callable[[], torch.Tensor]]:
+    """The first of `SDPA_BACKENDS` that accepts `call` (an SDPA call), and `call` pinned
+    to it, so the baseline is never a silent fall back to the math backend."""
+    for name, backend in SDPA_BACKENDS:
+        try:
+            with sdpa_kernel(backend):
+                call()
+        except RuntimeError:
+            continue
+
+        def pinned(backend: SDPBackend = backend) -> torch.Tensor:
+            with sdpa_kernel(backend):
+                return call()
+
+        return name, pinned
+    raise KVBenchError("no SDPA backend accepts the contiguous baseline")  # math always does
 
 
 class KernelDisagreesError(KVBenchError):
@@ -240,8 +270,9 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
     cu = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device=dev)
     scale = 1.0 / math.sqrt(d)
     out = torch.empty_like(query)
-    qpos = torch.arange(length - n, length, device=dev).unsqueeze(1)
-    mask = torch.arange(length, device=dev).unsqueeze(0) <= qpos  # [n, L]
+    # query i sits at position L - n + i: causal aligned to the bottom right, which
+    # is_causal (top left) is only when n == L; an explicit bias keeps flash eligible
+    mask = None if n == length else causal_lower_right(n, length)
     q4 = query.view(b, n, h * g, d).transpose(1, 2)  # [B, Hq, n, D]
 
     def paged() -> torch.Tensor:
@@ -260,11 +291,13 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
             max_q_len=n,
         )
 
-    def contiguous() -> torch.Tensor:
+    def sdpa() -> torch.Tensor:
         return F.scaled_dot_product_attention(
-            q4, keys, values, attn_mask=mask, scale=scale, enable_gqa=g > 1
-        )
+            q4, keys, values, attn_mask=mask, is_causal=mask is None, scale=scale,
+            enable_gqa=g > 1,
+        )  # fmt: skip
 
+    sdpa_backend, contiguous = fastest_sdpa(sdpa)
     ref = contiguous().transpose(1, 2).reshape(b * n, h * g, d)
     diff = agreement(paged().clone(), ref, case)
     t_paged = ctx.time(paged)
@@ -281,4 +314,5 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("achieved_flops", flops / t_paged["median"], "FLOP/s"),
         *_bandwidth(ctx, nbytes, t_paged["median"]),
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
+        Measurement(f"contiguous_sdpa_backend_{sdpa_backend}", 1.0, "bool"),
     ]
