@@ -112,3 +112,26 @@ def test_merge_keeps_statuses_and_sums_the_plans(tmp_path: Path) -> None:
     path, _, _ = R.merge_runs(parts, "joined", tmp_path)
     joined = R.load_run(path)
     assert joined.completeness() == (2, 5)
+
+
+def test_site_shows_failed_skipped_and_incomplete(tmp_path: Path) -> None:
+    """A deliberately failing case shows as failed on its sweep page and the index; a
+    sweep whose every case failed still gets a page; a killed run reads incomplete."""
+    from kvbench.reports.site import build_site
+
+    env = {**ENV, "git_revision": "x"}
+    with R.ResultWriter("r", tmp_path, environment=env, header_fields={"planned_cases": 4}) as w:
+        w.record("good.sweep", {"i": 0}, "time", 1.0, "s")
+        w.record_status("good.sweep", {"i": 0}, "measured")
+        w.record_status("good.sweep", {"i": 1}, "skipped", message="peer vllm not installed")
+        w.record_status("bad.sweep", {"i": 0}, "failed", error="KernelDisagreesError",
+                        message="paged output differs from SDPA by 0.5")  # fmt: skip
+    index = build_site([R.load_run(tmp_path / "r.jsonl")], tmp_path / "site")
+    text = index.read_text()
+    assert "incomplete: 3 of 4 cases" in text
+    assert "1 failed" in text and "1 skipped" in text
+    pages = {p.name: p.read_text() for p in index.parent.glob("sweep-*.html")}
+    bad = next(t for n, t in pages.items() if "bad.sweep" in n)
+    assert "Failed cases (1)" in bad and "KernelDisagreesError" in bad and "by 0.5" in bad
+    good = next(t for n, t in pages.items() if "good.sweep" in n)
+    assert "Skipped cases (1)" in good and "peer vllm not installed" in good
