@@ -335,6 +335,27 @@ class PagedVsContiguous(RuleBasedStateMachine):
         self.failed_atomically(before, expected("expected"))
 
     # ------------------------------------------------------------------ invariants
+    def serving_accounting_agrees(self, stats) -> None:
+        """The serving contract's per-step reading (what the engine sees) agrees with
+        stats() for both caches, and block boundaries are growth points."""
+        for c, snap in ((self.cache, stats), (self.ref, self.ref.stats())):
+            occ = c.occupancy()
+            assert occ.live_slots == snap.live_slots and occ.free_blocks == snap.free_blocks
+            assert occ.used_blocks == snap.used_blocks  # (its cached_blocks: evictable only)
+            assert occ.cached_blocks <= snap.cached_blocks
+            held = c.blocks_held(self.running())
+            assert (
+                held == len({b for r in self.running() for b in c.block_table(r)})
+                if (c is self.cache)
+                else held == 0
+            )
+        bs = self.cache.block_size
+        assert self.cache.occupancy().reserved_slots == stats.used_blocks * bs
+        for rid in self.running():
+            length = self.cache.seq_len(rid)
+            point = self.cache.next_growth(rid, length)
+            assert point >= length and point % bs == 0 and point - length < bs
+
     @invariant()
     def caches_agree(self) -> None:
         if self.paged is None:
@@ -359,6 +380,7 @@ class PagedVsContiguous(RuleBasedStateMachine):
                 assert bitwise_equal(pk, mk) and bitwise_equal(pv, mv), f"KV of {rid} is wrong"
                 attendable.append(rid)
         stats = cache.stats()
+        self.serving_accounting_agrees(stats)
         assert stats.logical_tokens == sum(len(self.model[r].tokens) for r in self.running())
         assert stats.num_requests == len(self.model)
         assert stats.live_slots <= stats.logical_tokens  # sharing only ever saves slots
