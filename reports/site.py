@@ -2,9 +2,11 @@
 
     build_site(runs, out_dir) -> out_dir/index.html
 
-Pages: `index.html` (runs with their environments, skipped lines, sweeps waiting for a
-module, and the list of sweeps), one `sweep-<name>.html` per sweep (its figures and its
-table, with the related published claims), `claims.html` (every claim of the seed
+Pages: `index.html` (runs with their environments, how many planned cases ended and how
+(a killed run reads "incomplete: N of M cases"), skipped lines, sweeps waiting for a
+module, and the list of sweeps with their failed and skipped cases), one
+`sweep-<name>.html` per sweep (its figures and its table, with the related published
+claims, and the cases that failed or were skipped, with why), `claims.html` (every claim of the seed
 literature with source, measured value and verdict, per run), `peers.html` (kvbench
 beside other implementations from the `peers.*` sweeps, with the ratios the bench
 measured and the properties that differ by design; without peer rows it says how to
@@ -33,7 +35,8 @@ import pandas as pd
 
 from kvbench.reports import claims as claims_mod
 from kvbench.reports import figures, tables
-from kvbench.reports.results import ResultsError, Run, case_key, to_frame
+from kvbench.reports.results import ResultsError, Run, to_frame
+from kvbench.reports.site_status import SweepOutcomes, run_outcomes, sweep_outcomes
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
 
@@ -50,6 +53,7 @@ class SweepPage:
     figure_files: list[dict[str, str]] = field(default_factory=list)
     provenance: list[str] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)
+    outcomes: SweepOutcomes = field(default_factory=SweepOutcomes)
 
     @property
     def figures(self) -> int:
@@ -159,26 +163,18 @@ def provenance(run: Run, frame: pd.DataFrame) -> str:
 
 
 def completeness(run: Run) -> str:
-    """'' for a run that measured every case it planned; else a sentence saying what is
-    missing (cases not finished, shards not merged, a torn last line of a killed run)."""
-    bench = run.header.get("bench")
-    bench = bench if isinstance(bench, dict) else {}
+    """'' for a run that ended every case it planned; else a sentence saying what is
+    missing (cases that never ended, shards not merged, a torn last line of a killed
+    run)."""
     notes = []
-    planned = bench.get("planned_cases")
-    done = len(
-        {
-            case_key(r["suite"], r["case"])
-            for r in run.rows
-            if r["metric"] in tables.BOOKKEEPING_METRICS
-        }
-    )
-    if isinstance(planned, int) and not isinstance(planned, bool) and done < planned:
+    ended = run_outcomes(run)["incomplete"]
+    if ended:
         notes.append(
-            f"incomplete: {done} of the {planned} planned cases finished (the run was "
-            f"interrupted, killed, or some cases failed); continue it with "
-            f"`kvbench bench --resume {run.run_id}`"
+            f"{ended} ended (killed or interrupted); `kvbench bench --resume {run.run_id}` "
+            "measures the rest"
         )
-    missing = bench.get("missing_shards")
+    bench = run.header.get("bench")
+    missing = bench.get("missing_shards") if isinstance(bench, dict) else None
     if isinstance(missing, list) and missing:
         notes.append(f"incomplete: merged without shard(s) {', '.join(map(str, missing))}")
     torn = [p for p in run.problems if "truncated" in p.message]
@@ -225,7 +221,7 @@ def build_site(
     if not runs:
         raise ResultsError("no runs to report; run `kvbench bench` first")
     for run in runs:
-        if not run.rows:
+        if not run.rows and not run.statuses:
             raise ResultsError(f"run {run.run_id} ({run.path}) has no measurements to report")
     out = Path(out_dir)
     check_site_dir(out)
@@ -239,7 +235,8 @@ def build_site(
     env = _env()
     frame = tables.latest(to_frame(runs))
     descriptions = _descriptions(runs)
-    suites = list(dict.fromkeys(frame["suite"]))
+    ended = sweep_outcomes(runs)
+    suites = list(dict.fromkeys([*frame["suite"], *ended]))
     hrefs: dict[str, str] = {}
     for s in suites:
         base, n = f"sweep-{_slug(s)}", 1
@@ -253,9 +250,12 @@ def build_site(
     }
     pages = [
         _sweep_page(s, frame[frame["suite"] == s], hrefs[s], descriptions.get(s, ""), fig_dir)
+        if (frame["suite"] == s).any()
+        else SweepPage(s, hrefs[s], descriptions.get(s, ""), 0)
         for s in suites
     ]
     for page in pages:
+        page.outcomes = ended.get(page.name, SweepOutcomes())
         sub = frame[frame["suite"] == page.name]
         for run in runs:
             mine = sub[sub["run_id"] == run.run_id]
@@ -558,6 +558,7 @@ def _run_view(run: Run) -> dict[str, Any]:
         "waiting": _waiting(run),
         "problems": [str(p) for p in run.problems],
         "incomplete": completeness(run),
+        "outcomes": run_outcomes(run),
     }
 
 

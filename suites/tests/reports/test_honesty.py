@@ -72,7 +72,7 @@ def _timed(w: R.ResultWriter, suite: str, case: dict, metric: str, median: float
 
 
 def _write_runs(folder: Path) -> None:
-    header = {"bench": {"sweeps": "all", "planned_cases": 3, "shard": None, "seed": 0}}
+    header = {"planned_cases": 3, "bench": {"sweeps": "all", "shard": None, "seed": 0}}
     for rid, slow in (("a", 1.0), ("b", 3.0)):
         with R.ResultWriter(rid, folder, environment=ENV, header_fields=header) as w:
             for i, ctx in enumerate((128, 1024)):
@@ -160,7 +160,7 @@ def test_wide_tables_scroll_with_the_key_column_in_view(site: Path) -> None:
 
 
 def test_a_killed_run_is_reported_incomplete(tmp_path: Path) -> None:
-    header = {"bench": {"sweeps": "all", "planned_cases": 5, "shard": None, "seed": 0}}
+    header = {"planned_cases": 5, "bench": {"sweeps": "all", "shard": None, "seed": 0}}
     with R.ResultWriter("killed", tmp_path, environment=ENV, header_fields=header) as w:
         w.record("capacity.footprint", {"model": "m"}, "bytes_per_token", 1.0, "B")
         w.record("capacity.footprint", {"model": "m"}, "case_wall_time", 0.1, "s")
@@ -169,7 +169,7 @@ def test_a_killed_run_is_reported_incomplete(tmp_path: Path) -> None:
     out = tmp_path / "site"
     build_site(R.load_runs(["killed"], tmp_path), out)
     index = html.unescape((out / "index.html").read_text())
-    assert "Incomplete:" in index and "1 of the 5 planned cases finished" in index
+    assert "Incomplete:" in index and "incomplete: 1 of 5 cases ended" in index
     assert "torn" in index
     sweep = html.unescape((out / "sweep-capacity.footprint.html").read_text())
     assert "Incomplete run" in sweep and "killed" in sweep

@@ -246,8 +246,11 @@ def test_export_csv_and_parquet(tmp_path: Path) -> None:
         R.export_frame(frame, tmp_path / "x.xlsx")
 
 
-def _shard(tmp_path: Path, run_id: str, k: int, n: int, cases: list[int], **bench) -> None:
-    header = {"bench": {"sweeps": ["s"], "full": False, "seed": 0, "shard": f"{k}/{n}", **bench}}
+def _shard(
+    tmp_path: Path, run_id: str, k: int, n: int, cases: list[int], planned: int = 1, **bench
+) -> None:
+    bench = {"sweeps": ["s"], "full": False, "seed": 0, "shard": f"{k}/{n}", **bench}
+    header = {"planned_cases": planned, "bench": bench}
     with R.ResultWriter(run_id, tmp_path, environment=ENV, header_fields=header) as w:
         for i in cases:
             w.record("s", {"i": i}, "m", float(i), "u")
@@ -298,12 +301,12 @@ def test_merge_refuses_what_is_not_one_whole_sharded_run_and_changes_nothing(
 
 
 def test_merge_of_an_incomplete_set_when_allowed_says_what_is_missing(tmp_path: Path) -> None:
-    _shard(tmp_path, "p1", 1, 3, [0], planned_cases=1)
-    _shard(tmp_path, "p3", 3, 3, [2], planned_cases=1)
+    _shard(tmp_path, "p1", 1, 3, [0])
+    _shard(tmp_path, "p3", 3, 3, [2])
     args = ["merge", "p1", "p3", "--into", "m", "--allow-incomplete", "--dir", str(tmp_path)]
     assert kvbench(args) == 0
-    bench = R.load_run(tmp_path / "m.jsonl").header["bench"]
-    assert bench["missing_shards"] == ["2/3"] and bench["planned_cases"] == 2
+    merged = R.load_run(tmp_path / "m.jsonl")
+    assert merged.header["bench"]["missing_shards"] == ["2/3"] and merged.planned_cases == 2
 
 
 def test_results_cli_lists_and_exports(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
