@@ -28,8 +28,11 @@ SUITE = "paged.utilization"
 
 #: Largest batch and longest length accepted: far past the seed's 200 and 2048, small
 #: enough that the caches this command fills fit in memory.
-MAX_BATCH = 100_000
-MAX_TOKENS = 1 << 22
+MAX_BATCH = 10_000
+MAX_TOKENS = 1 << 20
+#: Most blocks the caches of one invocation may hold (their bookkeeping is about 100 bytes
+#: a block): checked on the drawn lengths before any cache is built.
+MAX_BLOCKS = 1 << 22
 
 _length = int_range(1, MAX_TOKENS)
 
@@ -138,6 +141,14 @@ def run(args: argparse.Namespace) -> int:
         min_len=args.min_len,
         max_len=args.max_len,
     )
+    blocks = sum(int(((b + args.block_size - 1) // args.block_size).sum()) for b in batches)
+    shared = args.shared_requests * (-(-args.system_prompt // args.block_size) + 1)
+    if max(blocks, shared) > MAX_BLOCKS:
+        raise ConfigError(
+            f"these options fill {max(blocks, shared):,} blocks of {args.block_size} tokens; "
+            f"this command fills at most {MAX_BLOCKS:,}: use smaller batches, lengths or a "
+            "larger --block-size"
+        )
     rows = [
         measure_batch(b, args.block_size, args.max_len)
         for b in tqdm(batches, desc="filling caches", unit="batch", disable=None, leave=False)

@@ -251,6 +251,12 @@ BAD_WORDS: list[tuple[str, list[str], str]] = [
     ("capacity", ["--kv-budget=1GB", "--format=xml"], "'xml'"),
     ("utilization", ["--format=xml"], "'xml'"),
     ("utilization", ["--min-len=3000"], "3000"),
+    (
+        "utilization",
+        ["--mean=1000000", "--max-len=1000000", "--min-len=1000", "--batch-sizes=10000"],
+        "blocks of 16 tokens",
+    ),
+    ("utilization", ["--shared-requests=10000", "--system-prompt=1000000"], "blocks"),
     ("bench", ["--only", "nonexistent"], "'nonexistent'"),
     ("bench", ["--resume=x", "--run-id=y"], "not both"),
     ("results", ["--to=x.csv"], "--export"),
