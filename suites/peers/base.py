@@ -72,6 +72,12 @@ class AllocatorTraits:
         recently freed first, and a request's blocks enter the queue tail first.
     fresh_reuse: how freed uncached blocks are reused ("lifo": last freed first).
     caches_at: when a block becomes findable: "fill" (once its last token is appended).
+    empty_salt_is_no_salt: whether salt "" keys blocks exactly as no salt (vLLM: an empty
+        `cache_salt` is falsy and left out of the hash) or as a tenant of its own (kvbench).
+
+    Under eviction `indexes_duplicates` changes hits, not just the cached count: an
+    unindexed duplicate is reused before any cached block, so a peer that indexes it
+    evicts an older cached block instead (see suites/conformance/peer_allocator_model.py).
     """
 
     reserved_blocks: tuple[int, ...] = ()
@@ -80,6 +86,7 @@ class AllocatorTraits:
     eviction: str = "lru-tail-first"
     fresh_reuse: str = "lifo"
     caches_at: str = "fill"
+    empty_salt_is_no_salt: bool = False
 
 
 @runtime_checkable

@@ -40,6 +40,7 @@ class KVBenchAllocator:
         eviction="lru-tail-first",
         fresh_reuse="lifo",
         caches_at="fill",
+        empty_salt_is_no_salt=False,
     )
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
