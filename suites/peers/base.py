@@ -215,6 +215,8 @@ class PeerSpec:
     it must be cheap (no heavy import: the bench calls it while planning its cases).
     None means always available.
     version() -> the peer library's version string (recorded with its bench rows).
+    timed: False for a peer checked for correctness only (a kernel run by the Triton
+    interpreter): the timed benches leave it out.
     """
 
     name: str
@@ -224,12 +226,18 @@ class PeerSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     probe: Callable[[], str | None] | None = None
     version: Callable[[], str] | None = None
+    timed: bool = True
 
 
 def _builtin_specs() -> list[PeerSpec]:
-    from kvbench.suites.peers import kvbench_adapter, vllm_adapter
+    from kvbench.suites.peers import flex_adapter, kvbench_adapter, vllm_adapter, vllm_triton
 
-    return [kvbench_adapter.peer_spec(), vllm_adapter.peer_spec()]
+    return [
+        kvbench_adapter.peer_spec(),
+        vllm_adapter.peer_spec(),
+        *vllm_triton.peer_specs(),
+        flex_adapter.peer_spec(),
+    ]
 
 
 def _entry_point_specs() -> list[PeerSpec]:
@@ -292,6 +300,11 @@ def load_attention(name: str) -> AttentionAdapter:
     if spec.attention is None:
         raise ConfigError(f"peer {name!r} has no attention adapter")
     return spec.attention()
+
+
+def is_timed(name: str) -> bool:
+    """Whether peer `name` belongs in the timed benches (see `PeerSpec.timed`)."""
+    return _spec(name).timed
 
 
 def unavailable_reason(name: str) -> str | None:
