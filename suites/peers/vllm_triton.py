@@ -69,12 +69,23 @@ def triton_probe() -> str | None:
     return None
 
 
-@functools.cache
 def load_vllm_triton() -> SimpleNamespace:
-    """Import vLLM's Triton attention ops as real Triton kernels (see module docstring).
+    """Import vLLM's Triton attention ops as real Triton kernels (see module docstring),
+    to run them (compiled on a GPU, interpreted on a CPU).
 
     Raises PeerUnavailableError with the reason when that cannot be done here."""
     why = triton_probe()
+    if why is not None:
+        raise PeerUnavailableError(why)
+    return import_ops()
+
+
+@functools.cache
+def import_ops() -> SimpleNamespace:
+    """The ops modules with real Triton kernels, whether or not they can run here (the
+    ahead-of-time compile only records their launches). PeerUnavailableError when vLLM
+    is missing or its kernels are not Triton kernels."""
+    why = probe()
     if why is not None:
         raise PeerUnavailableError(why)
     try:
