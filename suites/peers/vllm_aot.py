@@ -169,8 +169,8 @@ def _record(shape: Shape, arch: int) -> list[_Launch]:
     qp = torch.zeros((PREFILL_BATCH * PREFILL_TOKENS, hq, d), dtype=dt)
     cu_p = torch.arange(PREFILL_BATCH + 1, dtype=torch.int32) * PREFILL_TOKENS
     splits = num_kv_splits(DECODE_CONTEXT)
-    original_driver = driver.active
     original_capability = torch.cuda.get_device_capability
+    saved_driver = driver._active  # None until something asks for the real one
     driver.set_active(_FakeDriver(arch))  # type: ignore[arg-type]
     triton.knobs.runtime.jit_cache_hook = hook
     torch.cuda.get_device_capability = lambda *a, **k: (arch // 10, arch % 10)  # type: ignore[assignment]
@@ -204,7 +204,7 @@ def _record(shape: Shape, arch: int) -> list[_Launch]:
         )  # fmt: skip
     finally:
         triton.knobs.runtime.jit_cache_hook = None
-        driver.set_active(original_driver)
+        driver._active = saved_driver
         torch.cuda.get_device_capability = original_capability  # type: ignore[assignment]
     return launches
 
