@@ -235,8 +235,9 @@ class _VLLMTritonBase:
             return f"dtype {dtype} is not float32/float16/bfloat16"
         if dtype == torch.bfloat16 and interpreting() and not _BF16_FIXED:
             return (
-                f"dtype {dtype} under TRITON_INTERPRET=1: the interpreter's tl.dot multiplies "
-                "bfloat16 bit patterns (run inside interpreter_bf16_fixed())"
+                f"dtype {dtype} under TRITON_INTERPRET=1: Triton's interpreter computes bfloat16 "
+                "tl.dot and arithmetic on the raw bit patterns (run inside "
+                "interpreter_bf16_fixed())"
             )
         if num_q_heads % num_kv_heads:
             return f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads"
