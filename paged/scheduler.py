@@ -690,8 +690,6 @@ class Engine:
         processed = peak = barren = 0  # barren: consecutive steps without progress
         sum_live = sum_reserved = sum_running = 0
         n_total = len(reqs)
-        weight_ps = tm.weight_ps if tm is not None else 0
-        kv_ps = tm.kv_ps_per_token if tm is not None else 0
         if tm is None and any(a > 0 for a in arrivals_ps):
             raise ConfigError("arrivals after t=0 need a time model (device profile)")
         last_reported = 0
@@ -895,11 +893,7 @@ class Engine:
             # -- time of this step
             step_ps = 0
             if tm is not None:
-                if decoders:
-                    step_ps += weight_ps + kv_ps * kv_read
-                if prefill_cost:
-                    step_ps += tm.prefill_ps(prefill_cost)
-                step_ps += st["swap_ps"]
+                step_ps = tm.step_ps(decoders, kv_read, prefill_cost) + st["swap_ps"]
             peak = max(peak, len(running))
             had_finishes = bool(finished_now)
             # -- 6. retire
@@ -968,21 +962,14 @@ class Engine:
                     stop = horizon
                     if not waiting and next_arrival < n_total:
                         stop = self._arrival_step(
-                            t + 1,
-                            now_ps,
-                            arrivals_ps[next_arrival],
-                            A,
-                            D,
-                            weight_ps,
-                            kv_ps,
-                            horizon,
+                            t + 1, now_ps, arrivals_ps[next_arrival], A, D, tm, horizon
                         )
                     if stop > t + 1:
                         first, k = t + 1, stop - (t + 1)  # quiet steps first .. stop - 1
                         sum_t = (first + stop - 1) * k // 2
                         span_ps = 0
-                        if tm is not None:
-                            span_ps = k * weight_ps + kv_ps * (k * (A + D) + D * sum_t)
+                        if tm is not None:  # step s reads A + D * s + D KV tokens
+                            span_ps = tm.decode_span_ps(D, A + D + D * first, k)
                         base_live = live_sync + A - agg["sync"]
                         timeline.append(
                             StepRow(
@@ -1047,21 +1034,20 @@ class Engine:
         arrival_ps: int,
         A: int,
         D: int,
-        weight_ps: int,
-        kv_ps: int,
+        tm: TimeModel | None,
         horizon: int,
     ) -> int:
         """The first step >= `first` whose start time reaches `arrival_ps`, when steps
         from `first` on decode D sequences of aggregate A (capped at `horizon`)."""
+        kv_first = A + D + D * first
 
         def start_of(step: int) -> int:
-            k = step - first
-            sum_t = (first + step - 1) * k // 2
-            return now_ps + k * weight_ps + kv_ps * (k * (A + D) + D * sum_t)
+            span = tm.decode_span_ps(D, kv_first, step - first) if tm is not None else 0
+            return now_ps + span
 
         if start_of(first) >= arrival_ps:
             return first
-        if not weight_ps and not kv_ps:
+        if tm is None or start_of(first + 1) == now_ps:
             return horizon
         lo, hi = first, horizon
         if hi >= NEVER or start_of(hi) >= arrival_ps:
