@@ -112,7 +112,7 @@ def test_event_and_token_modes_agree_on_latency(kind: str, tm: TimeModel) -> Non
     times = [request_times(r) for r in runs]
     for a, b in zip(*times, strict=True):
         np.testing.assert_array_equal(a, b)
-    arrival, first, finish, out = times[0]
+    arrival, first, finish, _out = times[0]
     assert (first > arrival).all() and (finish >= first).all()
     assert finish.max() == pytest.approx(runs[0].modeled_seconds, rel=1e-12)
 
@@ -124,7 +124,7 @@ def test_request_times_follow_the_clock_by_hand() -> None:
     trace = Trace((TraceRequest("a", 1.0, 8, 3),))
     spec = CacheSpec(kind="paged", geometry=GEOM, num_blocks=40, block_size=4)
     result = simulate(trace, spec, "auto", config=SchedulerConfig(mode="token"), time_model=tm)
-    arrival, first, finish, _ = request_times(result)
+    _arrival, first, finish, _ = request_times(result)
     prefill = tm.step_ps(0, 0, [(0, 8)])
     decodes = tm.step_ps(1, 9) + tm.step_ps(1, 10)
     assert first[0] == pytest.approx(1.0 + prefill / 1e12, rel=1e-12)
@@ -190,6 +190,6 @@ def test_rate_trace_scales_one_draw() -> None:
 
 def test_sustained_rate_finds_the_knee() -> None:
     knee = 3.7
-    rate, seen = sustained_rate(lambda r: 0.01 if r <= knee else 1.0, 0.1, 1.0, rel_tol=0.01)
+    rate, _seen = sustained_rate(lambda r: 0.01 if r <= knee else 1.0, 0.1, 1.0, rel_tol=0.01)
     assert knee / 1.01 <= rate <= knee
     assert sustained_rate(lambda r: 1.0, 0.1, 1.0)[0] == 0.0
