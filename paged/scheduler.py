@@ -105,11 +105,22 @@ class RequestTooLargeError(SchedulerError):
     is never retried forever)."""
 
 
+#: `step_hook(step, decoded, chunks, model_ps)`: called once per processed step, after
+#: the step's appends and before its finishes free their memory, with the sequences that
+#: decoded a token in it and are still running, as (sequence id, KV length before the
+#: token), its prefill chunks as (sequence id, first position, tokens) and the time
+#: model's price of the step (ps; 0 without a model); it may return the step's duration
+#: in picoseconds, which replaces the model's (a measured clock).
+StepHook = Callable[[int, list[tuple[str, int]], list[tuple[str, int, int]], int], "int | None"]
+
+
 class Engine:
     """Replays traces against one cache under a SchedulerConfig (see module docstring).
 
     The cache must be empty and is left empty after `run`. `time_model` prices steps
     (modeled seconds) and drives the `auto` preemption cost model (required for it).
+    `step_hook` (see StepHook) lets a caller run each step for real, e.g. a model's
+    forward pass over the cache, and time it; it needs token mode (every step visited).
     """
 
     def __init__(
@@ -117,10 +128,12 @@ class Engine:
         cache: KVCache,
         config: SchedulerConfig | None = None,
         time_model: TimeModel | None = None,
+        step_hook: StepHook | None = None,
     ) -> None:
         self.cache = cache
         self.cfg = config or SchedulerConfig()
         self.tm = time_model
+        self.step_hook = step_hook
         if self.cfg.preemption == "auto" and time_model is None:
             raise ConfigError("preemption 'auto' needs a time model (device profile)")
         self.ad = CacheAdapter(cache)
@@ -234,6 +247,10 @@ class Engine:
         t_cpu = time.process_time()
         self._check_fits(trace)
         cfg, ad, cache, tm = self.cfg, self.ad, self.cache, self.tm
+        hook = self.step_hook
+        if hook is not None and cfg.mode != "token":
+            raise ConfigError("a step hook needs mode='token' (every step visited)")
+        decoded: list[tuple[Seq, int]] = []  # this step's decoders (hook only)
         event_mode = cfg.mode == "event"
         bs = ad.block_size
         hash_mode = cfg.hash_outputs
@@ -458,6 +475,8 @@ class Engine:
                     return
             for b in beams:
                 ad.append(b, c, 1, [b.token(c)] if b.hashed else None)  # fits: checked
+                if hook is not None:
+                    decoded.append((b, c))
                 b.cow = False
                 b.synced = c + 1
                 agg["sync"] += 1
@@ -756,6 +775,8 @@ class Engine:
                 seq.synced = c + 1
                 agg["sync"] += 1
                 seq.generated = g + 1
+                if hook is not None:
+                    decoded.append((seq, c))
                 # the decoder's line c - t is unchanged, so the aggregates are too
                 seq.base_step, seq.base_c, seq.base_g = t + 1, c + 1, g + 1
                 if g + 1 >= seq.req.output_len:
@@ -863,6 +884,7 @@ class Engine:
                         )
             # -- 5. apply prefill chunks; completions sample their first token
             prefill_cost: list[tuple[int, int]] = []
+            chunk_log = [(seq.sid, seq.computed, take) for seq, take in chunks] if hook else []
             for seq, take in chunks:
                 start = seq.computed
                 ids = None
@@ -894,6 +916,12 @@ class Engine:
             step_ps = 0
             if tm is not None:
                 step_ps = tm.step_ps(decoders, kv_read, prefill_cost) + st["swap_ps"]
+            if hook is not None:
+                ran = [(s.sid, c) for s, c in decoded if s.state == RUNNING]
+                decoded.clear()
+                measured = hook(t, ran, chunk_log, step_ps)
+                if measured is not None:
+                    step_ps = int(measured)
             peak = max(peak, len(running))
             had_finishes = bool(finished_now)
             # -- 6. retire
