@@ -285,6 +285,22 @@ SPECS: tuple[FigureSpec, ...] = (
         ylabel="modeled tokens/s",
     ),
     FigureSpec(
+        "serving.measured",
+        "Tokens/s vs batch size: measured here beside the calibrated CPU model",
+        "batch",
+        ("tokens_per_second", "tokens_per_second_modeled"),
+        ylabel="tokens/s (measured / modeled)",
+    ),
+    FigureSpec(
+        "serving.measured",
+        "Normalized latency vs request rate: measured here beside the calibrated CPU model",
+        "rate",
+        ("normalized_latency", "normalized_latency_modeled"),
+        logy=True,
+        ylabel="mean normalized latency [s/token]",
+        ignore=("duration",),
+    ),
+    FigureSpec(
         "preempt.swap_vs_recompute",
         "Swap vs recompute cost",
         "seq_len",
