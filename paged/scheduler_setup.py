@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.scheduler import Engine
+from kvbench.paged.engine import Engine
 from kvbench.paged.scheduler_model import SchedulerConfig, SimulationResult, TimeModel
 from kvbench.reference.contiguous import ContiguousKVCache
 from kvbench.reference.contract import KVCache

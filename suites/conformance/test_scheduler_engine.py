@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.scheduler import Engine
+from kvbench.paged.engine import Engine
 from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
 from kvbench.paged.scheduler_setup import CacheSpec, simulate
 from kvbench.suites.cli import main

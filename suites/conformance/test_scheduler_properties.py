@@ -25,9 +25,8 @@ from hypothesis import strategies as st
 
 from kvbench.paged.beams import BeamGroup, plan_selection
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.scheduler import Engine, RequestTooLargeError, SchedulerError
+from kvbench.paged.engine import Engine, RequestTooLargeError, SchedulerError, kv_for_tokens
 from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
-from kvbench.paged.scheduler_seq import kv_for_tokens
 from kvbench.reference.contiguous import ContiguousKVCache
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
@@ -120,7 +119,7 @@ def run_both(make_cache, trace: Trace, cfg: SchedulerConfig):
     for mode in ("token", "event"):
         cache = make_cache()
         try:
-            results.append(Engine(cache, _with(cfg, mode), TM).run(trace))
+            results.append(Engine(cache, _with(cfg, mode), TM, checked=True).run(trace))
         except RequestTooLargeError:
             assume(False)  # a request that can never fit this cache: rejected up front
     return results
@@ -281,7 +280,7 @@ def test_preempted_sequences_keep_exact_kv(data, trace: Trace, cfg: SchedulerCon
     cache.trace = trace
     mode = data.draw(st.sampled_from(["token", "event"]))
     try:
-        result = Engine(cache, _with(cfg, mode), TM).run(trace)
+        result = Engine(cache, _with(cfg, mode), TM, checked=True).run(trace)
     except RequestTooLargeError:
         assume(False)
         return
