@@ -45,6 +45,7 @@ from kvbench.paged.engine.sequence import (
 )
 from kvbench.paged.engine.state import EngineState
 from kvbench.paged.engine.validate import SchedulerError, check_trace
+from kvbench.paged.latency import summarize
 from kvbench.paged.scheduler_model import SchedulerConfig, SimulationResult, StepRow, TimeModel
 from kvbench.reference.contract import ServingCache
 from kvbench.workloads.errors import CapacityError, ConfigError
@@ -201,6 +202,7 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         had_finishes = bool(st.finished_now)
         self.retire(t)
         occupancy = self._record_step(t, step_ps)
+        self._stamp_times()
         self._report_progress()
         progressed = bool(decoders or chunks or had_finishes)
         idle = not due and not chunks and epoch_before == st.epoch and not had_finishes
@@ -365,6 +367,7 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         seq.generated += 1
         if seq.rec.first_token_step < 0:
             seq.rec.first_token_step = t
+            self.st.first_now.append(seq.rec)
         if seq.req.n > 1 and not seq.forked:
             seq.forked = True
             self._fork_children(seq, t)
@@ -407,6 +410,7 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         seq.state = FINISHED
         seq.rec.finish_step = t
         seq.rec.generated = seq.generated
+        st.done_now.append(seq.rec)
         st.events += 1
         st.generated += seq.generated * sequences
         st.finished += 1
@@ -440,6 +444,19 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         st.sum_running += running
         st.now_ps += step_ps
         return occupancy
+
+    def _stamp_times(self) -> None:
+        """Stamp this step's first tokens and finishes with the step's end (modeled
+        seconds; the clock has just been advanced by the step)."""
+        st = self.st
+        if st.first_now or st.done_now:
+            end_s = st.now_ps / 1e12
+            for rec in st.first_now:
+                rec.first_token_s = end_s
+            for rec in st.done_now:
+                rec.finish_s = end_s
+            st.first_now.clear()
+            st.done_now.clear()
 
     def _report_progress(self) -> None:
         st = self.st
@@ -530,6 +547,7 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         steps, gen = st.t, st.generated
         seconds = st.now_ps / 1e12
         wall = time.perf_counter() - t_wall
+        records = [s.rec for s in st.seqs]
         return SimulationResult(
             utilization=st.sum_live / st.sum_reserved if st.sum_reserved else 1.0,
             peak_concurrency=st.peak,
@@ -544,7 +562,7 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
             processed_steps=st.processed,
             wall_seconds=wall,
             mean_running=st.sum_running / steps if steps else 0.0,
-            records=[s.rec for s in st.seqs],
+            records=records,
             timeline=st.timeline,
             info={
                 "bound_overrides": st.overrides,
@@ -553,6 +571,7 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
                 "events_per_second": st.events / max(time.perf_counter() - t_wall, 1e-9),
                 "cpu_seconds": time.process_time() - t_cpu,
             },
+            latency=summarize(records),
         )
 
     def check(self) -> None:

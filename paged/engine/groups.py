@@ -37,6 +37,7 @@ class GroupMixin(EngineBase):
                 family.append(child)
             child.rec.admit_step = parent.rec.admit_step
             child.rec.first_token_step = t
+            st.first_now.append(child.rec)
             child.rec.cached_tokens = parent.rec.cached_tokens
             child.generated = 1
             if r.output_len <= 1:

@@ -34,6 +34,7 @@ def check_state(engine: Engine) -> None:
     waiting = [s for _, s in st.waiting]
     swapped = [s for _, s in st.swapped]
     assert not st.finished_now, "finished sequences were not retired"
+    assert not st.first_now and not st.done_now, "first tokens or finishes left unstamped"
     assert all(a.order < b.order for a, b in pairwise(running)), "running unsorted"
     assert all(a.order < b.order for a, b in pairwise(prefilling)), "prefilling unsorted"
     groups = {id(s.group): s.group.width for s in running if s.group is not None}

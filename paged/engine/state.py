@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvbench.paged.engine.sequence import Seq
-from kvbench.paged.scheduler_model import SchedulerConfig, StepRow, TimeModel
+from kvbench.paged.scheduler_model import SchedulerConfig, SeqRecord, StepRow, TimeModel
 from kvbench.reference.contract import ServingCache, ServingTraits
 
 if TYPE_CHECKING:
@@ -59,6 +59,9 @@ class EngineState:
     dec: int = 0  # sequences decoding a token this step
     kv_read: int = 0  # KV tokens this step's decodes read
     finished_now: list[Seq] = field(default_factory=list)
+    #: records whose first token / finish this step made (stamped with its end time)
+    first_now: list[SeqRecord] = field(default_factory=list)
+    done_now: list[SeqRecord] = field(default_factory=list)
     # ---- totals
     preemptions: int = 0
     swaps: int = 0
