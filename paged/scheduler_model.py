@@ -23,11 +23,13 @@ in the KV read on both sides of the max, so `decode_span_ps` sums a quiet stretc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
+from kvbench.paged.latency import flat
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.profiles import DeviceProfile
@@ -283,11 +285,17 @@ def _first_nonneg(a: int, b: int, k: int) -> int:
 
 @dataclass
 class SeqRecord:
-    """What happened to one sequence (a request, or a child `id#k` of an n-sample one)."""
+    """What happened to one sequence (a request, or a child `id#k` of an n-sample one).
+
+    Steps are engine iterations; times are modeled seconds from the trace's t = 0
+    (`kvbench.paged.latency`): `arrival_s` the trace's arrival, `first_token_s` the end of
+    the step that sampled its first token, `finish_s` the end of the step that generated
+    its last (-1.0 until stamped; 0.0 throughout without a time model).
+    """
 
     id: str
     request: str | int
-    arrival: float
+    arrival_s: float
     prompt_len: int
     output_len: int
     generated: int = 0
@@ -298,6 +306,8 @@ class SeqRecord:
     swaps: int = 0
     recomputes: int = 0
     cached_tokens: int = 0
+    first_token_s: float = -1.0
+    finish_s: float = -1.0
 
     def key(self) -> tuple:
         """The scheduling decisions, for comparing two runs."""
@@ -312,6 +322,24 @@ class SeqRecord:
             self.recomputes,
             self.cached_tokens,
         )
+
+    def times(self) -> tuple:
+        """(id, arrival_s, first_token_s, finish_s), for comparing two runs' latencies."""
+        return (self.id, self.arrival_s, self.first_token_s, self.finish_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields plus this sequence's ttft_s, tpot_s (NaN for one output token),
+        e2e_s and normalized_latency_s (per output token): a row of `--out` records."""
+        out = asdict(self)
+        e2e = self.finish_s - self.arrival_s
+        decode = self.finish_s - self.first_token_s
+        out.update(
+            ttft_s=self.first_token_s - self.arrival_s,
+            tpot_s=decode / (self.output_len - 1) if self.output_len > 1 else math.nan,
+            e2e_s=e2e,
+            normalized_latency_s=e2e / self.output_len,
+        )
+        return out
 
 
 @dataclass
@@ -350,6 +378,10 @@ class SimulationResult:
         tokens_per_second: generated_tokens / modeled_seconds.
         processed_steps: steps the engine actually visited (event mode skips quiet ones).
         wall_seconds: host time the simulation took.
+        latency: per-request latency in modeled seconds, {metric: {stat: value}} for the
+            metrics ttft, tpot, e2e (s) and normalized_latency (s per output token) and
+            the stats mean, p50, p90, p99 (`kvbench.paged.latency`); in `summary()` as
+            flat columns "ttft_mean", "ttft_p50", ..., "normalized_latency_p99".
     """
 
     utilization: float
@@ -368,6 +400,7 @@ class SimulationResult:
     records: list[SeqRecord] = field(repr=False, default_factory=list)
     timeline: list[StepRow] = field(repr=False, default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The summary fields as a flat dict (for tables and result rows)."""
@@ -389,6 +422,7 @@ class SimulationResult:
                 "wall_seconds",
             )
         }
+        out.update(flat(self.latency))
         out.update(self.info)
         return out
 

@@ -7,7 +7,9 @@ For the bench and report helpers:
     result = simulate(trace, spec, policy="auto", profile="a100-80gb")
     result.summary()   # utilization, peak_concurrency, preemptions, swaps, recomputes,
                        # steps, generated_tokens, tokens_per_step, modeled_seconds,
-                       # tokens_per_second, processed_steps, wall_seconds, mean_running
+                       # tokens_per_second, processed_steps, wall_seconds, mean_running,
+                       # ttft_/tpot_/e2e_/normalized_latency_ + mean/p50/p90/p99 (s)
+    result.latency["normalized_latency"]["mean"]   # s per output token (paged.latency)
 
 `CacheSpec.kind` is "paged" or "contiguous-max" / "contiguous-pow2" / "contiguous-oracle".
 The KV budget is converted as seed 001 does ("42GB" = 42,000 MiB = 8,400 blocks of
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.scheduler import Engine
+from kvbench.paged.engine import Engine
 from kvbench.paged.scheduler_model import SchedulerConfig, SimulationResult, TimeModel
 from kvbench.reference.contiguous import ContiguousKVCache
 from kvbench.reference.contract import KVCache

@@ -17,12 +17,10 @@ import numpy as np
 import pytest
 
 from kvbench.paged.rate import RateTrace, check_bound, check_rate, check_system, sustained_rate
-from kvbench.paged.request_times import request_times
 from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
 from kvbench.paged.scheduler_setup import CacheSpec, setup_time_model, simulate
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
-from kvbench.workloads.latency import latency_metrics
 from kvbench.workloads.profiles import DeviceProfile, get_profile
 from kvbench.workloads.setups import SETUPS, ServingSetup, get_setup
 from kvbench.workloads.trace import Trace, TraceRequest
@@ -109,10 +107,9 @@ def test_event_and_token_modes_agree_on_latency(kind: str, tm: TimeModel) -> Non
     ]
     assert runs[0].decisions() == runs[1].decisions()
     assert runs[0].modeled_seconds == runs[1].modeled_seconds
-    times = [request_times(r) for r in runs]
-    for a, b in zip(*times, strict=True):
-        np.testing.assert_array_equal(a, b)
-    arrival, first, finish, _out = times[0]
+    times = [sorted(rec.times() for rec in r.records) for r in runs]
+    assert times[0] == times[1]
+    arrival, first, finish = (np.array([t[i] for t in times[0]]) for i in (1, 2, 3))
     assert (first > arrival).all() and (finish >= first).all()
     assert finish.max() == pytest.approx(runs[0].modeled_seconds, rel=1e-12)
 
@@ -124,7 +121,8 @@ def test_request_times_follow_the_clock_by_hand() -> None:
     trace = Trace((TraceRequest("a", 1.0, 8, 3),))
     spec = CacheSpec(kind="paged", geometry=GEOM, num_blocks=40, block_size=4)
     result = simulate(trace, spec, "auto", config=SchedulerConfig(mode="token"), time_model=tm)
-    _arrival, first, finish, _ = request_times(result)
+    (rec,) = result.records
+    first, finish = [rec.first_token_s], [rec.finish_s]
     prefill = tm.step_ps(0, 0, [(0, 8)])
     decodes = tm.step_ps(1, 9) + tm.step_ps(1, 10)
     assert first[0] == pytest.approx(1.0 + prefill / 1e12, rel=1e-12)
@@ -146,21 +144,6 @@ def test_setups_give_the_papers_slots() -> None:
         too_big.check_fits()
     with pytest.raises(ConfigError, match="unknown serving set-up 'nope'"):
         get_setup("nope")
-
-
-def test_latency_metrics_by_hand() -> None:
-    m = latency_metrics([0.0, 1.0], [0.5, 1.5], [2.5, 2.0], [5, 1])
-    assert m["ttft_mean"] == pytest.approx(0.5)
-    assert m["e2e_mean"] == pytest.approx((2.5 + 1.0) / 2)
-    assert m["normalized_latency_mean"] == pytest.approx((2.5 / 5 + 1.0 / 1) / 2)
-    assert m["tpot_mean"] == pytest.approx(2.0 / 4)  # the one-token request has none
-    assert m["requests_per_second"] == pytest.approx(2 / 2.5)
-    assert m["tokens_per_second"] == pytest.approx(6 / 2.5)
-    assert m["e2e_p50"] == pytest.approx(1.75)
-    with pytest.raises(ConfigError, match="out of order"):
-        latency_metrics([1.0], [0.5], [2.0], [3])
-    with pytest.raises(ConfigError, match="no requests"):
-        latency_metrics([], [], [], [])
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, "2", True])

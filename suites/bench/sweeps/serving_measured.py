@@ -189,15 +189,15 @@ def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
             Measurement("mean_step_time", measured_s / len(samples), "s"),
             *checks,
         ]
-    from kvbench.paged.request_times import request_times
+    from kvbench.paged.latency import flat
+    from kvbench.paged.rate import served_throughput
     from kvbench.paged.scheduler_setup import CacheSpec, simulate
-    from kvbench.workloads.latency import latency_metrics
 
     trace = _trace(
         int(case["rate"] * case["duration"] * 3) + 8, ctx.seed, case["rate"], case["duration"]
     )
     result, samples = _run(ctx, system, trace, 256)
-    m = latency_metrics(*request_times(result))
+    m = {**flat(result.latency), **served_throughput(result)}
     _, tm = _calibrated(ctx)
     spec = CacheSpec(
         kind=system, geometry=tm.geometry, num_blocks=KV_SLOTS // BLOCK, block_size=BLOCK,
@@ -208,7 +208,7 @@ def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
     modeled = simulate(
         trace, spec, "recompute", config=SchedulerConfig(max_num_seqs=256), time_model=tm
     )
-    mm = latency_metrics(*request_times(modeled))
+    mm = {**flat(modeled.latency), **served_throughput(modeled)}
     return [
         Measurement("normalized_latency", m["normalized_latency_mean"], "s/token"),
         Measurement("normalized_latency_p99", m["normalized_latency_p99"], "s/token"),

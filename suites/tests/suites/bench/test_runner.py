@@ -27,7 +27,6 @@ from kvbench.suites.cli import main as kvbench
 from kvbench.workloads import capacity as cap
 from kvbench.workloads.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
 FAST = TimingConfig(warmup=1, repeats=3, min_sample_s=0.0)
 
 
@@ -120,7 +119,6 @@ def test_kill_9_mid_run_then_resume_finishes(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys, time
-        sys.path.insert(0, {str(REPO)!r})
         from kvbench.suites.bench import registry
         from kvbench.suites.bench.runner import run_bench
 

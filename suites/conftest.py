@@ -1,4 +1,4 @@
-"""Shared pytest configuration of the conformance suite.
+"""Shared pytest configuration of the conformance suite and the tooling tests (suites/tests).
 
 Hypothesis profiles:
     ci        the default: bounded examples so the whole suite stays under 10 minutes on
