@@ -69,7 +69,7 @@ def check_system(name: str) -> str:
     return name
 
 
-def _positive(what: str, value: float) -> float:
+def check_positive(what: str, value: float) -> float:
     """`value` as a float when it is a finite number > 0, else ConfigError naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{what} must be a number, got {value!r}")
@@ -80,12 +80,12 @@ def _positive(what: str, value: float) -> float:
 
 def check_rate(rate: float) -> float:
     """A request rate (requests/s) must be a finite number > 0."""
-    return _positive("request rate", rate)
+    return check_positive("request rate", rate)
 
 
 def check_bound(bound: float) -> float:
     """A latency bound (s/token) must be a finite number > 0."""
-    return _positive("latency bound", bound)
+    return check_positive("latency bound", bound)
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,10 @@ class RateTrace:
         rng = np.random.default_rng([seed, 0x5EED])
         return cls(base, np.cumsum(rng.exponential(1.0, len(base.requests))))
 
+    def max_rate(self, duration: float) -> float:
+        """The highest rate at which the requests last `duration` seconds."""
+        return float(self.unit_arrivals[-1]) / duration
+
     def at(self, rate: float, duration: float | None = None) -> Trace:
         """The trace with Poisson arrivals at `rate` requests/s: every request, or those
         arriving within `duration` seconds (at least one). Raises ConfigError when the
@@ -107,7 +111,7 @@ class RateTrace:
         rate = check_rate(rate)
         n = len(self.base.requests)
         if duration is not None:
-            _positive("trace duration", duration)
+            check_positive("trace duration", duration)
             n = max(1, int(np.searchsorted(self.unit_arrivals, rate * duration, side="right")))
             if n == len(self.base.requests) and self.unit_arrivals[-1] < rate * duration:
                 raise ConfigError(
@@ -181,11 +185,14 @@ def sustained_rate(
     start: float,
     rel_tol: float = 0.05,
     max_evals: int = 16,
+    limit: float = math.inf,
 ) -> tuple[float, dict[float, float]]:
     """The highest rate r with latency_at(r) <= bound, to `rel_tol` (geometric
     bisection from `start`, doubling or halving to bracket the bound first). Returns
-    (rate, every evaluation); rate 0.0 when even start / 2**6 exceeds the bound.
-    Assumes latency grows with the rate (true up to the trace's noise)."""
+    (rate, every evaluation); rate 0.0 when even start / 2**6 exceeds the bound, and
+    `limit` when the bound holds there (the search never evaluates a higher rate: a
+    trace's requests run out). Assumes latency grows with the rate (true up to the
+    trace's noise)."""
     check_bound(bound)
     check_rate(start)
     seen: dict[float, float] = {}
@@ -196,7 +203,7 @@ def sustained_rate(
         return seen[r]
 
     lo, hi = None, None
-    r = start
+    r = min(start, limit)
     for _ in range(6):
         if f(r) <= bound:
             lo = r
@@ -205,7 +212,9 @@ def sustained_rate(
     if lo is None:
         return 0.0, seen
     while hi is None and len(seen) < max_evals:
-        r = lo * 2
+        r = min(lo * 2, limit)
+        if r == lo:
+            return lo, seen
         if f(r) <= bound:
             lo = r
         else:

@@ -176,3 +176,5 @@ def test_sustained_rate_finds_the_knee() -> None:
     rate, _seen = sustained_rate(lambda r: 0.01 if r <= knee else 1.0, 0.1, 1.0, rel_tol=0.01)
     assert knee / 1.01 <= rate <= knee
     assert sustained_rate(lambda r: 1.0, 0.1, 1.0)[0] == 0.0
+    capped, seen = sustained_rate(lambda r: 0.01, 0.1, 1.0, limit=5.0)
+    assert capped == 5.0 and max(seen) == 5.0

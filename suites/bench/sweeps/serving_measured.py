@@ -36,7 +36,7 @@ MAX_SEQ_LEN = 512
 BLOCK = 16
 BATCHES = (1, 4, 8, 16, 32)
 RATES = (4.0, 16.0)
-FIT_BATCHES = (2, 8, 24)
+FIT_BATCHES = (1, 6, 24)
 SYSTEMS = ("paged", "contiguous-max")
 #: Seconds of arrivals of a rate case.
 DURATION = 4.0

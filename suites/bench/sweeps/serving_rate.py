@@ -125,7 +125,12 @@ def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
         details[rate] = run_at_rate(setup, case["system"], trace, rate, duration)
         return details[rate]["normalized_latency_mean"]
 
-    rate, seen = sustained_rate(latency_at, bound, _start_rate(case["setup"], case["workload"]))
+    rate, seen = sustained_rate(
+        latency_at,
+        bound,
+        _start_rate(case["setup"], case["workload"]),
+        limit=trace.max_rate(duration),
+    )
     at = details.get(rate)
     out = [
         Measurement("sustained_rate", rate, "requests/s"),
