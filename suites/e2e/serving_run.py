@@ -11,11 +11,14 @@ kvbench's kernels (`kernels.ops.write_kv`, `paged_decode_attention`,
 time becomes the engine's clock, so arrivals, queueing and latency are measured.
 
 What is timed: the forward pass of the step (embedding, projections, MLP, the kernels
-writing and reading the cache, final norm and lm_head) with `time.perf_counter` (CUDA
-synchronized on a GPU); the step runs `repeats` times (the same K/V written to the same
-slots, the same attention read: repeating changes nothing) and the fastest counts, which
-keeps other jobs on a shared machine out of the figure. The engine's own bookkeeping and
-the synthetic KV it appends before each step (overwritten by the model's) are not timed.
+writing and reading the cache, final norm and lm_head). On a GPU: wall time
+(`time.perf_counter`, CUDA synchronized). On a CPU: the serving thread's CPU time
+(`time.thread_time`, torch running one intra-op thread, see `cpu_threads`), which equals
+wall time on an idle machine and leaves out the time other jobs of a shared machine hold
+the cores (wall time there swung 2x between identical steps). The step may run `repeats`
+times (the same K/V written to the same slots, the same attention read: repeating
+changes nothing) and the fastest counts. The engine's own bookkeeping and the synthetic
+KV it appends before each step (overwritten by the model's) are not timed.
 
 A contiguous cache is read through the same kernels: its arena seen as blocks of
 `block_size` slots, each request's reservation a run of consecutive blocks (the `max`
@@ -228,7 +231,7 @@ class ModelStep:
     cache: KVCache
     backend: str | None = "torch"
     block_size: int = 16
-    repeats: int = 2
+    repeats: int = 1
     samples: list[StepSample] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -242,14 +245,15 @@ class ModelStep:
     def _timed(self, batch: PackedBatch) -> float:
         """Seconds of one forward pass of `batch` (and its next-token choice)."""
         cuda = self.device.type == "cuda"
+        clock = time.perf_counter if cuda else time.thread_time
         if cuda:
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = clock()
         out = self.forward(batch, self.attention)
         out.logits[batch.last_rows()].argmax(dim=-1)
         if cuda:
             torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return clock() - t0
 
     def _token(self, sid: str, pos: int) -> int:
         return (zlib.crc32(sid.encode()) + 7919 * pos) % self.vocab
