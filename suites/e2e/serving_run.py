@@ -233,6 +233,9 @@ class ModelStep:
     block_size: int = 16
     repeats: int = 1
     samples: list[StepSample] = field(default_factory=list)
+    #: keep each step's last-row logits per sequence id (tests hold them to an oracle)
+    keep_logits: bool = False
+    logits: list[dict[str, tuple[int, torch.Tensor]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.forward = LlamaForward(self.model)
@@ -251,9 +254,14 @@ class ModelStep:
         t0 = clock()
         out = self.forward(batch, self.attention)
         out.logits[batch.last_rows()].argmax(dim=-1)
+        self._last = out.logits
         if cuda:
             torch.cuda.synchronize()
         return clock() - t0
+
+    def token_ids(self, sid: str, length: int) -> list[int]:
+        """The ids the run fed sequence `sid` at positions 0 .. length - 1."""
+        return [self._token(sid, p) for p in range(length)]
 
     def _token(self, sid: str, pos: int) -> int:
         return (zlib.crc32(sid.encode()) + 7919 * pos) % self.vocab
@@ -279,6 +287,15 @@ class ModelStep:
         batch = pack(ids, tokens, cached, [None] * len(ids))
         self.attention.make_plan(batch)
         seconds = min(self._timed(batch) for _ in range(max(1, self.repeats)))
+        if self.keep_logits:
+            rows = batch.last_rows()
+            ends = [c + n for c, n in zip(batch.cached, batch.lengths, strict=True)]
+            self.logits.append(
+                {
+                    str(rid): (end, self._last[r].clone())
+                    for rid, r, end in zip(batch.request_ids, rows, ends, strict=True)
+                }
+            )
         self.samples.append(
             StepSample(
                 step,

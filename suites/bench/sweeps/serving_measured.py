@@ -15,8 +15,8 @@ Cases:
 * rate (`rate` set): Poisson arrivals; measured normalized latency, TTFT and tokens/s,
   beside the same trace modeled with the calibrated CPU profile;
 * calibration (`calibration` set): fits the time model's CPU coefficients (fixed step
-  cost, bandwidth, FLOP/s) to the steps of dedicated runs (paged, batches 2 / 8 / 24,
-  another seed), reports them and the fit error; every batch and rate case then reports
+  cost, bandwidth, FLOP/s) to the steps of dedicated runs (paged, batches 1 / 6 / 24 and
+  Poisson arrivals at 8 requests/s, other seeds), reports them and the fit error; every batch and rate case then reports
   the fitted model's mean absolute per-step error on its own steps (held out: never fitted)
   and the tokens/s the model predicts for its steps.
 
@@ -34,9 +34,13 @@ from kvbench.suites.bench.registry import Case, Measurement, sweep
 KV_SLOTS = 4096
 MAX_SEQ_LEN = 512
 BLOCK = 16
-BATCHES = (1, 4, 8, 16, 32)
-RATES = (4.0, 16.0)
+BATCHES = (2, 4, 8, 16, 32)
+RATES = (8.0, 16.0, 32.0)
+#: Requests of every batch case (the same trace at every batch size and system).
+BATCH_REQUESTS = {False: 32, True: 48}
 FIT_BATCHES = (1, 6, 24)
+#: A Poisson run in the fit set too (light-load, prefill-heavy steps), at this rate.
+FIT_RATE = 8.0
 SYSTEMS = ("paged", "contiguous-max")
 #: Seconds of arrivals of a rate case.
 DURATION = 4.0
@@ -44,9 +48,10 @@ DURATION = 4.0
 
 def _cases(full: bool) -> list[Case]:
     batches = (1, 2, 4, 8, 12, 16, 24, 32, 48) if full else BATCHES
-    rates = (2.0, 4.0, 8.0, 16.0, 24.0) if full else RATES
+    rates = (4.0, 8.0, 16.0, 24.0, 32.0, 48.0) if full else RATES
     out: list[Case] = [{"calibration": "cpu"}]
-    out += [{"system": s, "batch": b} for s in SYSTEMS for b in batches]
+    n = BATCH_REQUESTS[full]
+    out += [{"system": s, "batch": b, "requests": n} for s in SYSTEMS for b in batches]
     out += [{"system": s, "rate": r, "duration": DURATION} for s in SYSTEMS for r in rates]
     return out
 
@@ -128,6 +133,8 @@ def _calibrated(ctx: BenchContext):  # type: ignore[no-untyped-def]
         for b in FIT_BATCHES:
             _, samples = _run(ctx, "paged", _trace(2 * b, ctx.seed + 101), b)
             steps += _work(samples)
+        poisson = _trace(int(FIT_RATE * DURATION * 3), ctx.seed + 102, FIT_RATE, DURATION)
+        steps += _work(_run(ctx, "paged", poisson, 256)[1])
         fit = fit_profile(env["tm"], steps)
         ctx.cache["measured_fit"] = (fit, with_profile(env["tm"], fit.profile))
     return ctx.cache["measured_fit"]
@@ -177,7 +184,7 @@ def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
     system = case["system"]
     if "batch" in case:
         b = case["batch"]
-        result, samples = _run(ctx, system, _trace(max(2 * b, 4), ctx.seed), b)
+        result, samples = _run(ctx, system, _trace(case["requests"], ctx.seed), b)
         checks = _model_check(ctx, samples)
         measured_s = sum(s.measured_s for s in samples)
         modeled_s = next(m.value for m in checks if m.metric == "model_seconds_modeled")

@@ -46,7 +46,7 @@ RATE_GRID: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]] = 
 #: outputs need longer), short enough for the default run.
 DURATION = {"sharegpt": 300.0, "alpaca": 60.0}
 #: Requests drawn per workload (the traces at every rate are prefixes of one draw).
-POOL = {"sharegpt": 4000, "alpaca": 16000}
+POOL = {"sharegpt": 6000, "alpaca": 16000}
 BOUND_FACTOR = 10.0
 
 _TRACES: dict[tuple, object] = {}
