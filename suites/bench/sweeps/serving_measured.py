@@ -34,8 +34,8 @@ from kvbench.suites.bench.registry import Case, Measurement, sweep
 KV_SLOTS = 4096
 MAX_SEQ_LEN = 512
 BLOCK = 16
-BATCHES = (2, 4, 8, 16, 32)
-RATES = (8.0, 16.0, 32.0)
+BATCHES = (4, 8, 16, 32)
+RATES = (12.0, 32.0)
 #: Requests of every batch case (the same trace at every batch size and system).
 BATCH_REQUESTS = {False: 32, True: 48}
 FIT_BATCHES = (1, 6, 24)
