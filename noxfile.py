@@ -3,7 +3,8 @@
 On a machine without CUDA every session installs the CPU build of torch (torch==2.13.0,
 which this project's CI machines hold on local disk; a plain `torch` would pull a multi-GB
 CUDA build) and sets TRITON_INTERPRET=1 so Triton kernels run in the interpreter. On a
-machine with CUDA it installs the regular torch and leaves the interpreter off.
+machine with CUDA it installs the regular torch and leaves the interpreter off, and
+refuses a (reused) venv whose torch cannot see the GPU, naming the fix.
 Override the torch requirement with KVBENCH_TORCH_SPEC (e.g. "torch==2.13.0+cpu").
 """
 
@@ -45,6 +46,27 @@ def install_project(session: nox.Session, *extras: str) -> None:
     session.install("-e", target)
     if not has_cuda():
         session.env["TRITON_INTERPRET"] = "1"
+    else:
+        require_cuda_torch(session)
+
+
+#: Prints the venv's torch version and whether it sees a GPU.
+_PROBE = "import torch; print(torch.__version__, torch.cuda.is_available())"
+
+
+def require_cuda_torch(session: nox.Session) -> None:
+    """On a machine with an NVIDIA GPU, refuse a venv whose torch cannot use it (a reused
+    venv that holds the CPU build would otherwise bench and test on the CPU, saying so
+    only in the results header)."""
+    out = session.run("python", "-c", _PROBE, silent=True) or ""
+    version, _, available = str(out).strip().rpartition(" ")
+    if available != "True":
+        session.error(
+            f"this machine has an NVIDIA GPU but the venv's torch {version or '?'} cannot use "
+            f"it: run `nox -s {session.name} --reuse-venv=no` (a fresh venv installs a CUDA "
+            "torch), or set KVBENCH_TORCH_SPEC to a CUDA build, or KVBENCH_FORCE_CPU=1 to "
+            "run on the CPU on purpose"
+        )
 
 
 @nox.session(python=_python())

@@ -123,7 +123,11 @@ class PagedKVCache(PagedServingAccounting):
             self._k = torch.zeros(shape, dtype=self._dtype, device=self._device)
             self._v = torch.zeros(shape, dtype=self._dtype, device=self._device)
         self.swap = SwapSpace(
-            num_cpu_blocks, block_shape if store_kv else None, geometry.num_layers, self._dtype
+            num_cpu_blocks,
+            block_shape if store_kv else None,
+            geometry.num_layers,
+            self._dtype,
+            pin_memory=self._device.type == "cuda",
         )
         self._requests: dict[Hashable, RequestState] = {}
         self._order = 0
@@ -664,6 +668,7 @@ class PagedKVCache(PagedServingAccounting):
             lens.to(self._device),
             scale,
             backend=self.kernel_backend,
+            max_seq_len=max(r.seq_len for r in reqs),
         )
 
     # ------------------------------------------------------------------ stats

@@ -255,8 +255,10 @@ class Footprint:
 class Occupancy(NamedTuple):
     """The engine's per-step memory reading (block fields 0 for caches without blocks).
 
-    free_blocks counts cached-evictable blocks too; live_slots are slots holding written
-    KV (shared ones once); reserved_slots are slots held by requests, whatever they hold.
+    free_blocks counts cached-evictable blocks too; cached_blocks are those evictable ones
+    (cached blocks no request holds; CacheStats.cached_blocks also counts held ones);
+    live_slots are slots holding written KV (shared ones once); reserved_slots are slots
+    held by requests, whatever they hold.
     """
 
     free_blocks: int

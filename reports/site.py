@@ -2,9 +2,11 @@
 
     build_site(runs, out_dir) -> out_dir/index.html
 
-Pages: `index.html` (runs with their environments, skipped lines, sweeps waiting for a
-module, and the list of sweeps), one `sweep-<name>.html` per sweep (its figures and its
-table, with the related published claims), `claims.html` (every claim of the seed
+Pages: `index.html` (runs with their environments, how many planned cases ended and how
+(a killed run reads "incomplete: N of M cases"), skipped lines, sweeps waiting for a
+module, and the list of sweeps with their failed and skipped cases), one
+`sweep-<name>.html` per sweep (its figures and its table, with the related published
+claims, and the cases that failed or were skipped, with why), `claims.html` (every claim of the seed
 literature with source, measured value and verdict, per run), `peers.html` (kvbench
 beside other implementations from the `peers.*` sweeps, with the ratios the bench
 measured and the properties that differ by design; without peer rows it says how to
@@ -35,6 +37,7 @@ from kvbench.reports import claims as claims_mod
 from kvbench.reports import figures, tables
 from kvbench.reports import serving as serving_tables
 from kvbench.reports.results import ResultsError, Run, to_frame
+from kvbench.reports.site_status import SweepOutcomes, run_outcomes, sweep_outcomes
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
 
@@ -50,6 +53,7 @@ class SweepPage:
     n_keys: int = 0
     figure_files: list[dict[str, str]] = field(default_factory=list)
     derived: list[serving_tables.DerivedTable] = field(default_factory=list)
+    outcomes: SweepOutcomes = field(default_factory=SweepOutcomes)
 
     @property
     def figures(self) -> int:
@@ -131,7 +135,7 @@ def build_site(
     if not runs:
         raise ResultsError("no runs to report; run `kvbench bench` first")
     for run in runs:
-        if not run.rows:
+        if not run.rows and not run.statuses:
             raise ResultsError(f"run {run.run_id} ({run.path}) has no measurements to report")
     out = Path(out_dir)
     fig_dir = out / "figures"
@@ -143,7 +147,8 @@ def build_site(
     env = _env()
     frame = tables.latest(to_frame(runs))
     descriptions = _descriptions(runs)
-    suites = list(dict.fromkeys(frame["suite"]))
+    ended = sweep_outcomes(runs)
+    suites = list(dict.fromkeys([*frame["suite"], *ended]))
     hrefs: dict[str, str] = {}
     for s in suites:
         base, n = f"sweep-{_slug(s)}", 1
@@ -157,8 +162,12 @@ def build_site(
     }
     pages = [
         _sweep_page(s, frame[frame["suite"] == s], hrefs[s], descriptions.get(s, ""), fig_dir)
+        if (frame["suite"] == s).any()
+        else SweepPage(s, hrefs[s], descriptions.get(s, ""), 0)
         for s in suites
     ]
+    for page in pages:
+        page.outcomes = ended.get(page.name, SweepOutcomes())
     common = {
         "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "has_compare": len(runs) >= 2,
@@ -455,6 +464,7 @@ def _run_view(run: Run) -> dict[str, Any]:
         else "",
         "waiting": _waiting(run),
         "problems": [str(p) for p in run.problems],
+        "outcomes": run_outcomes(run),
     }
 
 

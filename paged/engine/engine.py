@@ -66,8 +66,6 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
     The cache must implement `ServingCache`, be empty, and is left empty after `run`.
     `time_model` prices steps (modeled seconds) and drives the `auto` preemption cost
     model (required for it). With `checked=True`, `check()` runs after every step.
-    `step_hook` (see StepHook) lets a caller run each step for real, e.g. a model's
-    forward pass over the cache, and time it; it needs token mode (every step visited).
     """
 
     def __init__(
@@ -249,7 +247,11 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
     def swap_in(self, t: int, budget: int) -> int:
         """Phase 4a: swapped units (`_unit_of`) come back oldest first, whole or not at
         all, while max_num_seqs and the budget allow and the cache takes them (keeping
-        the watermark); they decode from the next step. Returns the budget left."""
+        the watermark); they decode from the next step. Returns the budget left.
+
+        Relies on: a swapped unit's members head `swapped` (adjacent orders) and hold
+        `computed` tokens in the cache. Leaves each returned member RUNNING and decoding
+        with its line at (t + 1, computed), synced."""
         st, cfg, tm = self.st, self.cfg, self.tm
         swapped, running = st.swapped, st.running
         while swapped and len(running) < cfg.max_num_seqs and budget > 0:
@@ -279,7 +281,10 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         the static batch size) allows and budget remains; queue their first chunks.
         Event mode does not retry an admission that failed until the epoch, the queue
         head, the batch or the budget changed. Returns True when the queue head cannot
-        be admitted even into an empty cache (the run must fail)."""
+        be admitted even into an empty cache (the run must fail).
+
+        Leaves each admitted sequence RUNNING and in `prefilling` (sorted) holding its
+        prefix-cache hits (`computed`); `fail_key` records a failed attempt."""
         st, cfg = self.st, self.cfg
         waiting, running = st.waiting, st.running
         static = cfg.batching == "static"
@@ -347,7 +352,11 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
     def prefill(self, t: int, chunks: list[tuple[Seq, int]]) -> list[tuple[int, int]]:
         """Phase 5: append this step's prefill chunks; a sequence whose prefill completes
         samples its first token (`_prefill_done`). Returns the (context, tokens) pairs
-        the time model prices."""
+        the time model prices.
+
+        Relies on: every chunk fits (admission reserved the prompt's blocks). Leaves a
+        completed sequence out of `prefilling`: decoding from t + 1, parked (a
+        recomputed beam), or in `finished_now`."""
         st = self.st
         cost: list[tuple[int, int]] = []
         for seq, take in chunks:
@@ -406,7 +415,10 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
 
     def retire(self, t: int) -> None:
         """Phase 6: sequences that generated their last token free their memory at
-        once, oldest first (a beam group with its last beam, as one record)."""
+        once, oldest first (a beam group with its last beam, as one record).
+
+        Leaves `finished_now` empty, the finished sequences FINISHED and out of every
+        queue and of the cache, their records' finish step set (time: `_stamp_times`)."""
         st = self.st
         for seq in sorted(st.finished_now, key=by_order):
             self._stop_decoding(seq)

@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from kvbench._old_names import old_name_hint
-from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.errors import CaseSkipped, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "kvbench.peers"
 
 
-class PeerUnavailableError(ConfigError):
+class PeerUnavailableError(ConfigError, CaseSkipped):
     """A peer's library cannot be imported or does not support what was asked; the message
-    says why (the suites skip with it)."""
+    says why (the suites skip with it; the bench records the case as skipped)."""
 
 
 @dataclass(frozen=True)

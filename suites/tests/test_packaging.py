@@ -28,7 +28,7 @@ except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
 import kvbench
-from kvbench._old_names import OLD_NAMES, old_name_hint
+from kvbench._old_names import OLD_NAMES, modernize_imports, old_name_hint
 from kvbench.suites.peers import base
 
 REPO = Path(__file__).resolve().parents[2]
@@ -237,3 +237,26 @@ def test_a_plugin_on_old_names_is_skipped_with_the_fix(monkeypatch, caplog):
         specs = base.peer_specs()
     assert "oldplugin" not in specs
     assert "import `kvbench.suites` instead" in caplog.text
+
+
+def test_modernize_imports_rewrites_only_import_statements():
+    source = (
+        "from kernels.validation import check\nimport paged.cache as pc\n"
+        "    from workloads import errors\nfrom kernelsx import y\nx = 'from kernels import z'\n"
+    )
+    assert modernize_imports(source) == (
+        "from kvbench.kernels.validation import check\nimport kvbench.paged.cache as pc\n"
+        "    from kvbench.workloads import errors\nfrom kernelsx import y\n"
+        "x = 'from kernels import z'\n"
+    )
+
+
+def test_a_baseline_frozen_before_the_namespace_still_runs():
+    """The committed CPU baseline froze torch_ops under the old names; loaded, it runs."""
+    from kvbench.reports.gate import load_baseline
+    from kvbench.suites.gate.timing import load_frozen
+
+    baseline = load_baseline(REPO / "reports" / "baselines" / "cpu.json")
+    assert baseline.frozen_source is not None
+    module = load_frozen(baseline.frozen_source)
+    assert callable(module.paged_decode_attention)
