@@ -169,7 +169,7 @@ def bench(session: nox.Session) -> None:
     `-- --full`, `-- --shard 2/8`, `-- --resume latest`. The default grid takes a few
     minutes on a 2-core CPU. The site is rebuilt only for a whole (unsharded) run.
     """
-    install_project(session)
+    install_project(session, "model")  # transformers, for serving.measured's model
     session.run("kvbench", "bench", *session.posargs)
     if not any(arg.startswith(("--shard", "--list")) for arg in session.posargs):
         session.run("kvbench", "report")

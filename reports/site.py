@@ -35,6 +35,7 @@ import pandas as pd
 
 from kvbench.reports import claims as claims_mod
 from kvbench.reports import figures, tables
+from kvbench.reports import serving as serving_tables
 from kvbench.reports.results import ResultsError, Run, to_frame
 from kvbench.reports.site_status import SweepOutcomes, run_outcomes, sweep_outcomes
 
@@ -51,6 +52,7 @@ class SweepPage:
     rows: list[list[str]] = field(default_factory=list)
     n_keys: int = 0
     figure_files: list[dict[str, str]] = field(default_factory=list)
+    derived: list[serving_tables.DerivedTable] = field(default_factory=list)
     outcomes: SweepOutcomes = field(default_factory=SweepOutcomes)
 
     @property
@@ -116,6 +118,7 @@ def _sweep_page(
         fname = f"{_slug(name)}-{i}.svg"
         (fig_dir / fname).write_text(svg, encoding="utf-8")
         page.figure_files.append({"src": f"figures/{fname}", "title": spec.title})
+    page.derived = serving_tables.derived_tables(name, frame)
     return page
 
 
