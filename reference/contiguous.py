@@ -354,6 +354,19 @@ class ContiguousKVCache:
         """Token ids of the request's cached tokens (None where never given)."""
         return list(self._get(request_id).token_ids)
 
+    def reservation(self, request_id: RequestId) -> tuple[int, int]:
+        """(first slot, reserved slots) of the request's range in the arena."""
+        req = self._get(request_id)
+        return req.start, req.reserved
+
+    def arena(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s K and V arenas [capacity_tokens, num_kv_heads, head_dim] (views;
+        an engine running a model writes its new tokens' KV here, at the request's range)."""
+        if not self.store_kv:
+            raise ConfigError("arena needs KV tensors; this cache is memory-only")
+        assert self._k is not None and self._v is not None
+        return self._k[layer], self._v[layer]
+
     def gather(self, request_id: RequestId) -> tuple[torch.Tensor, torch.Tensor]:
         req = self._get(request_id)
         if not self.store_kv:

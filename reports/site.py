@@ -35,6 +35,7 @@ import pandas as pd
 
 from kvbench.reports import claims as claims_mod
 from kvbench.reports import figures, tables
+from kvbench.reports import serving as serving_tables
 from kvbench.reports.results import ResultsError, Run, to_frame
 from kvbench.reports.site_status import SweepOutcomes, run_outcomes, sweep_outcomes
 
@@ -53,6 +54,7 @@ class SweepPage:
     figure_files: list[dict[str, str]] = field(default_factory=list)
     provenance: list[str] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)
+    derived: list[serving_tables.DerivedTable] = field(default_factory=list)
     outcomes: SweepOutcomes = field(default_factory=SweepOutcomes)
 
     @property
@@ -127,6 +129,7 @@ def _sweep_page(
                 "spread": figures.spread_note(frame, spec),
             }
         )
+    page.derived = serving_tables.derived_tables(name, frame)
     return page
 
 
@@ -531,12 +534,70 @@ def peers_view(frame: pd.DataFrame, fig_dir: Path, hrefs: dict[str, str]) -> dic
         section.fixed = _fixed_text(sub, _PEER_KEYS[suite])
         section.figure_files = _peer_figures(suite, sub, fig_dir)
         sections.append(section)
+    static = _peer_static_section(frame)
+    if static is not None:
+        sections.append(static)
     measured = _impl_order({i for s in sections for i in s.impls})
     return {
         "sections": sections,
         "impls": [(i, versions.get(i, "")) for i in measured],
         "has_peer": any(i not in (PEER_BASELINE, PEER_SDPA) for i in measured),
     }
+
+
+#: Static costs of vLLM's Triton kernels beside kvbench's (`kvbench kernels --peers`).
+PEER_STATIC_SUITE = "kernels.aot.peers"
+_STATIC_KEYS = ["dtype", "head_dim", "block_size", "arch", "role", "impl", "variant", "kernel"]
+_STATIC_METRICS = [
+    ("regs/thread", "registers"),
+    ("spills (B)", "spills"),
+    ("shared (B)", "shared_bytes"),
+    ("SASS (instr)", "sass_instructions"),
+]
+
+
+def _peer_static_section(frame: pd.DataFrame) -> PeerSection | None:
+    """The side-by-side static table: one line per (shape, arch, kernel), kvbench first in
+    each group; None when no run holds `kernels.aot.peers` rows."""
+    if frame.empty or "suite" not in frame.columns:
+        return None
+    sub = frame[frame["suite"] == PEER_STATIC_SUITE]
+    if sub.empty or not set(_STATIC_KEYS) <= set(sub.columns):
+        return None
+    wide = sub.pivot_table(index=_STATIC_KEYS, columns="metric", values="value", aggfunc="last")
+    order = {"decode": 0, "decode-reduce": 1, "prefill": 2, "kv-write": 3}
+    lines = sorted(
+        wide.iterrows(),
+        key=lambda kv: (
+            *[str(v) for v in kv[0][:4]],
+            order.get(kv[0][4], 9),
+            kv[0][5] != "kvbench",
+        ),
+    )
+    rows = []
+    for idx, line in lines:
+        named = dict(zip(_STATIC_KEYS, idx, strict=True))
+        bs = named["block_size"]
+        if named["impl"] == PEER_BASELINE and named["role"] != "kv-write":
+            bs = "any (run time)"
+        cells = [str(named[k]) if k != "block_size" else str(bs) for k in _STATIC_KEYS]
+        cells += [tables.format_value(line.get(m, math.nan)) for _, m in _STATIC_METRICS]
+        rows.append(cells)
+    impls = _impl_order(sub["impl"].astype(str))
+    return PeerSection(
+        PEER_STATIC_SUITE,
+        "Static cost of the GPU kernels (sm_80 / sm_90, compiled here)",
+        "vLLM's Triton attention kernels compiled ahead of time with the configurations its "
+        "own launchers choose (32 query / 8 KV heads; decode: 4 sequences at context 4096, "
+        "prefill: 4 x 128 new tokens), beside kvbench's kernels for the same shapes: "
+        "registers per thread, spill bytes, shared memory per block and SASS instructions. "
+        "Static figures from the compiler, measured without a GPU; not times.",
+        impls=impls,
+        header=["dtype", "head dim", "block size", "arch", "role", "impl", "variant", "kernel"]
+        + [h for h, _ in _STATIC_METRICS],
+        rows=rows,
+        n_keys=len(_STATIC_KEYS),
+    )
 
 
 def _run_view(run: Run) -> dict[str, Any]:

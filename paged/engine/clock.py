@@ -1,23 +1,23 @@
 """Closed-form pricing of a quiet stretch of decode steps (event mode).
 
 In a quiet stretch nothing but decoding happens: D decoders whose logical KV lengths sum
-to A + D * t at the start of step t. Step t then costs weight_ps + kv_ps * (A + D * t + D)
-picoseconds (each decoder reads its c + 1 tokens), so k steps from `first` cost
-
-    k * weight_ps + kv_ps * (k * (A + D) + D * sum(first .. first + k - 1))
-
-exactly the sum of the k steps priced one by one (integer picoseconds).
+to A + D * t at the start of step t, so step t reads A + D * t + D KV tokens (each decoder
+its c + 1). `TimeModel.decode_span_ps` sums k such steps from `first` in closed form,
+exactly the sum of `TimeModel.step_ps` over them (integer picoseconds).
 """
 
 from __future__ import annotations
 
 from kvbench.paged.engine.sequence import NEVER
+from kvbench.paged.scheduler_model import TimeModel
 
 
-def span_ps(first: int, k: int, a: int, d: int, weight_ps: int, kv_ps: int) -> int:
-    """Modeled picoseconds of the k quiet steps first .. first + k - 1."""
-    sum_t = (2 * first + k - 1) * k // 2
-    return k * weight_ps + kv_ps * (k * (a + d) + d * sum_t)
+def span_ps(tm: TimeModel | None, first: int, k: int, a: int, d: int) -> int:
+    """Modeled picoseconds of the k quiet steps first .. first + k - 1 (0 without a
+    model)."""
+    if tm is None:
+        return 0
+    return tm.decode_span_ps(d, a + d + d * first, k)
 
 
 def arrival_step(
@@ -26,8 +26,7 @@ def arrival_step(
     arrival_ps: int,
     a: int,
     d: int,
-    weight_ps: int,
-    kv_ps: int,
+    tm: TimeModel | None,
     horizon: int,
 ) -> int:
     """The first step >= `first` whose start time reaches `arrival_ps`, when the steps
@@ -35,11 +34,11 @@ def arrival_step(
     `horizon` (NEVER: no cap)."""
 
     def start_of(step: int) -> int:
-        return now_ps + span_ps(first, step - first, a, d, weight_ps, kv_ps)
+        return now_ps + span_ps(tm, first, step - first, a, d)
 
     if start_of(first) >= arrival_ps:
         return first
-    if not weight_ps and not kv_ps:
+    if start_of(first + 1) == now_ps:  # steps cost nothing: time never advances
         return horizon
     lo, hi = first, horizon
     if hi >= NEVER or start_of(hi) >= arrival_ps:

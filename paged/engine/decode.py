@@ -159,6 +159,8 @@ class DecodeMixin(EngineBase):
             seq.synced = c + 1
             st.agg_sync += 1
             seq.generated = g + 1
+            if self.step_hook is not None:
+                st.decoded.append((seq, c))
             # the decoder's line c - t is unchanged, so the aggregates are too
             seq.base_step, seq.base_c, seq.base_g = t + 1, c + 1, g + 1
             if g + 1 >= seq.req.output_len:

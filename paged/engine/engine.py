@@ -43,7 +43,7 @@ from kvbench.paged.engine.sequence import (
     Seq,
     by_order,
 )
-from kvbench.paged.engine.state import EngineState
+from kvbench.paged.engine.state import EngineState, StepHook
 from kvbench.paged.engine.validate import SchedulerError, check_trace
 from kvbench.paged.latency import summarize
 from kvbench.paged.scheduler_model import SchedulerConfig, SimulationResult, StepRow, TimeModel
@@ -75,11 +75,15 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         time_model: TimeModel | None = None,
         *,
         checked: bool = False,
+        step_hook: StepHook | None = None,
     ) -> None:
         self.cache = cache
         self.cfg = config or SchedulerConfig()
         self.tm = time_model
         self.checked = checked
+        self.step_hook = step_hook
+        if step_hook is not None and self.cfg.mode != "token":
+            raise ConfigError("a step hook needs mode='token' (every step visited)")
         if self.cfg.preemption == "auto" and time_model is None:
             raise ConfigError("preemption 'auto' needs a time model (device profile)")
         if not isinstance(cache, ServingCache):
@@ -94,8 +98,6 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         self.event_mode = self.cfg.mode == "event"
         # memory-only caches take token counts directly (no KV to make)
         self.plain_append = None if self.traits.store_kv else cache.append_tokens
-        self.weight_ps = time_model.weight_ps if time_model is not None else 0
-        self.kv_ps = time_model.kv_ps_per_token if time_model is not None else 0
         self.st = EngineState()
         self.big_prompt_ids = False
         self.reqs: tuple[TraceRequest, ...] = ()
@@ -196,8 +198,11 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         if not st.preempted:
             budget = self.swap_in(t, budget)
             admission_failed = self.admit(t, budget, chunks)
+        chunk_log = [(s.sid, s.computed, n) for s, n in chunks] if self.step_hook else []
         prefill_cost = self.prefill(t, chunks)
         step_ps = self._price(decoders, kv_read, prefill_cost)
+        if self.step_hook is not None:
+            step_ps = self._run_hook(t, chunk_log, step_ps)
         st.peak = max(st.peak, len(st.running))
         had_finishes = bool(st.finished_now)
         self.retire(t)
@@ -390,14 +395,23 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
             self._start_decoding(seq, t + 1, seq.computed, seq.computed)
 
     def _price(self, decoders: int, kv_read: int, prefill_cost: list[tuple[int, int]]) -> int:
-        """Modeled picoseconds of this step: decode + prefill + swaps (0 without a model)."""
+        """Modeled picoseconds of this step (`TimeModel.step_ps`) plus its swaps (0
+        without a model)."""
         tm = self.tm
         if tm is None:
             return 0
-        step_ps = self.weight_ps + self.kv_ps * kv_read if decoders else 0
-        if prefill_cost:
-            step_ps += tm.prefill_ps(prefill_cost)
-        return step_ps + self.st.swap_ps
+        return tm.step_ps(decoders, kv_read, prefill_cost) + self.st.swap_ps
+
+    def _run_hook(self, t: int, chunks: list[tuple[str, int, int]], model_ps: int) -> int:
+        """Hand the step to the step hook: the sequences that decoded in it and still
+        run, its prefill chunks and its modeled price; its answer (if any) is the
+        step's time."""
+        st = self.st
+        ran = [(s.sid, c) for s, c in st.decoded if s.state == RUNNING]
+        st.decoded.clear()
+        assert self.step_hook is not None
+        measured = self.step_hook(t, ran, chunks, model_ps)
+        return model_ps if measured is None else int(measured)
 
     def retire(self, t: int) -> None:
         """Phase 6: sequences that generated their last token free their memory at
@@ -521,14 +535,12 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         stop = horizon
         if not st.waiting and st.next_arrival < len(self.reqs):
             arrival = self.arrivals_ps[st.next_arrival]
-            stop = arrival_step(
-                t + 1, st.now_ps, arrival, a, d, self.weight_ps, self.kv_ps, horizon
-            )
+            stop = arrival_step(t + 1, st.now_ps, arrival, a, d, self.tm, horizon)
         if stop <= t + 1:
             return t + 1
         first, k = t + 1, stop - (t + 1)  # quiet steps first .. stop - 1
         sum_t = (first + stop - 1) * k // 2
-        cost = span_ps(first, k, a, d, self.weight_ps, self.kv_ps) if self.tm is not None else 0
+        cost = span_ps(self.tm, first, k, a, d)
         free_b, used_b, cached_b, live_sync, reserved = occupancy
         base_live = live_sync + a - st.agg_sync
         running = len(st.running)

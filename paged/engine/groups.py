@@ -96,6 +96,8 @@ class GroupMixin(EngineBase):
             b.synced = c + 1
             st.agg_sync += 1
             b.generated = g + 1
+            if self.step_hook is not None:
+                st.decoded.append((b, c))
             b.out_tokens.append(group.new_token())
             b.base_step, b.base_c, b.base_g = t + 1, c + 1, g + 1
         st.epoch += 1

@@ -58,6 +58,8 @@ class EngineState:
     swap_ps: int = 0  # modeled swap time of this step
     dec: int = 0  # sequences decoding a token this step
     kv_read: int = 0  # KV tokens this step's decodes read
+    #: (sequence, KV length before its token) of this step's decodes (step hook only)
+    decoded: list[tuple[Seq, int]] = field(default_factory=list)
     finished_now: list[Seq] = field(default_factory=list)
     #: records whose first token / finish this step made (stamped with its end time)
     first_now: list[SeqRecord] = field(default_factory=list)
@@ -83,6 +85,15 @@ class EngineState:
     timeline: list[StepRow] = field(default_factory=list)
 
 
+#: `step_hook(step, decoded, chunks, model_ps)`: called once per processed step, after
+#: the step's appends and before its finishes free their memory, with the sequences that
+#: decoded a token in it and are still running, as (sequence id, KV length before the
+#: token), its prefill chunks as (sequence id, first position, tokens) and the time
+#: model's price of the step (ps; 0 without a model); it may return the step's duration
+#: in picoseconds, which replaces the model's (a measured clock).
+StepHook = Callable[[int, list[tuple[str, int]], list[tuple[str, int, int]], int], "int | None"]
+
+
 class EngineBase:
     """Attributes the engine's phase mixins share (set by `Engine`)."""
 
@@ -95,8 +106,7 @@ class EngineBase:
     event_mode: bool
     big_prompt_ids: bool
     plain_append: Callable[..., None] | None
-    weight_ps: int
-    kv_ps: int
+    step_hook: StepHook | None
 
     # provided by the mixins and Engine (declared for readers and type checkers)
     def _schedule(self, seq: Seq, t: int) -> None:

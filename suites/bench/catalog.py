@@ -7,6 +7,9 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     peers,
     scheduling,
     serving,
+    serving_measured,
+    serving_paper,
+    serving_rate,
     static,
     utilization,
 )

@@ -64,7 +64,7 @@ def test_first_token_at_prefill_and_one_token_per_step() -> None:
     # modeled times, priced here step by step from the time model's own formulas: three
     # prefill chunks (context, tokens), then decode steps reading 11 .. 15 tokens of KV
     prefill = sum(TM.prefill_ps([chunk]) for chunk in [(0, 4), (4, 4), (8, 2)])
-    decode = sum(TM.weight_ps + TM.kv_ps_per_token * (c + 1) for c in range(10, 15))
+    decode = sum(TM.step_ps(1, c + 1) for c in range(10, 15))
     assert rec.arrival_s == 0.0
     assert rec.first_token_s == prefill / 1e12
     assert rec.finish_s == (prefill + decode) / 1e12
