@@ -110,7 +110,9 @@ def _load() -> tuple[KernelStatus, ModuleType | None]:
         return KernelStatus("torch", "KVBENCH_CPU_KERNEL=torch"), None
     missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
     if missing:
-        return KernelStatus("torch", f"no {' or '.join(missing)} on PATH to build the C++ kernel"), None
+        return KernelStatus(
+            "torch", f"no {' or '.join(missing)} on PATH to build the C++ kernel"
+        ), None
     from torch.utils import cpp_extension
 
     folder = _build_dir()
