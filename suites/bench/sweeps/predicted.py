@@ -50,7 +50,7 @@ def _record(cfg, arch: int):  # type: ignore[no-untyped-def]
     "sm_80 / sm_90 compile's occupancy over A100 / H100 / H200 profiles); predicted, not "
     "measured",
     _cases,
-    requires=("kernels.predict", "triton"),
+    requires=("kvbench.kernels.predict", "triton"),
     tags=("kernel",),
 )
 def predicted(case: Case, ctx: BenchContext) -> list[Measurement]:
