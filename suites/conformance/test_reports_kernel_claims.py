@@ -59,3 +59,24 @@ def test_no_kernel_rows_is_not_measured() -> None:
         ]
     )
     assert _verdict(frame).verdict == claims.NOT_MEASURED
+
+
+def test_kernel_tables_carry_the_spread_and_pages_name_the_path() -> None:
+    from kvbench.reports import site, tables
+
+    frame = pd.DataFrame(
+        [
+            {"run_id": "r", "case_key": "a", "suite": "kernel.decode", "ctx_len": 128,
+             "metric": "time_paged", "value": 2.0, "unit": "s", "stats.q1": 1.5, "stats.q3": 2.5},
+            {"run_id": "r", "case_key": "a", "suite": "kernel.decode", "ctx_len": 128,
+             "metric": "kernel_path_is_cpp", "value": 1.0, "unit": "bool"},
+        ]
+    )  # fmt: skip
+    _keys, metrics, rows = tables.wide(frame, spread=True)
+    assert metrics[-1] == "time_paged q1-q3"
+    assert rows[0][-1] == (1.5, 2.5)
+    assert "C++ kernel reading blocks in place" in site._provenance(frame)
+    frame.loc[1, "metric"] = "backend_is_triton"
+    assert "on a GPU" in site._provenance(frame)
+    pred = frame.assign(suite="kernel.predicted")
+    assert site._provenance(pred).startswith("Predicted (not measured)")
