@@ -341,6 +341,8 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int64_t qs_b = query.stride(0), qs_h = query.stride(1);
   const int64_t D = g.D, Hq = g.hq;
+  T* o = out.data_ptr<T>();
+  const int64_t os_b = out.stride(0), os_h = out.stride(1);
   // Partial states per (sequence, partition): acc [Hq][D], m and l [Hq].
   std::vector<float> acc(size_t(B * P * Hq * D)), mm(size_t(B * P * Hq)), ll(size_t(B * P * Hq));
   at::parallel_for(0, B * HT * P, 1, [&](int64_t begin, int64_t end) {
@@ -358,13 +360,20 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
         for (int64_t r = h0 * g.group; r < h1 * g.group; ++r) pm[r] = NEG_INF;
         continue;
       }
+      float* pacc = acc.data() + (b * P + p) * Hq * D;
       decode_task<T>(q + b * qs_b, qs_h, kc, vc, tables + b * tstride, len, g, h0, h1, j0, j1,
-                     float(scale), acc.data() + (b * P + p) * Hq * D, pm, pl, buf);
+                     float(scale), pacc, pm, pl, buf);
+      if (P == 1) {  // one partition: normalize here, with no second parallel region
+        for (int64_t r = h0 * g.group; r < h1 * g.group; ++r) {
+          const float inv = 1.f / pl[r];
+          T* orow = o + b * os_b + r * os_h;
+          for (int64_t d = 0; d < D; ++d) Ld<T>::store(orow + d, pacc[r * D + d] * inv);
+        }
+      }
     }
   });
+  if (P == 1) return;
   // Merge the partitions and normalize: sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
-  T* o = out.data_ptr<T>();
-  const int64_t os_b = out.stride(0), os_h = out.stride(1);
   at::parallel_for(0, B * Hq, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> row(D);
     for (int64_t i = begin; i < end; ++i) {
