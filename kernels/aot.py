@@ -208,6 +208,29 @@ def _usage(cubin: bytes, name: str) -> dict[str, int]:
     }
 
 
+def measure(
+    compiled: object, kernel: str, config: dict[str, object], arch: int, num_warps: int
+) -> CompileRecord:
+    """The record of a kernel `triton.compile` built for sm_`arch`: registers and SASS
+    instructions from its cubin, spills from `ptxas -v` on its PTX, shared memory from its
+    metadata. Also measures other people's kernels (suites/peers/vllm_aot.py)."""
+    import triton
+
+    asm = compiled.asm  # type: ignore[attr-defined]
+    use = _usage(asm["cubin"], kernel)
+    return CompileRecord(
+        kernel=kernel,
+        config=config,
+        arch=f"sm_{arch}",
+        registers=use["registers"],
+        spills=_spills(asm["ptx"], arch, kernel),
+        shared_bytes=int(compiled.metadata.shared),  # type: ignore[attr-defined]
+        sass_instructions=use["sass_instructions"],
+        num_warps=num_warps,
+        triton_version=triton.__version__,
+    )
+
+
 def compile_one(
     cfg: configs.KernelConfig, arch: int, kernel: JITFunction | None = None
 ) -> CompileRecord:
@@ -241,24 +264,15 @@ def compile_one(
     src = ASTSource(fn, sig, dict(cfg.constexprs), attrs)
     try:
         kernel = triton.compile(
-            src, target=GPUTarget("cuda", arch, 32), options={"num_warps": cfg.num_warps}
+            src,
+            target=GPUTarget("cuda", arch, 32),
+            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
         )
     except Exception as exc:  # the compiler raises many types; name the configuration
         raise CompileCheckError(
             f"{cfg.kernel} {cfg.describe()} failed to compile for sm_{arch}: {exc}"
         ) from exc
-    use = _usage(kernel.asm["cubin"], cfg.kernel)
-    return CompileRecord(
-        kernel=cfg.kernel,
-        config=cfg.describe(),
-        arch=f"sm_{arch}",
-        registers=use["registers"],
-        spills=_spills(kernel.asm["ptx"], arch, cfg.kernel),
-        shared_bytes=int(kernel.metadata.shared),
-        sass_instructions=use["sass_instructions"],
-        num_warps=cfg.num_warps,
-        triton_version=triton.__version__,
-    )
+    return measure(kernel, cfg.kernel, cfg.describe(), arch, cfg.num_warps)
 
 
 def default_cache_dir() -> Path:

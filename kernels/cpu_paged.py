@@ -192,6 +192,13 @@ def _tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: AttentionD
     if tables.stride(1) != 1:
         tables = tables.contiguous()
     lens = _int32(seq_lens).contiguous()
+    capacity = tables.shape[1] * dims.cache.block_size
+    if lens.numel() and (int(lens.min()) < 1 or int(lens.max()) > capacity):
+        worst = int(lens.min()) if int(lens.min()) < 1 else int(lens.max())
+        raise IndexRangeError(
+            f"seq_lens holds {worst}, outside [1, {capacity}] (max_blocks="
+            f"{tables.shape[1]} x block_size={dims.cache.block_size}); the C++ kernel refuses it"
+        )
     bad = int(mod.first_bad_entry(tables, lens, dims.cache.block_size, dims.cache.num_blocks))
     if bad >= 0:
         b, j = divmod(bad, tables.shape[1])

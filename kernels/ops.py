@@ -21,6 +21,12 @@ Query head h reads KV head h // (num_q_heads // num_kv_heads) (GQA/MQA).
 
 Every op raises a `workloads.errors` exception naming the bad value, before writing
 anything, when its input is wrong (see `kernels.validation`).
+
+Host reads: with `check_indices=False` no op reads a tensor's values on the host, so a
+call on CUDA tensors only enqueues work (no stream synchronization). The attention ops
+then size their launch by `max_seq_len` / `max_q_len` as the caller gives them (it knows
+them from its own bookkeeping; compute them once, outside any timed region), or by a
+bound from the shapes when it gives none.
 """
 
 from __future__ import annotations
@@ -126,7 +132,7 @@ def swap_blocks(
     t = val.check_swap_blocks(src, dst, mapping, check_indices)
     chosen = choose_backend(src.device, backend)
     if chosen == "triton" and src.device == dst.device:
-        _triton().swap_blocks(src, dst, t.to(src.device))
+        _triton().swap_blocks(src, dst, t if t.device == src.device else t.to(src.device))
     else:
         torch_ops.swap_blocks(src, dst, t)
 
@@ -143,6 +149,7 @@ def paged_decode_attention(
     backend: str | None = None,
     partition_size: int | None = None,
     check_indices: bool = True,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged KV.
 
@@ -154,11 +161,18 @@ def paged_decode_attention(
         out: optional [batch, num_q_heads, head_dim] output (query dtype) to write.
         partition_size: Triton only: tokens per KV partition of the split-KV kernel (a
             power of two >= 16); None picks the default. Ignored by torch.
+        check_indices: read the index values on the host and check them (a CUDA stream
+            sync); False reads nothing on the host.
+        max_seq_len: an upper bound of `seq_lens` (tokens), known to the caller without
+            reading device memory; checked when `check_indices`. None: the true maximum
+            when checking, else the tables' capacity.
 
     Returns:
         [batch, num_q_heads, head_dim] in the query dtype (`out` when given).
     """
-    dims = val.check_decode(query, k_cache, v_cache, block_tables, seq_lens, out, check_indices)
+    dims = val.check_decode(
+        query, k_cache, v_cache, block_tables, seq_lens, out, check_indices, max_seq_len
+    )
     s = val.check_scale(scale, dims.cache.head_dim)
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
@@ -185,6 +199,8 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,
     backend: str | None = None,
     check_indices: bool = True,
+    max_seq_len: int | None = None,
+    max_q_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of a ragged batch of new tokens over cached prefixes and themselves.
 
@@ -197,12 +213,24 @@ def paged_prefill_attention(
         query: [total_q, num_q_heads, head_dim].
         cu_seqlens_q: int32 [batch + 1], cumulative query counts starting at 0.
         seq_lens: int32 [batch], total KV length (cached prefix + new tokens).
+        check_indices, max_seq_len: as for `paged_decode_attention`.
+        max_q_len: an upper bound of the new tokens per sequence, likewise (None: the true
+            maximum when checking, else min(total_q, max_seq_len)).
 
     Returns:
         [total_q, num_q_heads, head_dim] in the query dtype (`out` when given).
     """
     dims = val.check_prefill(
-        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, check_indices
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        cu_seqlens_q,
+        seq_lens,
+        out,
+        check_indices,
+        max_seq_len,
+        max_q_len,
     )
     s = val.check_scale(scale, dims.cache.head_dim)
     if out is None:

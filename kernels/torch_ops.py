@@ -45,12 +45,52 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: torch.Tenso
         cache.index_copy_(0, dst, cache.index_select(0, src))
 
 
+def _crosses_host(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """Whether a swap moves data between devices (a host link copy)."""
+    return src.device != dst.device
+
+
+def _host_sync(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Wait for the copies queued between `src` and `dst` on the CUDA side's current
+    stream, so the host may use (or reuse) either pool; nothing to wait for on a CPU."""
+    for t in (src, dst):
+        if t.device.type == "cuda":
+            torch.cuda.current_stream(t.device).synchronize()
+            return
+
+
+def _runs(pairs: list[list[int]]) -> list[tuple[int, int, int]]:
+    """(src_start, dst_start, count) of the maximal runs of pairs that advance source and
+    destination block together, so each run is one contiguous copy."""
+    runs: list[tuple[int, int, int]] = []
+    for s, d in sorted(pairs):
+        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((s, d, 1))
+    return runs
+
+
 def swap_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> None:
-    """Copy `src[mapping[i, 0]]` into `dst[mapping[i, 1]]`, moving data across devices."""
+    """Copy `src[mapping[i, 0]]` into `dst[mapping[i, 1]]`, moving data across devices.
+
+    Within one device: one gather and one scatter. Across the host link each run of
+    consecutive blocks is one copy straight between the two pools (device to host lands
+    in the destination's own rows; host to device reads the source's own rows, so a
+    pinned pool gives asynchronous DMA and no pageable staging), and the call returns
+    only after the CUDA stream has finished them: the host may then read the swapped-out
+    blocks or reuse the swapped-in ones. A mapping on a CUDA device is read on the host
+    here (swap is not a timed hot path; pass a CPU mapping).
+    """
     if mapping.numel() == 0:
         return
-    blocks = src.index_select(0, mapping[:, 0].to(src.device))
-    dst.index_copy_(0, mapping[:, 1].to(dst.device), blocks.to(dst.device, non_blocking=True))
+    if not _crosses_host(src, dst):
+        blocks = src.index_select(0, mapping[:, 0].to(src.device))
+        dst.index_copy_(0, mapping[:, 1].to(dst.device), blocks)
+        return
+    for s, d, n in _runs(mapping.tolist()):
+        dst[d : d + n].copy_(src[s : s + n], non_blocking=True)
+    _host_sync(src, dst)
 
 
 class _Workspace(threading.local):

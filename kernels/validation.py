@@ -8,8 +8,17 @@ What is checked: ranks and shapes, dtypes (float32, float16, bfloat16 for K/V/Q)
 contiguity (the caches are addressed as flat pools), head counts that divide, and index
 values (slots, block ids, block-table entries, sequence lengths) within the pool and the
 table. Checking index values reads them on the host, which synchronizes a CUDA stream;
-callers on a hot path that have already validated their indices may pass
+callers on a hot path that have already validated their indices pass
 `check_indices=False` to the ops.
+
+With `check_indices=False` nothing here reads a tensor's values on the host: the checks
+look at shapes, dtypes, devices and strides only, and the attention ops take the maxima
+they size their grids by (`max_seq_len`, `max_q_len`) from the caller, who knows them
+without reading device memory (from host-side bookkeeping, computed once outside any
+timed region). When the caller gives none, a bound from the shapes is used instead
+(the block table's capacity, the total query count): still correct, since the kernels
+skip partitions and query tiles past each sequence's own lengths, only less tight.
+With `check_indices=True` the maxima given are checked against the lengths themselves.
 """
 
 from __future__ import annotations
@@ -179,9 +188,10 @@ def check_write_kv(
 
 
 def as_block_pairs(
-    pairs: torch.Tensor | Sequence[tuple[int, int]], name: str, device: torch.device
+    pairs: torch.Tensor | Sequence[tuple[int, int]], name: str, device: torch.device | None
 ) -> torch.Tensor:
-    """Normalize (src, dst) block pairs to an int64 `[n, 2]` tensor on `device`."""
+    """Normalize (src, dst) block pairs to an int64 `[n, 2]` tensor on `device` (a tensor
+    stays where it is when `device` is None; a sequence becomes a CPU tensor)."""
     if isinstance(pairs, torch.Tensor):
         if pairs.dtype not in INDEX_DTYPES:
             raise ShapeError(f"{name} has dtype {pairs.dtype}; expected one of {INDEX_DTYPES}")
@@ -194,6 +204,8 @@ def as_block_pairs(
         t = t.reshape(-1, 2)
     if t.dim() != 2 or t.shape[1] != 2:
         raise ShapeError(f"{name} must be [n, 2] (src, dst) pairs, got shape {tuple(t.shape)}")
+    if device is None:
+        return t.to(dtype=torch.int64)
     return t.to(device=device, dtype=torch.int64)
 
 
@@ -245,7 +257,8 @@ def check_swap_blocks(
 
     Pools are `[num_blocks, ...]` tensors with equal trailing shapes and dtypes (they may
     be on different devices and have different block counts). Returns the mapping as an
-    int64 `[n, 2]` CPU tensor of (src_block, dst_block); destinations must be distinct.
+    int64 `[n, 2]` tensor of (src_block, dst_block), on the device it came on (a sequence
+    of pairs: the CPU); destinations must be distinct.
     """
     _check_float("src", src)
     _check_float("dst", dst)
@@ -259,17 +272,18 @@ def check_swap_blocks(
     for name, t in (("src", src), ("dst", dst)):
         if not t.is_contiguous():
             raise ShapeError(f"{name} must be contiguous; got strides {t.stride()}")
-    t = as_block_pairs(mapping, "mapping", torch.device("cpu"))
+    t = as_block_pairs(mapping, "mapping", None)
     if check_indices and t.numel():
-        _check_ids("mapping[:, 0]", t[:, 0], src.shape[0], f"(src has {src.shape[0]} blocks)")
-        _check_ids("mapping[:, 1]", t[:, 1], dst.shape[0], f"(dst has {dst.shape[0]} blocks)")
-        uniq, counts = torch.unique(t[:, 1], return_counts=True)
+        host = t.detach().to("cpu")
+        _check_ids("mapping[:, 0]", host[:, 0], src.shape[0], f"(src has {src.shape[0]} blocks)")
+        _check_ids("mapping[:, 1]", host[:, 1], dst.shape[0], f"(dst has {dst.shape[0]} blocks)")
+        uniq, counts = torch.unique(host[:, 1], return_counts=True)
         if (counts > 1).any():
             raise IndexRangeError(
                 f"mapping writes dst block {int(uniq[counts > 1][0])} more than once"
             )
         if src.data_ptr() == dst.data_ptr():
-            both = set(t[:, 0].tolist()) & set(t[:, 1].tolist())
+            both = set(host[:, 0].tolist()) & set(host[:, 1].tolist())
             if both:
                 raise IndexRangeError(
                     f"block {min(both)} is both a source and a destination in one pool"
@@ -307,43 +321,62 @@ def check_scale(scale: float | None, head_dim: int) -> float:
     return s
 
 
+def _check_bound(name: str, value: int | None) -> int | None:
+    """A caller's maximum (`max_seq_len`, `max_q_len`): None or an int >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}={value!r} must be an integer >= 1 (or None)")
+    return value
+
+
 def _check_tables(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     dims: CacheDims,
     device: torch.device,
     check_indices: bool,
+    max_seq_len: int | None = None,
 ) -> int:
-    """Check block tables and KV lengths; return the longest length (tokens)."""
+    """Check block tables and KV lengths; return the longest length (tokens) to size the
+    launch by: `max_seq_len` when given (capped at the tables' capacity), else the true
+    maximum when indices are checked, else the capacity (no host read)."""
     _check_index("block_tables", block_tables, 2, device)
     _check_index("seq_lens", seq_lens, 1, device)
     if seq_lens.shape[0] != block_tables.shape[0]:
         raise ShapeError(
             f"seq_lens has {seq_lens.shape[0]} entries for {block_tables.shape[0]} block tables"
         )
+    bound = _check_bound("max_seq_len", max_seq_len)
     if block_tables.shape[0] == 0:
         return 0
-    lens = seq_lens.detach().to("cpu", torch.int64)
     capacity = block_tables.shape[1] * dims.block_size
+    if not check_indices:
+        return capacity if bound is None else min(bound, capacity)
+    lens = seq_lens.detach().to("cpu", torch.int64)
     bad = lens[(lens < 1) | (lens > capacity)]
     if bad.numel():
         raise IndexRangeError(
             f"seq_lens holds {int(bad[0])}, outside [1, {capacity}] "
             f"(max_blocks={block_tables.shape[1]} x block_size={dims.block_size})"
         )
-    if check_indices:
-        used = (lens + dims.block_size - 1) // dims.block_size  # blocks each row uses
-        cols = torch.arange(block_tables.shape[1]).unsqueeze(0)
-        table = block_tables.detach().to("cpu", torch.int64)
-        live = cols < used.unsqueeze(1)
-        entries = table[live]
-        bad = entries[(entries < 0) | (entries >= dims.num_blocks)]
-        if bad.numel():
-            raise IndexRangeError(
-                f"block_tables holds block {int(bad[0])} outside [0, {dims.num_blocks}) "
-                "within a sequence's length"
-            )
-    return int(lens.max())
+    used = (lens + dims.block_size - 1) // dims.block_size  # blocks each row uses
+    cols = torch.arange(block_tables.shape[1]).unsqueeze(0)
+    table = block_tables.detach().to("cpu", torch.int64)
+    live = cols < used.unsqueeze(1)
+    entries = table[live]
+    bad = entries[(entries < 0) | (entries >= dims.num_blocks)]
+    if bad.numel():
+        raise IndexRangeError(
+            f"block_tables holds block {int(bad[0])} outside [0, {dims.num_blocks}) "
+            "within a sequence's length"
+        )
+    longest = int(lens.max())
+    if bound is None:
+        return longest
+    if longest > bound:
+        raise IndexRangeError(f"seq_lens holds {longest}, above max_seq_len={bound}")
+    return min(bound, capacity)
 
 
 def check_decode(
@@ -354,16 +387,20 @@ def check_decode(
     seq_lens: torch.Tensor,
     out: torch.Tensor | None = None,
     check_indices: bool = True,
+    max_seq_len: int | None = None,
 ) -> AttentionDims:
     """Check a paged decode attention call: query `[batch, num_q_heads, head_dim]`, one
-    token per sequence over `seq_lens[b]` cached tokens listed by `block_tables[b]`."""
+    token per sequence over `seq_lens[b]` cached tokens listed by `block_tables[b]`.
+    `max_seq_len` bounds every `seq_lens[b]` (see the module docstring)."""
     dims = check_cache_pair(k_cache, v_cache)
     group = _check_query(query, dims, k_cache)
     if block_tables.dim() == 2 and query.shape[0] != block_tables.shape[0]:
         raise ShapeError(
             f"query batch {query.shape[0]} differs from block_tables rows {block_tables.shape[0]}"
         )
-    max_len = _check_tables(block_tables, seq_lens, dims, k_cache.device, check_indices)
+    max_len = _check_tables(
+        block_tables, seq_lens, dims, k_cache.device, check_indices, max_seq_len
+    )
     _check_out(out, query)
     return AttentionDims(dims, query.shape[0], query.shape[1], group, max_len, 1)
 
@@ -377,11 +414,15 @@ def check_prefill(
     seq_lens: torch.Tensor,
     out: torch.Tensor | None = None,
     check_indices: bool = True,
+    max_seq_len: int | None = None,
+    max_q_len: int | None = None,
 ) -> AttentionDims:
     """Check a paged prefill/extend call: ragged query `[total_q, num_q_heads, head_dim]`
     split by `cu_seqlens_q` (`[batch + 1]`, starting at 0, non-decreasing, ending at
     total_q); sequence b has `q_len_b = cu[b+1] - cu[b]` new tokens, 1 <= q_len_b <=
-    seq_lens[b], whose K/V are already written at the end of its `seq_lens[b]` tokens."""
+    seq_lens[b], whose K/V are already written at the end of its `seq_lens[b]` tokens.
+    `max_seq_len` and `max_q_len` bound every `seq_lens[b]` and `q_len_b` (see the module
+    docstring)."""
     dims = check_cache_pair(k_cache, v_cache)
     group = _check_query(query, dims, k_cache)
     _check_index("cu_seqlens_q", cu_seqlens_q, 1, k_cache.device)
@@ -390,11 +431,19 @@ def check_prefill(
         raise ShapeError(
             f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries; expected batch + 1 = {batch + 1}"
         )
-    max_len = _check_tables(block_tables, seq_lens, dims, k_cache.device, check_indices)
+    max_len = _check_tables(
+        block_tables, seq_lens, dims, k_cache.device, check_indices, max_seq_len
+    )
+    q_bound = _check_bound("max_q_len", max_q_len)
+    _check_out(out, query)
+    total_q = query.shape[0]
+    if not check_indices:
+        bound = min(total_q, max_len) if q_bound is None else min(q_bound, total_q, max_len)
+        return AttentionDims(dims, batch, query.shape[1], group, max_len, bound)
     cu = cu_seqlens_q.detach().to("cpu", torch.int64)
-    if cu[0] != 0 or cu[-1] != query.shape[0]:
+    if cu[0] != 0 or cu[-1] != total_q:
         raise IndexRangeError(
-            f"cu_seqlens_q must run from 0 to total_q={query.shape[0]}, got {cu[0]}..{cu[-1]}"
+            f"cu_seqlens_q must run from 0 to total_q={total_q}, got {cu[0]}..{cu[-1]}"
         )
     q_lens = cu[1:] - cu[:-1]
     lens = seq_lens.detach().to("cpu", torch.int64)
@@ -404,8 +453,13 @@ def check_prefill(
         raise IndexRangeError(
             f"sequence {b} has {int(q_lens[b])} query tokens; must be in [1, seq_len={int(lens[b])}]"
         )
-    _check_out(out, query)
     max_q = int(q_lens.max()) if q_lens.numel() else 0
+    if q_bound is not None:
+        if max_q > q_bound:
+            raise IndexRangeError(
+                f"cu_seqlens_q holds {max_q} query tokens, above max_q_len={q_bound}"
+            )
+        max_q = min(q_bound, total_q)
     return AttentionDims(dims, batch, query.shape[1], group, max_len, max_q)
 
 

@@ -43,6 +43,7 @@ import torch
 from kvbench.kernels import ops
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.block_table import RequestState, block_table_tensor, slot_mapping
+from kvbench.paged.cache_serving import PagedServingAccounting
 from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, PrefixCacheStats, block_key
 from kvbench.paged.swap import SwapSpace
 from kvbench.reference.contract import CacheStats, RequestId
@@ -59,7 +60,7 @@ from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.torch_dtypes import torch_dtype
 
 
-class PagedKVCache:
+class PagedKVCache(PagedServingAccounting):
     """A paged KV cache with prefix caching, copy-on-write, swap and watermark admission.
 
     Args:
@@ -122,7 +123,11 @@ class PagedKVCache:
             self._k = torch.zeros(shape, dtype=self._dtype, device=self._device)
             self._v = torch.zeros(shape, dtype=self._dtype, device=self._device)
         self.swap = SwapSpace(
-            num_cpu_blocks, block_shape if store_kv else None, geometry.num_layers, self._dtype
+            num_cpu_blocks,
+            block_shape if store_kv else None,
+            geometry.num_layers,
+            self._dtype,
+            pin_memory=self._device.type == "cuda",
         )
         self._requests: dict[Hashable, RequestState] = {}
         self._order = 0
@@ -663,6 +668,7 @@ class PagedKVCache:
             lens.to(self._device),
             scale,
             backend=self.kernel_backend,
+            max_seq_len=max(r.seq_len for r in reqs),
         )
 
     # ------------------------------------------------------------------ stats

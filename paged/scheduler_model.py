@@ -2,22 +2,34 @@
 
 Modeled time is kept in integer picoseconds so that a span of k identical decode steps
 can be priced in closed form and still equal, to the picosecond, the sum of the k steps
-priced one by one (the event-driven and token-stepping engines must agree exactly):
+priced one by one (the event-driven and token-stepping engines must agree exactly).
+`TimeModel.step_ps` prices a step that runs T tokens (D decodes + prefill chunks):
 
-    decode step   = weight_ps + kv_ps_per_token * (KV tokens read by the batch)
-    prefill step  = round(FLOPs * 1e12 / peak), FLOPs = 2 * params * tokens
-                    + 4 * layers * q_heads * head_dim * (attention pairs of the chunk)
-    swap          = round(blocks * block_bytes * 1e12 / host link) per direction
+    step     = fixed + all-reduce(T) + max(memory, compute)
+    memory   = weight_ps + kv_ps_per_token * (KV tokens read: each decoder its c + 1,
+               each chunk its context and itself)
+    compute  = dense_ps_per_token * T + attn_ps_per_kv_token * (decoders' KV tokens)
+               + round(attention pairs of the chunks * 4 * layers * q_heads * head_dim
+                       / peak)
+    all-reduce (tp > 1) = 2 * layers * (latency + ring bytes of T tokens' activations
+               / interconnect)
+    swap     = round(blocks * block_bytes / tp * 1e12 / host link) per direction
 
-weight_ps and kv_ps_per_token are each rounded once (bytes * 1e12 / bandwidth). A step
-with both decodes and prefill chunks costs the sum (no overlap is modeled).
+Every coefficient (weight_ps, kv_ps_per_token, dense_ps_per_token, ...) is rounded once
+to integer picoseconds, with weights, KV and FLOPs divided over the `tp` ranks. A step
+that runs no token (it only swaps) costs its swaps alone. Decode-only steps are linear
+in the KV read on both sides of the max, so `decode_span_ps` sums a quiet stretch exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
+from kvbench.paged.latency import flat
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.profiles import DeviceProfile
@@ -98,53 +110,192 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class TimeModel:
-    """Integer-picosecond step pricing for one model on one device (module docstring)."""
+    """Integer-picosecond step pricing for one model on one device (module docstring).
+
+    Attributes:
+        profile: the device (bandwidths, peak FLOP/s, fixed step cost, interconnect).
+        geometry: the model's KV geometry (layers, heads, head dim; query heads for
+            attention FLOPs).
+        weight_bytes: the whole model's weight bytes (divided over `tp` ranks).
+        params: parameter count (2 FLOPs per parameter per token).
+        block_size: tokens per block (swap sizes).
+        tp: tensor-parallel ranks: weights, KV and FLOPs divide over them; each layer
+            adds two all-reduces of the step's activations.
+        hidden_size: model width (all-reduce message size); defaults to q heads x head dim.
+    """
 
     profile: DeviceProfile
     geometry: KVGeometry
     weight_bytes: int
     params: float
     block_size: int = 16
+    tp: int = 1
+    hidden_size: int = 0
 
-    @property
+    def __post_init__(self) -> None:
+        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
+            raise ConfigError(f"tp must be an integer >= 1, got {self.tp!r}")
+        if not (self.params > 0 and self.weight_bytes >= 0):
+            raise ConfigError(
+                f"params must be > 0 and weight_bytes >= 0, got {self.params!r}, "
+                f"{self.weight_bytes!r}"
+            )
+
+    # -- integer coefficients, each rounded once (ps) --------------------------------
+    def _ps(self, seconds: float) -> int:
+        return round(seconds * 1e12)
+
+    @cached_property
+    def fixed_ps(self) -> int:
+        """Fixed cost of a step that runs the model (profile.step_overhead_s)."""
+        return self._ps(self.profile.step_overhead_s)
+
+    @cached_property
     def weight_ps(self) -> int:
-        return round(self.weight_bytes * 1e12 / self.profile.hbm_bandwidth)
+        """Reading one rank's share of the weights once."""
+        return self._ps(self.weight_bytes / self.tp / self.profile.hbm_bandwidth)
 
-    @property
+    @cached_property
     def kv_ps_per_token(self) -> int:
-        return round(self.geometry.bytes_per_token * 1e12 / self.profile.hbm_bandwidth)
+        """Reading one token's KV (one rank's share of the heads)."""
+        return self._ps(self.geometry.bytes_per_token / self.tp / self.profile.hbm_bandwidth)
 
-    def decode_ps(self, kv_tokens: int) -> int:
-        """One decode step reading `kv_tokens` tokens of KV (plus all weights)."""
-        return self.weight_ps + self.kv_ps_per_token * kv_tokens
+    @cached_property
+    def dense_ps_per_token(self) -> int:
+        """The dense layers' compute for one token (2 FLOPs per parameter), per rank."""
+        return self._ps(2.0 * self.params / self.tp / self.profile.peak_flops)
+
+    @cached_property
+    def _attn_flops_per_pair(self) -> float:
+        """Attention FLOPs of one (query token, key token) pair over all layers, per rank:
+        QK^T and PV, 2 FLOPs per multiply-add each."""
+        g = self.geometry
+        q_heads = g.num_q_heads if g.num_q_heads is not None else g.num_kv_heads
+        return 4.0 * g.num_layers * q_heads * g.head_dim / self.tp
+
+    @cached_property
+    def attn_ps_per_kv_token(self) -> int:
+        """Decode attention compute per cached token read by one decoding query."""
+        return self._ps(self._attn_flops_per_pair / self.profile.peak_flops)
+
+    @cached_property
+    def allreduce_fixed_ps(self) -> int:
+        """Latency of a step's all-reduces (two per layer; 0 without tensor parallelism)."""
+        if self.tp == 1:
+            return 0
+        return self._ps(2 * self.geometry.num_layers * self.profile.allreduce_latency_s)
+
+    @cached_property
+    def allreduce_ps_per_token(self) -> int:
+        """Ring all-reduce traffic of one token's activations, two per layer."""
+        if self.tp == 1:
+            return 0
+        g = self.geometry
+        hidden = self.hidden_size or (g.num_q_heads or g.num_kv_heads) * g.head_dim
+        nbytes = hidden * 2 * 2 * (self.tp - 1) / self.tp  # fp16 activations, ring factor
+        return self._ps(2 * g.num_layers * nbytes / self.profile.interconnect_bandwidth)
+
+    # -- steps --------------------------------------------------------------------------
+    def step_ps(self, decoders: int, kv_read: int, chunks: Sequence[tuple[int, int]] = ()) -> int:
+        """One step running `decoders` decoding sequences that read `kv_read` KV tokens
+        in all, plus prefill `chunks` (tokens cached before the chunk, chunk length):
+
+            fixed + all-reduce(tokens) + max(memory, compute)
+            memory  = weights + KV tokens read (decoders' + each chunk's context and itself)
+            compute = dense x tokens + attention (decode pairs + each chunk's pairs)
+
+        0 for a step that runs no token (it only swaps or waits)."""
+        tokens = decoders
+        kv = kv_read
+        pairs = 0.0
+        for ctx, n in chunks:
+            tokens += n
+            kv += ctx + n
+            pairs += n * ctx + n * (n + 1) / 2
+        if tokens == 0:
+            return 0
+        mem = self.weight_ps + self.kv_ps_per_token * kv
+        comp = self.dense_ps_per_token * tokens + self.attn_ps_per_kv_token * kv_read
+        if pairs:
+            comp += self._ps(pairs * self._attn_flops_per_pair / self.profile.peak_flops)
+        return (
+            self.fixed_ps
+            + self.allreduce_fixed_ps
+            + self.allreduce_ps_per_token * tokens
+            + max(mem, comp)
+        )
+
+    def decode_ps(self, kv_tokens: int, decoders: int = 1) -> int:
+        """One decode step of `decoders` sequences reading `kv_tokens` KV tokens in all."""
+        return self.step_ps(decoders, kv_tokens)
+
+    def decode_span_ps(self, decoders: int, kv_first: int, steps: int) -> int:
+        """`steps` consecutive decode-only steps of `decoders` sequences whose first step
+        reads `kv_first` KV tokens (each later step reads `decoders` more): exactly the
+        sum of their `step_ps`, in closed form (memory minus compute is linear in the
+        step, so the max switches side at most once)."""
+        if steps <= 0 or decoders <= 0:
+            return 0
+        d = decoders
+        base = self.fixed_ps + self.allreduce_fixed_ps + self.allreduce_ps_per_token * d
+        m0, m1 = self.weight_ps + self.kv_ps_per_token * kv_first, self.kv_ps_per_token * d
+        c0 = self.dense_ps_per_token * d + self.attn_ps_per_kv_token * kv_first
+        c1 = self.attn_ps_per_kv_token * d
+        a, b = m0 - c0, m1 - c1
+        if b >= 0:  # memory gains on compute: compute first, memory from step j on
+            j = _first_nonneg(a, b, steps)
+            body = _lin_sum(c0, c1, 0, j) + _lin_sum(m0, m1, j, steps)
+        else:
+            j = _first_nonneg(-a, -b, steps)
+            body = _lin_sum(m0, m1, 0, j) + _lin_sum(c0, c1, j, steps)
+        return base * steps + body
 
     def prefill_ps(self, chunks: list[tuple[int, int]]) -> int:
-        """Prefill of chunks (tokens already cached before the chunk, chunk length)."""
-        g = self.geometry
-        assert g.num_q_heads is not None
-        attn = 4 * g.num_layers * g.num_q_heads * g.head_dim
-        flops = 0.0
-        for ctx, n in chunks:
-            flops += 2.0 * self.params * n + attn * (n * ctx + n * (n + 1) / 2)
-        return round(flops * 1e12 / self.profile.peak_flops)
+        """A prefill-only step of chunks (tokens already cached before the chunk, length)."""
+        return self.step_ps(0, 0, chunks)
 
     def swap_ps(self, blocks: int) -> int:
-        """One direction of copying `blocks` blocks over the host link."""
-        nbytes = blocks * self.geometry.bytes_per_block(self.block_size)
+        """One direction of copying `blocks` blocks over the host link (each rank copies
+        its share over its own link, in parallel)."""
+        nbytes = blocks * self.geometry.bytes_per_block(self.block_size) / self.tp
         return round(nbytes * 1e12 / self.profile.host_link_bandwidth)
 
     def recompute_ps(self, tokens: int) -> int:
-        """Cost model of recomputation: tokens / prefill rate (prefill rate = peak / 2P)."""
-        return round(tokens * 1e12 / self.profile.prefill_tokens_per_second(self.params))
+        """Cost model of recomputation: tokens / prefill rate (prefill rate = peak / 2P,
+        per rank)."""
+        return round(tokens * 1e12 / self.profile.prefill_tokens_per_second(self.params / self.tp))
+
+
+def _lin_sum(a: int, b: int, j0: int, j1: int) -> int:
+    """sum of a + b * j for j in [j0, j1) (exact integers)."""
+    n = j1 - j0
+    if n <= 0:
+        return 0
+    return a * n + b * ((j0 + j1 - 1) * n // 2)
+
+
+def _first_nonneg(a: int, b: int, k: int) -> int:
+    """Smallest j in [0, k] with a + b * j >= 0, for b >= 0 (k when none is below k)."""
+    if a >= 0:
+        return 0
+    if b <= 0:
+        return k
+    return min(-(a // b), k)
 
 
 @dataclass
 class SeqRecord:
-    """What happened to one sequence (a request, or a child `id#k` of an n-sample one)."""
+    """What happened to one sequence (a request, or a child `id#k` of an n-sample one).
+
+    Steps are engine iterations; times are modeled seconds from the trace's t = 0
+    (`kvbench.paged.latency`): `arrival_s` the trace's arrival, `first_token_s` the end of
+    the step that sampled its first token, `finish_s` the end of the step that generated
+    its last (-1.0 until stamped; 0.0 throughout without a time model).
+    """
 
     id: str
     request: str | int
-    arrival: float
+    arrival_s: float
     prompt_len: int
     output_len: int
     generated: int = 0
@@ -155,6 +306,8 @@ class SeqRecord:
     swaps: int = 0
     recomputes: int = 0
     cached_tokens: int = 0
+    first_token_s: float = -1.0
+    finish_s: float = -1.0
 
     def key(self) -> tuple:
         """The scheduling decisions, for comparing two runs."""
@@ -169,6 +322,24 @@ class SeqRecord:
             self.recomputes,
             self.cached_tokens,
         )
+
+    def times(self) -> tuple:
+        """(id, arrival_s, first_token_s, finish_s), for comparing two runs' latencies."""
+        return (self.id, self.arrival_s, self.first_token_s, self.finish_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields plus this sequence's ttft_s, tpot_s (NaN for one output token),
+        e2e_s and normalized_latency_s (per output token): a row of `--out` records."""
+        out = asdict(self)
+        e2e = self.finish_s - self.arrival_s
+        decode = self.finish_s - self.first_token_s
+        out.update(
+            ttft_s=self.first_token_s - self.arrival_s,
+            tpot_s=decode / (self.output_len - 1) if self.output_len > 1 else math.nan,
+            e2e_s=e2e,
+            normalized_latency_s=e2e / self.output_len,
+        )
+        return out
 
 
 @dataclass
@@ -207,6 +378,10 @@ class SimulationResult:
         tokens_per_second: generated_tokens / modeled_seconds.
         processed_steps: steps the engine actually visited (event mode skips quiet ones).
         wall_seconds: host time the simulation took.
+        latency: per-request latency in modeled seconds, {metric: {stat: value}} for the
+            metrics ttft, tpot, e2e (s) and normalized_latency (s per output token) and
+            the stats mean, p50, p90, p99 (`kvbench.paged.latency`); in `summary()` as
+            flat columns "ttft_mean", "ttft_p50", ..., "normalized_latency_p99".
     """
 
     utilization: float
@@ -225,6 +400,7 @@ class SimulationResult:
     records: list[SeqRecord] = field(repr=False, default_factory=list)
     timeline: list[StepRow] = field(repr=False, default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The summary fields as a flat dict (for tables and result rows)."""
@@ -246,6 +422,7 @@ class SimulationResult:
                 "wall_seconds",
             )
         }
+        out.update(flat(self.latency))
         out.update(self.info)
         return out
 

@@ -1,8 +1,9 @@
 """Swap space: a CPU block pool that holds the blocks of swapped-out requests.
 
 It has the GPU pool's block shape, one K and one V tensor per layer stacked as
-[num_layers, num_cpu_blocks, block_size, num_kv_heads, head_dim] (pinned when CUDA is
-available, so copies can overlap), or no tensors in memory-only mode.
+[num_layers, num_cpu_blocks, block_size, num_kv_heads, head_dim] (page-locked when the
+cache lives on a CUDA device, so the host-link copies are DMA straight to and from these
+rows; plain memory for a CPU cache), or no tensors in memory-only mode.
 
 CPU blocks are reference counted like device blocks: requests swapped out together (a
 beam group, a request and its parallel samples) keep sharing the blocks they shared on
@@ -32,6 +33,7 @@ class SwapSpace:
         block_shape: tuple[int, ...] | None,
         num_layers: int,
         dtype: torch.dtype,
+        pin_memory: bool = False,
     ) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
             raise ConfigError(f"num_cpu_blocks must be an integer >= 0, got {num_blocks!r}")
@@ -40,11 +42,11 @@ class SwapSpace:
         self.ref: list[int] = [0] * num_blocks
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.pinned = bool(pin_memory and block_shape is not None and num_blocks)
         if block_shape is not None and num_blocks:
-            pin = torch.cuda.is_available()
             shape = (num_layers, num_blocks, *block_shape)
-            self.k = torch.zeros(shape, dtype=dtype, pin_memory=pin)
-            self.v = torch.zeros(shape, dtype=dtype, pin_memory=pin)
+            self.k = torch.zeros(shape, dtype=dtype, pin_memory=self.pinned)
+            self.v = torch.zeros(shape, dtype=dtype, pin_memory=self.pinned)
 
     @property
     def num_free(self) -> int:

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvbench.reference.contract import CacheStats, RequestId
+from kvbench.reference.contract import (
+    NO_GROWTH,
+    CacheStats,
+    Footprint,
+    Occupancy,
+    RequestId,
+    ServingTraits,
+)
 from kvbench.reference.oracle import decode_attention
 from kvbench.reference.validation import validate_kv_append, validate_prompt
 from kvbench.workloads.errors import (
@@ -205,6 +212,33 @@ class ContiguousKVCache:
         its reservation (pow2/oracle)."""
         req = self._get(request_id)
         n = validate_kv_append(self._geometry, self._dtype, keys, values)
+        lo = self._make_room(request_id, req, n, token_ids)
+        if self.store_kv:
+            assert self._k is not None and self._v is not None
+            self._k[:, lo : lo + n] = keys.to(self._device)
+            self._v[:, lo : lo + n] = values.to(self._device)
+        self._record_ids(req, n, token_ids)
+
+    def append_tokens(
+        self, request_id: RequestId, n: int, token_ids: Sequence[int | None] | None = None
+    ) -> None:
+        """Memory-only append of n tokens: the bookkeeping of `append`, no KV written."""
+        if self.store_kv:
+            raise ConfigError("append_tokens is for memory-only caches; use append with KV")
+        req = self._get(request_id)
+        require_positive("n", n)
+        self._make_room(request_id, req, n, token_ids)
+        self._record_ids(req, n, token_ids)
+
+    def _make_room(
+        self,
+        request_id: RequestId,
+        req: _Request,
+        n: int,
+        token_ids: Sequence[int | None] | None,
+    ) -> int:
+        """Check an append of n tokens and relocate the request if it outgrew its
+        reservation; returns the first slot to write. Raises (nothing changed) if not."""
         if token_ids is not None and len(token_ids) != n:
             raise ShapeError(f"token_ids has {len(token_ids)} ids for {n} tokens")
         new_len = req.length + n
@@ -215,18 +249,18 @@ class ContiguousKVCache:
             )
         if new_len > req.reserved:
             self._relocate(request_id, req, self._growth_for(new_len))
-        if self.store_kv:
-            assert self._k is not None and self._v is not None
-            lo = req.start + req.length
-            self._k[:, lo : lo + n] = keys.to(self._device)
-            self._v[:, lo : lo + n] = values.to(self._device)
+        return req.start + req.length
+
+    @staticmethod
+    def _record_ids(req: _Request, n: int, token_ids: Sequence[int | None] | None) -> None:
+        """Record the ids of n appended tokens (prompt ids fill in omitted ones)."""
         ids = list(token_ids) if token_ids is not None else [None] * n
         for i in range(n):
             pos = req.length + i
             if ids[i] is None and pos < len(req.prompt):
                 ids[i] = req.prompt[pos]
         req.token_ids.extend(ids)
-        req.length = new_len
+        req.length += n
 
     def _relocate(self, request_id: RequestId, req: _Request, size: int) -> None:
         """Move the request to a range of `size` slots (in place if the gap after it
@@ -287,6 +321,19 @@ class ContiguousKVCache:
         """Token ids of the request's cached tokens (None where never given)."""
         return list(self._get(request_id).token_ids)
 
+    def reservation(self, request_id: RequestId) -> tuple[int, int]:
+        """(first slot, reserved slots) of the request's range in the arena."""
+        req = self._get(request_id)
+        return req.start, req.reserved
+
+    def arena(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s K and V arenas [capacity_tokens, num_kv_heads, head_dim] (views;
+        an engine running a model writes its new tokens' KV here, at the request's range)."""
+        if not self.store_kv:
+            raise ConfigError("arena needs KV tensors; this cache is memory-only")
+        assert self._k is not None and self._v is not None
+        return self._k[layer], self._v[layer]
+
     def gather(self, request_id: RequestId) -> tuple[torch.Tensor, torch.Tensor]:
         req = self._get(request_id)
         if not self.store_kv:
@@ -343,3 +390,61 @@ class ContiguousKVCache:
             num_requests=len(self._requests),
             bytes_per_slot=self._geometry.bytes_per_token,
         )
+
+    # ----------------------------------------------------------------- serving accounting
+    def serving_traits(self) -> ServingTraits:
+        """Fixed facts a serving engine reads once (contract: ServingCache); no blocks."""
+        return ServingTraits(
+            block_size=0,
+            store_kv=self.store_kv,
+            prefix_caching=False,
+            can_swap=False,
+            max_seq_len=self.max_seq_len,
+        )
+
+    def footprint(self, tokens: int) -> Footprint:
+        """The reservation a request of `tokens` tokens comes to hold under the policy
+        (max: max_seq_len; pow2: the next power of two; oracle: exactly), against the
+        arena."""
+        size = self.max_seq_len if self.policy == "max" else tokens
+        if self.policy == "pow2":
+            size = min(next_pow2(tokens), self.max_seq_len)
+        return Footprint(size, self.capacity_tokens, "slots")
+
+    def next_growth(self, request_id: RequestId, length: int) -> int:
+        """pow2: the next power of two (a relocation); max and oracle reservations hold
+        every token the request will have, so it never needs more (NO_GROWTH)."""
+        if self.policy == "pow2":
+            return min(next_pow2(max(length, 1)), self.max_seq_len)
+        return NO_GROWTH
+
+    def occupancy(self) -> Occupancy:
+        """(0, 0, 0, live slots, reserved slots): no blocks."""
+        reqs = self._requests.values()
+        return Occupancy(0, 0, 0, sum(r.length for r in reqs), sum(r.reserved for r in reqs))
+
+    @property
+    def num_free_blocks(self) -> int:
+        """0: no blocks (growth is checked by `append`)."""
+        return 0
+
+    def blocks_needed_to_grow(self, request_id: RequestId, n: int) -> int:
+        """0: no blocks (growth is checked by `append`)."""
+        self._get(request_id)
+        return 0
+
+    def blocks_needed_to_admit(self, prompt: Sequence[int], *, salt: str | None = None) -> int:
+        """0: no blocks (admission is checked by `admit`)."""
+        return 0
+
+    def blocks_held(self, request_ids: Sequence[RequestId]) -> int:
+        """0: no blocks."""
+        return 0
+
+    def swap_out_group(self, request_ids: Sequence[RequestId]) -> None:
+        """Refused: the reference has no swap space (serving_traits().can_swap is False)."""
+        raise ConfigError("the contiguous reference cache has no swap space")
+
+    def swap_in_group(self, request_ids: Sequence[RequestId]) -> None:
+        """Refused: nothing is ever swapped out."""
+        raise ConfigError("the contiguous reference cache has no swap space")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -209,4 +209,125 @@ class KVCache(Protocol):
 
     def stats(self) -> CacheStats:
         """A snapshot of memory use (see CacheStats)."""
+        ...
+
+
+# ---------------------------------------------------------------------- serving accounting
+#: `ServingCache.next_growth` of a request that never needs more memory as it grows.
+NO_GROWTH = 1 << 62
+
+
+@dataclass(frozen=True)
+class ServingTraits:
+    """What a serving engine needs to know of a cache once, before it schedules.
+
+    Attributes:
+        block_size: tokens per block; 0 for a cache without blocks (it cannot share
+            memory between requests, so beam search needs a cache with blocks).
+        store_kv: whether the cache holds KV tensors (False: memory-only; grow requests
+            with `append_tokens`).
+        prefix_caching: whether full blocks are indexed by their token ids, so passing
+            generated ids to `append` makes them shareable.
+        can_swap: whether `swap_out_group` / `swap_in_group` may be called (a CPU pool).
+        max_seq_len: the longest any request may grow (tokens).
+        watermark_blocks: free blocks an admission must leave (0 without blocks).
+    """
+
+    block_size: int
+    store_kv: bool
+    prefix_caching: bool
+    can_swap: bool
+    max_seq_len: int
+    watermark_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """How much memory one request of a given length can come to hold (`need`) and the
+    most the cache can ever give one request (`room`), both in `unit` ("blocks" or
+    "slots"). A request with need > room can never be served."""
+
+    need: int
+    room: int
+    unit: str
+
+
+class Occupancy(NamedTuple):
+    """The engine's per-step memory reading (block fields 0 for caches without blocks).
+
+    free_blocks counts cached-evictable blocks too; cached_blocks are those evictable ones
+    (cached blocks no request holds; CacheStats.cached_blocks also counts held ones);
+    live_slots are slots holding written KV (shared ones once); reserved_slots are slots
+    held by requests, whatever they hold.
+    """
+
+    free_blocks: int
+    used_blocks: int
+    cached_blocks: int
+    live_slots: int
+    reserved_slots: int
+
+
+@runtime_checkable
+class ServingCache(KVCache, Protocol):
+    """A KVCache a serving engine (`kvbench.paged.engine`) can schedule over: the
+    accounting it reads and the batch operations it calls, beyond the KV contract.
+
+    Block figures are 0 for caches without blocks (as in CacheStats); such a cache never
+    needs blocks to grow or admit and reports none free (its `append` and `admit` raise
+    CapacityError when there is no room).
+    """
+
+    def serving_traits(self) -> ServingTraits:
+        """Fixed facts about the cache (see ServingTraits)."""
+        ...
+
+    def footprint(self, tokens: int) -> Footprint:
+        """Memory one request that comes to hold `tokens` tokens can need at most, alone
+        (no sharing), against the most the cache can ever give one request."""
+        ...
+
+    def next_growth(self, request_id: RequestId, length: int) -> int:
+        """The smallest length >= `length` at which appending one more token to the
+        request (as it holds memory now, sharing none of it) needs memory it does not
+        hold: a block boundary, a contiguous relocation. NO_GROWTH if never."""
+        ...
+
+    def occupancy(self) -> Occupancy:
+        """Block and slot counts now (see Occupancy); cheap: called every step."""
+        ...
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks free for growth (running requests may use the watermark)."""
+        ...
+
+    def blocks_needed_to_grow(self, request_id: RequestId, n: int) -> int:
+        """Blocks appending n tokens to the running request takes (new + copy-on-write)."""
+        ...
+
+    def blocks_needed_to_admit(self, prompt: Sequence[int], *, salt: str | None = None) -> int:
+        """Blocks admitting `prompt` now would take from the free count (after prefix hits)."""
+        ...
+
+    def blocks_held(self, request_ids: Sequence[RequestId]) -> int:
+        """Distinct blocks the requests hold, a shared block counted once (what a group
+        swap copies)."""
+        ...
+
+    def append_tokens(
+        self, request_id: RequestId, n: int, token_ids: Sequence[int | None] | None = None
+    ) -> None:
+        """Memory-only append of n tokens (bookkeeping as `append`, no KV); only for a
+        cache with store_kv False."""
+        ...
+
+    def swap_out_group(self, request_ids: Sequence[RequestId]) -> None:
+        """Move the requests to CPU swap space together (shared blocks copied once);
+        CapacityError, nothing changed, when the swap space cannot hold them."""
+        ...
+
+    def swap_in_group(self, request_ids: Sequence[RequestId]) -> None:
+        """Bring swapped requests back together, keeping their sharing and the watermark;
+        CapacityError, nothing changed, when they do not fit."""
         ...

@@ -283,6 +283,44 @@ SPECS: tuple[FigureSpec, ...] = (
         ylabel="paged / contiguous SDPA",
         ignore=("version",),
     ),
+    *(
+        FigureSpec(
+            "serving.rate",
+            f"Normalized latency vs request rate, {setup}, {workload} (modeled)",
+            "rate",
+            ("normalized_latency",),
+            fixed={"setup": setup, "workload": workload},
+            logy=True,
+            ylabel="mean normalized latency [s/token]",
+            ignore=("duration",),
+        )
+        for setup in ("opt-13b-1xa100-40gb", "opt-66b-4xa100-40gb", "opt-175b-8xa100-80gb")
+        for workload in ("sharegpt", "alpaca")
+    ),
+    FigureSpec(
+        "serving.batch_table",
+        "Throughput vs batch size, Llama-70B on A100-80GB (modeled; seed 001's table)",
+        "batch",
+        ("tokens_per_second",),
+        fixed={"setup": "llama-2-70b-a100-80gb"},
+        ylabel="modeled tokens/s",
+    ),
+    FigureSpec(
+        "serving.measured",
+        "Tokens/s vs batch size: measured here beside the calibrated CPU model",
+        "batch",
+        ("tokens_per_second", "tokens_per_second_modeled"),
+        ylabel="tokens/s (measured / modeled)",
+    ),
+    FigureSpec(
+        "serving.measured",
+        "Normalized latency vs request rate: measured here beside the calibrated CPU model",
+        "rate",
+        ("normalized_latency", "normalized_latency_modeled"),
+        logy=True,
+        ylabel="mean normalized latency [s/token]",
+        ignore=("duration",),
+    ),
     FigureSpec(
         "preempt.swap_vs_recompute",
         "Swap vs recompute cost",

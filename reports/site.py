@@ -2,9 +2,11 @@
 
     build_site(runs, out_dir) -> out_dir/index.html
 
-Pages: `index.html` (runs with their environments, skipped lines, sweeps waiting for a
-module, and the list of sweeps), one `sweep-<name>.html` per sweep (its figures and its
-table, with the related published claims), `claims.html` (every claim of the seed
+Pages: `index.html` (runs with their environments, how many planned cases ended and how
+(a killed run reads "incomplete: N of M cases"), skipped lines, sweeps waiting for a
+module, and the list of sweeps with their failed and skipped cases), one
+`sweep-<name>.html` per sweep (its figures and its table, with the related published
+claims, and the cases that failed or were skipped, with why), `claims.html` (every claim of the seed
 literature with source, measured value and verdict, per run), `peers.html` (kvbench
 beside other implementations from the `peers.*` sweeps, with the ratios the bench
 measured and the properties that differ by design; without peer rows it says how to
@@ -33,7 +35,9 @@ import pandas as pd
 
 from kvbench.reports import claims as claims_mod
 from kvbench.reports import figures, tables
+from kvbench.reports import serving as serving_tables
 from kvbench.reports.results import ResultsError, Run, to_frame
+from kvbench.reports.site_status import SweepOutcomes, run_outcomes, sweep_outcomes
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
 
@@ -49,6 +53,8 @@ class SweepPage:
     n_keys: int = 0
     figure_files: list[dict[str, str]] = field(default_factory=list)
     provenance: str = ""
+    derived: list[serving_tables.DerivedTable] = field(default_factory=list)
+    outcomes: SweepOutcomes = field(default_factory=SweepOutcomes)
 
     @property
     def figures(self) -> int:
@@ -119,6 +125,7 @@ def _sweep_page(
         fname = f"{_slug(name)}-{i}.svg"
         (fig_dir / fname).write_text(svg, encoding="utf-8")
         page.figure_files.append({"src": f"figures/{fname}", "title": spec.title})
+    page.derived = serving_tables.derived_tables(name, frame)
     return page
 
 
@@ -157,7 +164,7 @@ def build_site(
     if not runs:
         raise ResultsError("no runs to report; run `kvbench bench` first")
     for run in runs:
-        if not run.rows:
+        if not run.rows and not run.statuses:
             raise ResultsError(f"run {run.run_id} ({run.path}) has no measurements to report")
     out = Path(out_dir)
     fig_dir = out / "figures"
@@ -169,7 +176,8 @@ def build_site(
     env = _env()
     frame = tables.latest(to_frame(runs))
     descriptions = _descriptions(runs)
-    suites = list(dict.fromkeys(frame["suite"]))
+    ended = sweep_outcomes(runs)
+    suites = list(dict.fromkeys([*frame["suite"], *ended]))
     hrefs: dict[str, str] = {}
     for s in suites:
         base, n = f"sweep-{_slug(s)}", 1
@@ -184,12 +192,16 @@ def build_site(
     devices = {run.run_id: str(run.environment.get("device", "?")) for run in runs}
     pages = [
         _sweep_page(s, frame[frame["suite"] == s], hrefs[s], descriptions.get(s, ""), fig_dir)
+        if (frame["suite"] == s).any()
+        else SweepPage(s, hrefs[s], descriptions.get(s, ""), 0)
         for s in suites
     ]
     for page in pages:  # name the device of every run the page shows
         ran = sorted(set(frame[frame["suite"] == page.name]["run_id"]))
         where = ", ".join(f"{r}: {devices.get(r, '?')}" for r in ran)
         page.provenance = f"{page.provenance} Device: {where}.".strip()
+    for page in pages:
+        page.outcomes = ended.get(page.name, SweepOutcomes())
     common = {
         "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "has_compare": len(runs) >= 2,
@@ -460,12 +472,70 @@ def peers_view(frame: pd.DataFrame, fig_dir: Path, hrefs: dict[str, str]) -> dic
         section.fixed = _fixed_text(sub, _PEER_KEYS[suite])
         section.figure_files = _peer_figures(suite, sub, fig_dir)
         sections.append(section)
+    static = _peer_static_section(frame)
+    if static is not None:
+        sections.append(static)
     measured = _impl_order({i for s in sections for i in s.impls})
     return {
         "sections": sections,
         "impls": [(i, versions.get(i, "")) for i in measured],
         "has_peer": any(i not in (PEER_BASELINE, PEER_SDPA) for i in measured),
     }
+
+
+#: Static costs of vLLM's Triton kernels beside kvbench's (`kvbench kernels --peers`).
+PEER_STATIC_SUITE = "kernels.aot.peers"
+_STATIC_KEYS = ["dtype", "head_dim", "block_size", "arch", "role", "impl", "variant", "kernel"]
+_STATIC_METRICS = [
+    ("regs/thread", "registers"),
+    ("spills (B)", "spills"),
+    ("shared (B)", "shared_bytes"),
+    ("SASS (instr)", "sass_instructions"),
+]
+
+
+def _peer_static_section(frame: pd.DataFrame) -> PeerSection | None:
+    """The side-by-side static table: one line per (shape, arch, kernel), kvbench first in
+    each group; None when no run holds `kernels.aot.peers` rows."""
+    if frame.empty or "suite" not in frame.columns:
+        return None
+    sub = frame[frame["suite"] == PEER_STATIC_SUITE]
+    if sub.empty or not set(_STATIC_KEYS) <= set(sub.columns):
+        return None
+    wide = sub.pivot_table(index=_STATIC_KEYS, columns="metric", values="value", aggfunc="last")
+    order = {"decode": 0, "decode-reduce": 1, "prefill": 2, "kv-write": 3}
+    lines = sorted(
+        wide.iterrows(),
+        key=lambda kv: (
+            *[str(v) for v in kv[0][:4]],
+            order.get(kv[0][4], 9),
+            kv[0][5] != "kvbench",
+        ),
+    )
+    rows = []
+    for idx, line in lines:
+        named = dict(zip(_STATIC_KEYS, idx, strict=True))
+        bs = named["block_size"]
+        if named["impl"] == PEER_BASELINE and named["role"] != "kv-write":
+            bs = "any (run time)"
+        cells = [str(named[k]) if k != "block_size" else str(bs) for k in _STATIC_KEYS]
+        cells += [tables.format_value(line.get(m, math.nan)) for _, m in _STATIC_METRICS]
+        rows.append(cells)
+    impls = _impl_order(sub["impl"].astype(str))
+    return PeerSection(
+        PEER_STATIC_SUITE,
+        "Static cost of the GPU kernels (sm_80 / sm_90, compiled here)",
+        "vLLM's Triton attention kernels compiled ahead of time with the configurations its "
+        "own launchers choose (32 query / 8 KV heads; decode: 4 sequences at context 4096, "
+        "prefill: 4 x 128 new tokens), beside kvbench's kernels for the same shapes: "
+        "registers per thread, spill bytes, shared memory per block and SASS instructions. "
+        "Static figures from the compiler, measured without a GPU; not times.",
+        impls=impls,
+        header=["dtype", "head dim", "block size", "arch", "role", "impl", "variant", "kernel"]
+        + [h for h, _ in _STATIC_METRICS],
+        rows=rows,
+        n_keys=len(_STATIC_KEYS),
+    )
 
 
 def _run_view(run: Run) -> dict[str, Any]:
@@ -486,6 +556,7 @@ def _run_view(run: Run) -> dict[str, Any]:
         else "",
         "waiting": _waiting(run),
         "problems": [str(p) for p in run.problems],
+        "outcomes": run_outcomes(run),
     }
 
 

@@ -42,3 +42,8 @@ class ShapeError(KVBenchError, ValueError):
 class RequestStateError(KVBenchError, ValueError):
     """The request is in a state that does not allow the operation (for example,
     appending to a request that is swapped out, or a prompt longer than max_seq_len)."""
+
+
+class CaseSkipped(KVBenchError):
+    """A bench case cannot run here (a peer not installed, no GPU, ...); the message says
+    why. The bench records the case as skipped with that reason, not as failed."""

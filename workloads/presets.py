@@ -109,6 +109,39 @@ PRESETS: dict[str, ModelPreset] = {
             8192,
         ),
         _preset(
+            "opt-13b",
+            40,
+            40,
+            128,
+            40,
+            "OPT-13B (Zhang et al. 2022): 40 layers, 40 heads of 128, hidden 5120; the vLLM "
+            "paper's Table 1 lists 26 GB of parameters (800 KiB of KV per token)",
+            13.0,
+            5120,
+        ),
+        _preset(
+            "opt-66b",
+            64,
+            72,
+            128,
+            72,
+            "OPT-66B: 64 layers, 72 heads of 128, hidden 9216; vLLM paper Table 1: 132 GB "
+            "of parameters (2.25 MiB of KV per token)",
+            66.0,
+            9216,
+        ),
+        _preset(
+            "opt-175b",
+            96,
+            96,
+            128,
+            96,
+            "OPT-175B: 96 layers, 96 heads of 128, hidden 12288; vLLM paper Table 1: 346 GB "
+            "of parameters (4.5 MiB of KV per token)",
+            173.0,
+            12288,
+        ),
+        _preset(
             "gpt-32x32",
             32,
             32,

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kvbench._old_names import modernize_imports
 from kvbench.reports.gate.model import (
     BASELINE_KIND,
     BASELINE_SCHEMA,
@@ -214,6 +215,9 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
             raise GateInputError(f"baseline {p}: bad timing entry {e!r:.200}") from exc
     if not static and not timing:
         raise GateInputError(f"baseline {p} holds no entries")
+    # a baseline frozen before the `kvbench.` namespace imports by the old names: run (and
+    # identify) the code as it runs today
+    frozen_source = modernize_imports(str(frozen["source"])) if frozen else None
     return Baseline(
         path=str(p),
         target=target,
@@ -224,8 +228,8 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
         static=static,
         timing=timing,
         source_hash=str(source) if source else None,
-        frozen_source=str(frozen["source"]) if frozen else None,
-        frozen_sha256=str(frozen_sha) if frozen_sha else None,
+        frozen_source=frozen_source,
+        frozen_sha256=sha256_text(frozen_source) if frozen_source is not None else None,
     )
 
 

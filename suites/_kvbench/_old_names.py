@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +45,23 @@ def old_name_hint(exc: BaseException) -> str | None:
     )
 
 
+_OLD_IMPORT = re.compile(
+    r"^(?P<indent>[ \t]*)(?P<kw>from|import)[ \t]+(?P<name>"
+    + "|".join(sorted(OLD_NAMES))
+    + r")(?=[\s.])",
+    re.MULTILINE,
+)
+
+
+def modernize_imports(source: str) -> str:
+    """`source` with every import statement of an old name rewritten to `kvbench.<name>`.
+
+    For code kvbench itself stored before the rename (a gate baseline freezes the source of
+    its torch kernels): the code is unchanged, only where it imports from moved.
+    """
+    return _OLD_IMPORT.sub(lambda m: f"{m['indent']}{m['kw']} kvbench.{m['name']}", source)
+
+
 def _locations(spec: importlib.machinery.ModuleSpec | None) -> set[Path]:
     if spec is None:
         return set()
@@ -53,13 +71,52 @@ def _locations(spec: importlib.machinery.ModuleSpec | None) -> set[Path]:
     return {Path(p).resolve() for p in paths}
 
 
+class _OldNameModule(ModuleType):
+    """What an old name imports as: nothing of kvbench, and every use names the new module.
+
+    It has no `__file__` and no `__version__`, which is how libraries that probe for a
+    package of that name (transformers asks for `kernels`) recognise a folder that merely
+    shadows the name on `sys.path`: they conclude it is not installed, where a refusal at
+    import time would have crashed their own import.
+    """
+
+    def __getattr__(self, attr: str) -> object:
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        raise ImportError(old_name_hint(ImportError(name=f"{self.__name__}.{attr}")))
+
+
+class _OldNameLoader(importlib.abc.Loader):
+    """Loads an old top-level name as an empty `_OldNameModule`; refuses its submodules."""
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        if "." in spec.name:
+            raise ImportError(old_name_hint(ImportError(name=spec.name)), name=spec.name)
+        module = _OldNameModule(spec.name)
+        module.__path__ = []  # a package, so `import paged.cache` comes back to the guard
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        return None
+
+
 class OldNameGuard(importlib.abc.MetaPathFinder):
-    """Refuses `import <old name>` when it would import kvbench's own folder again."""
+    """Stops an old name from importing kvbench's own folder a second time.
+
+    `find_spec` never raises (a probe must get an answer): an old top-level name that
+    resolves to kvbench's folder gets an empty module whose every attribute names the new
+    module, and a submodule of it (`import paged.cache`) fails with that message.
+    """
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in OLD_NAMES:
+        root = fullname.split(".", 1)[0]
+        if root not in OLD_NAMES:
+            return None
+        if "." in fullname:
+            if isinstance(sys.modules.get(root), _OldNameModule):
+                return importlib.machinery.ModuleSpec(fullname, _OldNameLoader())
             return None
         found = None
         for finder in sys.meta_path:
@@ -70,9 +127,8 @@ class OldNameGuard(importlib.abc.MetaPathFinder):
                 break
         if found is None:
             return None
-        ours = _locations(importlib.util.find_spec(f"kvbench.{fullname}"))
-        if ours & _locations(found):
-            raise ImportError(old_name_hint(ImportError(name=fullname)), name=fullname)
+        if _locations(importlib.util.find_spec(f"kvbench.{fullname}")) & _locations(found):
+            return importlib.machinery.ModuleSpec(fullname, _OldNameLoader(), is_package=True)
         return None
 
 

@@ -8,6 +8,9 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     predicted,
     scheduling,
     serving,
+    serving_measured,
+    serving_paper,
+    serving_rate,
     static,
     utilization,
 )

@@ -25,15 +25,17 @@ from kvbench.reports.results import (
     load_run,
     resolve_run,
 )
+from kvbench.reports.results import DONE_METRIC as STORE_DONE_METRIC
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import TimingConfig
 from kvbench.suites.bench.registry import Case, Sweep, select
-from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.errors import CaseSkipped, ConfigError
 
 log = logging.getLogger(__name__)
 
-#: Metric written last for every finished case (the resume marker).
-DONE_METRIC = "case_wall_time"
+#: Metric written for every measured case, before its status (the resume marker);
+#: defined by the results store, which counts it as "measured" in older runs.
+DONE_METRIC = STORE_DONE_METRIC
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,11 @@ def run_bench(
     """Measure the planned cases, appending each case's rows as soon as it is measured.
 
     `resume` names an existing run (id, prefix or path): its finished cases are skipped
-    and new rows are appended to its file. A case that raises is logged and listed in
-    `failures` (nothing is recorded for it, so a later resume retries it).
+    and new rows are appended to its file. Every case ends in a status line: measured;
+    failed (the error's class and message: logged and listed in `failures`); or skipped
+    (a `CaseSkipped`, e.g. a peer that cannot run it, with its reason). Only measured
+    cases count as done, so a later resume retries the others. The first header records
+    how many cases the run plans (`planned_cases`), so a killed run shows as incomplete.
     """
     started = time.perf_counter()
     session = 0
@@ -176,7 +181,9 @@ def run_bench(
                 "second), measured once per process; the peak kernel bandwidth is judged by",
                 **{sw.name: sw.description for sw in _selected(names)},
             },
-        }
+        },
+        # the whole plan (cases a resume skips as done included): "N of M cases"
+        "planned_cases": len(the_plan.cases) + the_plan.skipped_done,
     }
     failures: list[tuple[str, str]] = []
     measured = 0
@@ -191,14 +198,19 @@ def run_bench(
                 try:
                     rows = list(pc.sweep.measure(dict(pc.case), ctx))
                 except Exception as exc:  # a broken case must not lose the rest of the run
-                    log.warning("%s %s failed: %s", pc.sweep.name, pc.case, exc)
-                    failures.append((f"{pc.sweep.name} {pc.case}", f"{type(exc).__name__}: {exc}"))
+                    writer.record_failure(pc.sweep.name, pc.case, exc)
+                    if not isinstance(exc, CaseSkipped):
+                        log.warning("%s %s failed: %s", pc.sweep.name, pc.case, exc)
+                        failures.append(
+                            (f"{pc.sweep.name} {pc.case}", f"{type(exc).__name__}: {exc}")
+                        )
                 else:
                     for m in rows:
                         writer.record(pc.sweep.name, pc.case, m.metric, m.value, m.unit, m.stats)
                     writer.record(
                         pc.sweep.name, pc.case, DONE_METRIC, time.perf_counter() - t0, "s"
                     )
+                    writer.record_status(pc.sweep.name, pc.case, "measured")
                     measured += 1
                 if bar is not None:
                     bar.update(1)

@@ -44,6 +44,7 @@ class DecodeCase:
         self.v_cache = torch.randn(shape, generator=gen)
         perm = torch.randperm(num_blocks, generator=gen)
         self.block_tables = perm.view(BATCH, blocks_per_seq).to(torch.int32)
+        self.context = context
         self.seq_lens = torch.full((BATCH,), context, dtype=torch.int32)
         self.query = torch.randn((BATCH, NUM_Q_HEADS, HEAD_DIM), generator=gen)
         tables = self.block_tables.long()
@@ -65,6 +66,8 @@ class DecodeCase:
             self.seq_lens,
             out=self.out,
             backend="torch",
+            check_indices=False,
+            max_seq_len=self.context,
         )
 
     def contiguous(self) -> torch.Tensor:

@@ -5,11 +5,18 @@ and show what each costs.
     kvbench kernels --headline           # the representative float16 / head dim 128 set
     kvbench kernels --arch 90 --no-results
     kvbench kernels --json out/aot.json  # the records as a JSON list as well
+    kvbench kernels --peers              # vLLM's Triton attention kernels beside kvbench's
 
 Rows go to the results store (suite "kernels.aot", one row per metric: registers,
 spills, shared_bytes, sass_instructions; case: kernel, arch, config as canonical JSON,
 triton version, kernel source hash). Records are cached under out/aot, so a repeated run
 is quick. Exit status 1 when any configuration spills or exceeds a limit.
+
+`--peers` compiles vLLM's Triton kernels (unified attention, split-KV decode, the KV
+write) with the configurations vLLM's launchers choose for fp16 / bf16, head dims 64 /
+128, blocks 16 / 32 (suites/peers/vllm_aot.py) and tables them beside kvbench's own
+kernels for the same shapes; rows go to suite "kernels.aot.peers". Without vLLM
+installed it says so and exits 2.
 """
 
 from __future__ import annotations
@@ -45,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--run-id", default=None, help="append to this run (default: a new one)")
     p.add_argument("--no-results", action="store_true", help="do not write result rows")
     p.add_argument("--json", type=Path, default=None, help="also write the records here")
+    p.add_argument(
+        "--peers", action="store_true", help="vLLM's Triton kernels beside kvbench's (needs vLLM)"
+    )
     p.set_defaults(func=run)
 
 
@@ -62,8 +72,36 @@ def format_table(records: list[aot.CompileRecord]) -> str:
     return "\n".join(lines)
 
 
+def run_peers(args: argparse.Namespace) -> int:
+    """The side-by-side table of vLLM's and kvbench's kernels (exit 2 without vLLM)."""
+    from kvbench.suites.peers import vllm_aot
+    from kvbench.suites.peers.base import PeerUnavailableError
+
+    try:
+        records = vllm_aot.compile_peers_isolated(archs=args.arch, workers=args.workers)
+    except PeerUnavailableError as exc:
+        print(f"kvbench kernels --peers: {exc}")
+        return 2
+    print(vllm_aot.format_table(records))
+    bad = [r for r in records if r.impl == "kvbench" and r.record.violations()]
+    print(
+        f"\n{len(records)} kernels x shapes x architectures; kvbench's breaking a rule: {len(bad)}"
+    )
+    if not args.no_results:
+        with ResultWriter(args.run_id, args.results_dir) as writer:
+            for row in vllm_aot.as_rows(records):
+                writer.record(vllm_aot.SUITE, row["case"], row["metric"], row["value"], row["unit"])
+        print(f"wrote {writer.rows_written} rows to {writer.path}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([r.as_dict() for r in records], indent=1))
+    return 1 if bad else 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Compile, print, record; returns 1 if any configuration breaks a rule."""
+    if args.peers:
+        return run_peers(args)
     cfgs = aot.headline_configs() if args.headline else None
     bar = tqdm(desc="compiling kernels", unit="cfg", leave=False)
 

@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
         s = summarize(r)
         git = s.git_revision + ("+" if s.git_dirty else "")
         suites = ", ".join(s.suites) if s.suites else "(empty)"
+        notes = [f"incomplete: {s.ended} of {s.planned} cases"] if s.incomplete else []
+        notes += [f"{n} {what}" for n, what in ((s.failed, "failed"), (s.skipped, "skipped")) if n]
+        suites += f"  [{'; '.join(notes)}]" if notes else ""
         print(
             f"{s.run_id:<26} {s.created[:19]:<20} {s.device[:18]:<18} {git:<13} "
             f"{s.rows:>6} {s.problems:>4}  {suites}"

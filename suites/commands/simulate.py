@@ -7,9 +7,12 @@ Examples:
     kvbench simulate --workload sharegpt --requests 1000 --cache all --out out/sim
 
 Each cache kind (`--cache`, comma-separated, or `all`) runs the same trace; the table has
-one row per kind. With `--out DIR` the trace that was replayed (`trace.jsonl`), one
+one row per kind, and a second table gives each kind's per-request latency (TTFT, time per
+output token, end-to-end and normalized latency: mean, p50, p90, p99, modeled seconds). With `--out DIR` the trace that was replayed (`trace.jsonl`), one
 summary line per kind (`summary.jsonl`), each kind's per-sequence records
-(`records-<kind>.jsonl`: admission, first-token and finish steps, preemptions) and its
+(`records-<kind>.jsonl`: admission, first-token and finish steps, preemptions; arrival,
+first-token and finish times and the sequence's ttft_s, tpot_s, e2e_s and
+normalized_latency_s, in modeled seconds) and its
 per-step metrics (`timeline-<kind>.jsonl`: running, decoding, waiting, swapped, free /
 used / cached blocks, live tokens, reserved slots, modeled picoseconds; a row with
 span > 1 stands for that many quiet steps) are written.
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from kvbench.paged.latency import LATENCY_METRICS, LATENCY_STATS
 from kvbench.paged.scheduler_model import SchedulerConfig
 from kvbench.paged.scheduler_setup import CACHE_KINDS, CacheSpec, simulate
 from kvbench.suites.commands.workload import add_generator_args, trace_from_args
@@ -56,6 +60,24 @@ def format_table(rows: list[dict]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def format_latency(rows: list[dict]) -> str:
+    """A plain-text table of each cache's per-request latency (modeled): one line per
+    cache and metric, with its mean, p50, p90 and p99."""
+    head = ["cache", "latency", "unit", *LATENCY_STATS]
+    cells = [head]
+    for row in rows:
+        for name, unit in LATENCY_METRICS.items():
+            values = [f"{row[f'{name}_{s}']:.4f}" for s in LATENCY_STATS]
+            cells.append([row["cache"], name, unit, *values])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    title = (
+        "per-request latency, modeled (ttft: to the first token; tpot: per output token after it)"
+    )
+    return title + "\n" + "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
                 fh.write(json.dumps(row) + "\n")
             with (out / f"records-{kind}.jsonl").open("w", encoding="utf-8") as fh:
                 for rec in result.records:
-                    fh.write(json.dumps(asdict(rec)) + "\n")
+                    fh.write(json.dumps(rec.as_dict()) + "\n")
             with (out / f"timeline-{kind}.jsonl").open("w", encoding="utf-8") as fh:
                 for step in result.timeline:
                     fh.write(json.dumps(asdict(step)) + "\n")
@@ -120,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         f"{args.profile}\n"
     )
     sys.stdout.write(format_table(rows) + "\n")
+    sys.stdout.write(format_latency(rows) + "\n")
     return 0
 
 

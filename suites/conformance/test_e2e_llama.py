@@ -26,6 +26,7 @@ KVBENCH_HYPOTHESIS_PROFILE=thorough runs more prompts, longer ones and more toke
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 from collections.abc import Callable, Sequence
@@ -121,6 +122,7 @@ def make_cache(
     policy: str = "max",
     backend: str | None = "torch",
     paged_cls: type[PagedKVCache] = PagedKVCache,
+    device: torch.device | str = "cpu",
 ) -> KVCache:
     """A cache of `kind` ("contiguous" or "paged") for `model`, holding about
     `capacity_tokens` token slots on the device (the paged one rounds up to blocks)."""
@@ -135,6 +137,7 @@ def make_cache(
         max_seq_len=max_seq_len,
         num_cpu_blocks=4 * num_blocks,
         kernel_backend=backend,
+        device=device,
     )
 
 
@@ -400,6 +403,23 @@ def test_parallel_sampling_fork_matches_hf(model, kind: str, block_size: int) ->
         cache.check()
 
 
+@pytest.mark.parametrize("engine", ["kernels", "native"])
+def test_preemption_by_swap_on_device_matches_hf(model, device: torch.device, engine: str) -> None:
+    """Swap preemption with model and paged cache on `device` (on CUDA: the dispatch's
+    compiled kernels, swap through the pinned pool; on a CPU the torch ops), with both
+    write-pass engines."""
+    backend = "torch" if device.type == "cpu" else None
+    lengths, new, blocks = preemption_plan(16)
+    cache = make_cache("paged", model, 16, blocks * 16, backend=backend, device=device)
+    results, expect, runner = preemption_scenario(
+        on_device(model, device), cache, lengths, new, write_attention=engine,
+        preemption="swap", kernel_backend=backend, block_size=16,
+    )  # fmt: skip
+    assert_matches_hf(model, results, expect)
+    assert runner.stats.swaps_out == runner.stats.swaps_in > 0
+    cache.check()
+
+
 PREEMPTION_CONFIGS = [("contiguous", 16)] + [("paged", bs) for bs in BLOCK_SIZES]
 
 
@@ -426,20 +446,27 @@ def test_preemption_mid_decode_matches_hf(model, kind: str, mode: str, block_siz
         cache.check()
 
 
+def on_device(model, device: torch.device):
+    """The model itself on the CPU; a copy of it on another device."""
+    return model if device.type == "cpu" else copy.deepcopy(model).to(device)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-def test_triton_kernels_under_interpreter_match_hf(model, monkeypatch) -> None:
-    """The smallest case end to end with Triton kernels (the interpreter on a CPU) both in
-    the cache (write, copy-on-write, decode attention) and in the write pass (prefill)."""
-    if not torch.cuda.is_available():
+def test_triton_kernels_match_hf(model, device: torch.device, monkeypatch) -> None:
+    """The smallest case end to end with Triton kernels (the interpreter on a CPU, the
+    compiled kernels with model and cache on CUDA) both in the cache (write, copy-on-write,
+    decode attention) and in the write pass (prefill)."""
+    if device.type == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-    cache = make_cache("paged", model, 16, 256, backend="triton")
+    runs_on = on_device(model, device)
+    cache = make_cache("paged", model, 16, 256, backend="triton", device=device)
     ps = prompts(41, [5, 18], model.config.vocab_size)
     top = torch.topk(hf(model, ps[0], 1).logits[0], 2).indices.tolist()
     reqs = [
         GenerationRequest("a", ps[0], 3, branch_tokens=tuple(top)),
         GenerationRequest("b", ps[1], 3),
     ]
-    runner = LlamaCacheRunner(model, cache, "native", kernel_backend="triton")
+    runner = LlamaCacheRunner(runs_on, cache, "native", kernel_backend="triton")
     results = runner.run(reqs)
     expect = {("a", j): (ps[0], t) for j, t in enumerate(top)} | {"b": (ps[1], None)}
     assert_matches_hf(model, results, expect)

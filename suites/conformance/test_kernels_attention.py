@@ -6,7 +6,9 @@ stray read of it would fail), poisons the output with NaN, runs the op with the 
 version and with the Triton kernel under the interpreter, and compares with
 `reference.oracle` by relative error within the dtype's tolerance. The Triton cases keep
 to the interpreter budget (batch and heads <= 4, lengths <= 256); longer or wider ones are
-marked slow.
+marked slow. Tests that take `device` also run, as `gpu` tests, with the pool, tables
+and queries on CUDA: there "triton" is the compiled kernel, and the output is compared
+with the float64 oracle (on the CPU) the same way.
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ class PagedBatch:
     seq_lens: torch.Tensor
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+
+    def to(self, device: torch.device | str) -> PagedBatch:
+        """The pool, tables and lengths on `device` (the oracle's K/V stay on the CPU)."""
+        return PagedBatch(
+            self.k_cache.to(device),
+            self.v_cache.to(device),
+            self.block_tables.to(device),
+            self.seq_lens.to(device),
+            self.keys,
+            self.values,
+        )
 
 
 def make_paged(
@@ -98,15 +111,16 @@ def check_decode(
     backend: str,
     partition_size: int | None = None,
     seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> float:
     gen = torch.Generator().manual_seed(seed)
     pb = make_paged(lens, hkv, head_dim, block_size, dtype, gen)
     q = torch.randn((len(lens), hkv * group, head_dim), generator=gen).to(dtype)
-    out = run_decode(pb, q, backend, partition_size)
+    out = run_decode(pb.to(device), q.to(device), backend, partition_size).cpu()
     ref = oracle.batched_decode_attention(q, pb.keys, pb.values)
     err = oracle.relative_error(out, ref)
     assert err <= oracle.tolerance(dtype), (
-        f"{backend} {dtype} lens={lens} hkv={hkv} group={group} D={head_dim} "
+        f"{backend} {device} {dtype} lens={lens} hkv={hkv} group={group} D={head_dim} "
         f"bs={block_size} part={partition_size}: relative error {err}"
     )
     return err
@@ -122,15 +136,19 @@ def check_prefill(
     dtype: torch.dtype,
     backend: str,
     seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     pb = make_paged(lens, hkv, head_dim, block_size, dtype, gen)
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn((int(cu[-1]), hkv * group, head_dim), generator=gen).to(dtype)
-    out = torch.full_like(q, float("nan"))
+    on = pb.to(device)
+    out = torch.full_like(q, float("nan")).to(device)
     ops.paged_prefill_attention(
-        q, pb.k_cache, pb.v_cache, pb.block_tables, cu, pb.seq_lens, out=out, backend=backend
-    )
+        q.to(device), on.k_cache, on.v_cache, on.block_tables, cu.to(device), on.seq_lens,
+        out=out, backend=backend,
+    )  # fmt: skip
+    out = out.cpu()
     ref = torch.cat(
         [
             oracle.extend_attention(q[cu[b] : cu[b + 1]], pb.keys[b], pb.values[b])
@@ -139,7 +157,7 @@ def check_prefill(
     )
     err = oracle.relative_error(out, ref)
     assert err <= oracle.tolerance(dtype), (
-        f"{backend} {dtype} lens={lens} q_lens={q_lens} hkv={hkv} group={group} "
+        f"{backend} {device} {dtype} lens={lens} q_lens={q_lens} hkv={hkv} group={group} "
         f"D={head_dim} bs={block_size}: relative error {err}"
     )
     return out
@@ -150,38 +168,43 @@ def check_prefill(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_decode_boundary_lengths(backend: str, dtype: torch.dtype) -> None:
+def test_decode_boundary_lengths(backend: str, dtype: torch.dtype, device: torch.device) -> None:
     """Lengths 1, a block, one past, several blocks; single and split partitions."""
     lens = [1, 16, 17, 70]
-    check_decode(lens, hkv=2, group=2, head_dim=64, block_size=16, dtype=dtype, backend=backend)
+    check_decode(lens, 2, 2, 64, 16, dtype, backend, device=device)
     if backend == "triton":  # 32-token partitions: 1, 1, 1 and 3 partitions to merge
-        check_decode(lens, 2, 2, 64, 16, dtype, backend, partition_size=32)
+        check_decode(lens, 2, 2, 64, 16, dtype, backend, partition_size=32, device=device)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("hkv", "group"), [(4, 1), (1, 4), (2, 2), (1, 8)])
-def test_decode_gqa_and_mqa(backend: str, hkv: int, group: int) -> None:
+def test_decode_gqa_and_mqa(backend: str, hkv: int, group: int, device: torch.device) -> None:
     """MHA, MQA and GQA: query head h reads KV head h // group."""
-    check_decode([5, 33], hkv, group, 32, 8, torch.float32, backend, partition_size=16)
+    check_decode(
+        [5, 33], hkv, group, 32, 8, torch.float32, backend, partition_size=16, device=device
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
-def test_decode_head_dims(backend: str, head_dim: int) -> None:
+def test_decode_head_dims(backend: str, head_dim: int, device: torch.device) -> None:
     """Head dims that are not powers of two are padded and masked."""
-    check_decode([3, 40], 1, 2, head_dim, 16, torch.float16, backend, partition_size=32)
+    check_decode(
+        [3, 40], 1, 2, head_dim, 16, torch.float16, backend, partition_size=32, device=device
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("block_size", [8, 16, 32, 64, 128])
-def test_decode_block_sizes(backend: str, block_size: int) -> None:
-    check_decode([1, block_size + 1, 150], 1, 2, 32, block_size, torch.float32, backend)
+def test_decode_block_sizes(backend: str, block_size: int, device: torch.device) -> None:
+    lens = [1, block_size + 1, 150]
+    check_decode(lens, 1, 2, 32, block_size, torch.float32, backend, device=device)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_decode_group_larger_than_one_program(backend: str) -> None:
+def test_decode_group_larger_than_one_program(backend: str, device: torch.device) -> None:
     """MQA with 80 query heads: split into chunks of query-head rows."""
-    check_decode([9, 20], 1, 80, 16, 8, torch.float32, backend)
+    check_decode([9, 20], 1, 80, 16, 8, torch.float32, backend, device=device)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -257,9 +280,9 @@ def test_decode_hypothesis(
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_decode_long_context(backend: str, dtype: torch.dtype) -> None:
+def test_decode_long_context(backend: str, dtype: torch.dtype, device: torch.device) -> None:
     """Contexts spanning several default (512-token) partitions at a real head size."""
-    check_decode([1300, 513, 512], 2, 4, 128, 16, dtype, backend)
+    check_decode([1300, 513, 512], 2, 4, 128, 16, dtype, backend, device=device)
 
 
 # ---------------------------------------------------------------- prefill
@@ -267,21 +290,24 @@ def test_decode_long_context(backend: str, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_prefill_mixed_batch(backend: str, dtype: torch.dtype) -> None:
+def test_prefill_mixed_batch(backend: str, dtype: torch.dtype, device: torch.device) -> None:
     """Full prefill, extend over a cached prefix, a one-token step and a block-aligned chunk."""
     lens = [20, 45, 9, 32]
     q_lens = [20, 13, 1, 16]
-    check_prefill(lens, q_lens, 2, 2, 64, 16, dtype, backend)
+    check_prefill(lens, q_lens, 2, 2, 64, 16, dtype, backend, device=device)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     ("hkv", "group", "head_dim"), [(4, 1, 32), (1, 4, 80), (1, 8, 16), (2, 3, 32), (1, 80, 16)]
 )
-def test_prefill_heads(backend: str, hkv: int, group: int, head_dim: int) -> None:
+def test_prefill_heads(
+    backend: str, hkv: int, group: int, head_dim: int, device: torch.device
+) -> None:
     """MHA, GQA (also a group of 3: rows that are not a power of two), and MQA with more
     query heads than one program's rows."""
-    check_prefill([30, 7], [11, 7], hkv, group, head_dim, 8, torch.float32, backend)
+    lens, q_lens = [30, 7], [11, 7]
+    check_prefill(lens, q_lens, hkv, group, head_dim, 8, torch.float32, backend, device=device)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -329,12 +355,13 @@ def test_prefill_hypothesis(
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("head_dim", [128, 256])
-def test_prefill_long(backend: str, head_dim: int) -> None:
-    check_prefill([300, 200], [300, 64], 2, 2, head_dim, 16, torch.bfloat16, backend)
+def test_prefill_long(backend: str, head_dim: int, device: torch.device) -> None:
+    lens, q_lens = [300, 200], [300, 64]
+    check_prefill(lens, q_lens, 2, 2, head_dim, 16, torch.bfloat16, backend, device=device)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_decode_ignores_nan_in_unused_slots(backend: str) -> None:
+def test_decode_ignores_nan_in_unused_slots(backend: str, device: torch.device) -> None:
     """Pools come from torch.empty in real engines: NaN in slots past a sequence's length,
     in spare blocks or in block 0 (where padding entries may point) must not reach the
     output."""
@@ -348,6 +375,6 @@ def test_decode_ignores_nan_in_unused_slots(backend: str) -> None:
     pb.k_cache[~valid] = float("nan")
     pb.v_cache[~valid] = float("nan")
     q = torch.randn((3, 4, 64), generator=gen)
-    out = run_decode(pb, q, backend)
+    out = run_decode(pb.to(device), q.to(device), backend).cpu()
     ref = oracle.batched_decode_attention(q, pb.keys, pb.values)
     assert oracle.relative_error(out, ref) <= oracle.tolerance(torch.float32)

@@ -20,26 +20,36 @@ BACKENDS = ("torch", "triton")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _pool(num_blocks: int, block_size: int, hkv: int, d: int, dtype: torch.dtype, seed: int):
+def _pool(
+    num_blocks: int,
+    block_size: int,
+    hkv: int,
+    d: int,
+    dtype: torch.dtype,
+    seed: int,
+    device: torch.device | str = "cpu",
+):
     gen = torch.Generator().manual_seed(seed)
     shape = (num_blocks, block_size, hkv, d)
     return (
-        torch.randn(shape, generator=gen).to(dtype),
-        torch.randn(shape, generator=gen).to(dtype),
+        torch.randn(shape, generator=gen).to(device, dtype),
+        torch.randn(shape, generator=gen).to(device, dtype),
     )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64], ids=str)
-def test_write_kv(backend: str, dtype: torch.dtype, slot_dtype: torch.dtype) -> None:
+def test_write_kv(
+    backend: str, dtype: torch.dtype, slot_dtype: torch.dtype, device: torch.device
+) -> None:
     """Rows land at their slots, -1 rows are skipped, everything else is untouched; the
     key/value may be strided slices of a fused QKV tensor."""
-    k_cache, v_cache = _pool(6, 8, 2, 24, dtype, 0)
+    k_cache, v_cache = _pool(6, 8, 2, 24, dtype, 0, device)
     k0, v0 = k_cache.clone(), v_cache.clone()
-    qkv = torch.randn(7, 4 + 2 + 2, 24).to(dtype)  # fused [q(4 heads), k(2), v(2)]
+    qkv = torch.randn(7, 4 + 2 + 2, 24).to(device, dtype)  # fused [q(4 heads), k(2), v(2)]
     key, value = qkv[:, 4:6], qkv[:, 6:8]
-    slots = torch.tensor([5, -1, 47, 0, 8, -1, 23], dtype=slot_dtype)
+    slots = torch.tensor([5, -1, 47, 0, 8, -1, 23], dtype=slot_dtype, device=device)
     ops.write_kv(k_cache, v_cache, key, value, slots, backend=backend)
     keep = slots >= 0
     for cache, before, src in ((k_cache, k0, key), (v_cache, v0, value)):
@@ -50,8 +60,8 @@ def test_write_kv(backend: str, dtype: torch.dtype, slot_dtype: torch.dtype) -> 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_copy_blocks(backend: str, dtype: torch.dtype) -> None:
-    k_cache, v_cache = _pool(8, 4, 2, 16, dtype, 1)
+def test_copy_blocks(backend: str, dtype: torch.dtype, device: torch.device) -> None:
+    k_cache, v_cache = _pool(8, 4, 2, 16, dtype, 1, device)
     k0, v0 = k_cache.clone(), v_cache.clone()
     pairs = [(1, 6), (3, 0), (1, 2)]
     ops.copy_blocks(k_cache, v_cache, pairs, backend=backend)
@@ -64,14 +74,19 @@ def test_copy_blocks(backend: str, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_swap_blocks_out_and_in(backend: str, dtype: torch.dtype) -> None:
-    """Swap out to a smaller pool and back into other blocks: the data round-trips."""
-    gpu_pool, _ = _pool(8, 4, 2, 16, dtype, 2)
+def test_swap_blocks_out_and_in(backend: str, dtype: torch.dtype, device: torch.device) -> None:
+    """Swap out to a smaller host pool and back into other blocks: the data round-trips
+    (on CUDA: across the host link, into and out of a pinned pool)."""
+    gpu_pool, _ = _pool(8, 4, 2, 16, dtype, 2, device)
     cpu_pool, _ = _pool(3, 4, 2, 16, dtype, 3)
+    if device.type == "cuda":
+        cpu_pool = cpu_pool.pin_memory()
     original = gpu_pool.clone()
     out_map = torch.tensor([[5, 0], [2, 2]])
     ops.swap_blocks(gpu_pool, cpu_pool, out_map, backend=backend)
-    assert torch.equal(cpu_pool[0], original[5]) and torch.equal(cpu_pool[2], original[2])
+    original_host = original.cpu()
+    assert torch.equal(cpu_pool[0], original_host[5])
+    assert torch.equal(cpu_pool[2], original_host[2])
     ops.swap_blocks(cpu_pool, gpu_pool, [(0, 7), (2, 1)], backend=backend)
     assert torch.equal(gpu_pool[7], original[5]) and torch.equal(gpu_pool[1], original[2])
     untouched = [0, 2, 3, 4, 5, 6]
@@ -267,3 +282,40 @@ def test_dispatch_follows_device_and_environment(monkeypatch: pytest.MonkeyPatch
     assert ops.choose_backend(cpu, "torch") == "torch"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert ops.choose_backend(cpu) == "torch"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_caller_maxima_are_checked(backend: str) -> None:
+    """A max_seq_len / max_q_len below the true maximum is refused when indices are
+    checked; a value that is not a positive int always is."""
+    args = _decode_args()  # seq_lens [9, 8]
+    with pytest.raises(IndexRangeError, match="max_seq_len=8"):
+        ops.paged_decode_attention(**args, backend=backend, max_seq_len=8)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ConfigError, match="max_seq_len"):
+            ops.paged_decode_attention(**args, backend=backend, max_seq_len=bad)
+    q = torch.randn(5, 4, 16)
+    common = (q, args["k_cache"], args["v_cache"], args["block_tables"])
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    with pytest.raises(IndexRangeError, match="max_q_len=2"):
+        ops.paged_prefill_attention(*common, cu, args["seq_lens"], backend=backend, max_q_len=2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loose_maxima_give_the_same_result(backend: str) -> None:
+    """Without index checks and without maxima the ops size their launch by the shapes
+    (more partitions and query tiles than needed): the output is unchanged."""
+    args = _decode_args()
+    exact = ops.paged_decode_attention(**args, backend=backend, partition_size=4)
+    loose = ops.paged_decode_attention(
+        **args, backend=backend, partition_size=4, check_indices=False
+    )
+    assert torch.equal(exact, loose)
+    q = torch.randn(5, 4, 16)
+    common = (q, args["k_cache"], args["v_cache"], args["block_tables"])
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    exact = ops.paged_prefill_attention(*common, cu, args["seq_lens"], backend=backend)
+    loose = ops.paged_prefill_attention(
+        *common, cu, args["seq_lens"], backend=backend, check_indices=False
+    )
+    assert torch.equal(exact, loose)

@@ -13,7 +13,10 @@ tolerance; every failed paged operation left the whole state (storage included) 
 Free blocks are poisoned after every step, so reading memory no request owns
 fails. At teardown everything is freed and nothing leaks.
 
-Parametrized over block sizes 1, 2, 16 and dtypes float32, bfloat16.
+Parametrized over block sizes 1, 2, 16 and dtypes float32, bfloat16, with the tensors on
+the CPU (torch ops); the `gpu` machines hold the paged cache on CUDA, where its writes,
+copy-on-write, swap (through a pinned pool) and attention run the compiled Triton kernels
+(the dispatch's own choice), and compare it with the CPU reference the same way.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class PagedVsContiguous(RuleBasedStateMachine):
 
     block_size = 16
     dtype = "float32"
+    device = "cpu"
 
     def __init__(self) -> None:
         super().__init__()
@@ -105,10 +109,12 @@ class PagedVsContiguous(RuleBasedStateMachine):
             max_seq_len=self.max_seq_len,
             watermark=watermark,
             num_cpu_blocks=cpu_blocks,
-            # The machine judges bookkeeping; the torch ops keep it fast where nox sets
-            # TRITON_INTERPRET=1. The Triton versions of the same ops are held to the
-            # oracle by test_kernels_*, and the e2e suite runs the cache on them.
-            kernel_backend="torch",
+            # The machine judges bookkeeping; on the CPU the torch ops keep it fast where
+            # nox sets TRITON_INTERPRET=1 (the Triton versions of the same ops are held
+            # to the oracle by test_kernels_*, and the e2e suite runs the cache on them).
+            # On CUDA the dispatch chooses: the compiled Triton kernels.
+            device=self.device,
+            kernel_backend="torch" if self.device == "cpu" else None,
         )
 
     @property
@@ -329,6 +335,27 @@ class PagedVsContiguous(RuleBasedStateMachine):
         self.failed_atomically(before, expected("expected"))
 
     # ------------------------------------------------------------------ invariants
+    def serving_accounting_agrees(self, stats) -> None:
+        """The serving contract's per-step reading (what the engine sees) agrees with
+        stats() for both caches, and block boundaries are growth points."""
+        for c, snap in ((self.cache, stats), (self.ref, self.ref.stats())):
+            occ = c.occupancy()
+            assert occ.live_slots == snap.live_slots and occ.free_blocks == snap.free_blocks
+            assert occ.used_blocks == snap.used_blocks  # (its cached_blocks: evictable only)
+            assert occ.cached_blocks <= snap.cached_blocks
+            held = c.blocks_held(self.running())
+            assert (
+                held == len({b for r in self.running() for b in c.block_table(r)})
+                if (c is self.cache)
+                else held == 0
+            )
+        bs = self.cache.block_size
+        assert self.cache.occupancy().reserved_slots == stats.used_blocks * bs
+        for rid in self.running():
+            length = self.cache.seq_len(rid)
+            point = self.cache.next_growth(rid, length)
+            assert point >= length and point % bs == 0 and point - length < bs
+
     @invariant()
     def caches_agree(self) -> None:
         if self.paged is None:
@@ -345,7 +372,7 @@ class PagedVsContiguous(RuleBasedStateMachine):
             length = len(tracked.tokens)
             assert cache.seq_len(rid) == self.ref.seq_len(rid) == length
             assert cache.token_ids(rid) == self.ref.token_ids(rid)
-            pk, pv = cache.gather(rid)
+            pk, pv = (t.cpu() for t in cache.gather(rid))
             rk, rv = self.ref.gather(rid)
             assert bitwise_equal(pk, rk) and bitwise_equal(pv, rv), f"KV of {rid} differs"
             if length:
@@ -353,6 +380,7 @@ class PagedVsContiguous(RuleBasedStateMachine):
                 assert bitwise_equal(pk, mk) and bitwise_equal(pv, mv), f"KV of {rid} is wrong"
                 attendable.append(rid)
         stats = cache.stats()
+        self.serving_accounting_agrees(stats)
         assert stats.logical_tokens == sum(len(self.model[r].tokens) for r in self.running())
         assert stats.num_requests == len(self.model)
         assert stats.live_slots <= stats.logical_tokens  # sharing only ever saves slots
@@ -362,7 +390,7 @@ class PagedVsContiguous(RuleBasedStateMachine):
             query = torch.randn(len(attendable), g.num_q_heads, g.head_dim, generator=gen)
             query = query.to(self.tdtype)
             layer = self.steps % g.num_layers
-            out = cache.attend(attendable, query, layer)
+            out = cache.attend(attendable, query, layer).cpu()
             ref = self.ref.attend(attendable, query, layer)
             err = relative_error(out, ref)
             assert err <= tolerance(self.tdtype), f"attend error {err:.2e}"
@@ -389,10 +417,12 @@ class PagedVsContiguous(RuleBasedStateMachine):
 _STEPS = settings(stateful_step_count=30)
 
 
-def _machine(block_size: int, dtype: str) -> type:
-    name = f"PagedVsContiguous_bs{block_size}_{dtype}"
-    machine = type(name, (PagedVsContiguous,), {"block_size": block_size, "dtype": dtype})
-    return _STEPS(machine).TestCase
+def _machine(block_size: int, dtype: str, device: str = "cpu") -> type:
+    name = f"PagedVsContiguous_bs{block_size}_{dtype}_{device}"
+    attrs = {"block_size": block_size, "dtype": dtype, "device": device}
+    machine = type(name, (PagedVsContiguous,), attrs)
+    test_case = _STEPS(machine).TestCase
+    return pytest.mark.gpu(test_case) if device == "cuda" else test_case
 
 
 TestBs1Float32 = _machine(1, "float32")
@@ -401,3 +431,6 @@ TestBs16Float32 = _machine(16, "float32")
 TestBs1Bfloat16 = _machine(1, "bfloat16")
 TestBs2Bfloat16 = _machine(2, "bfloat16")
 TestBs16Bfloat16 = _machine(16, "bfloat16")
+TestBs1Float32Cuda = _machine(1, "float32", "cuda")
+TestBs16Float32Cuda = _machine(16, "float32", "cuda")
+TestBs16Bfloat16Cuda = _machine(16, "bfloat16", "cuda")

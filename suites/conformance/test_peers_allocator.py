@@ -21,9 +21,10 @@ from __future__ import annotations
 import importlib.metadata
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from kvbench.suites.conformance.peer_allocator_model import AllocatorModel, Refused
 from kvbench.suites.peers import base
 from kvbench.suites.peers.base import PeerUnavailableError, allocator_names, load_allocator
 from kvbench.workloads.errors import CapacityError
@@ -256,3 +257,159 @@ def test_entry_point_plugins_are_discovered(monkeypatch):
     assert alloc.admit("a", [1, 2, 3, 4, 5]) == 0
     with pytest.raises(base.ConfigError, match="unknown peer 'nope'"):
         base.load_allocator("nope", 8, 4)
+
+
+# ---------------------------------------------------------------- under eviction and refusal
+# Pools of 3-8 blocks of 4 tokens: admissions evict cached prefixes and get refused;
+# duplicates arise when two live requests fill the same block apart; salts include "".
+_EVICT_SALTS = [None, "", "t"]
+_evict_op = st.one_of(
+    st.tuples(
+        st.just("admit"),
+        st.integers(0, 3),
+        st.lists(_token, min_size=0, max_size=7),
+        st.sampled_from(_EVICT_SALTS),
+    ),
+    st.tuples(st.just("append"), st.integers(0, 50), st.lists(_token, min_size=1, max_size=6)),
+    st.tuples(st.just("free"), st.integers(0, 50)),
+)
+
+
+#: Eviction traces are cheap (~30 ms); the rules part peers in a few percent of them, so
+#: the ci profile draws more of these than its default.
+_EVICT_SETTINGS = settings(max_examples=max(150, settings.default.max_examples))
+
+
+def drive(alloc, ops, max_len: int, refused=(CapacityError,)) -> list[tuple]:
+    """Apply `ops` to an allocator adapter or an `AllocatorModel`; returns one entry per
+    operation: (op, hit tokens or None, refused, free blocks, cached blocks). A refused
+    operation must leave the adapter's snapshot unchanged. Requests never grow past
+    `max_len` tokens (the whole pool: longer is bad input, not a refusal)."""
+    is_model = isinstance(alloc, AllocatorModel)
+    live: list[str] = []
+    length: dict[str, int] = {}
+    out: list[tuple] = []
+    for n, op in enumerate(ops):
+        rid = f"r{n}"
+        before = None if is_model else alloc.snapshot()
+        hit, refusal = None, False
+        try:
+            if op[0] == "admit":
+                prompt = _STEMS[op[1]] + op[2]
+                if not prompt or len(prompt) > max_len:
+                    continue
+                hit = alloc.admit(rid, prompt, salt=op[3])
+                live.append(rid)
+                length[rid] = len(prompt)
+            elif op[0] == "append" and live:
+                rid = live[op[1] % len(live)]
+                if length[rid] + len(op[2]) > max_len:
+                    continue
+                alloc.append(rid, op[2])
+                length[rid] += len(op[2])
+            elif op[0] == "free" and live:
+                rid = live.pop(op[1] % len(live))
+                (alloc.free_request if is_model else alloc.free)(rid)
+            else:
+                continue
+        except refused:
+            refusal = True
+            if before is not None:
+                assert alloc.snapshot() == before, f"refused {op} changed the allocator"
+        if is_model:
+            free, cached = alloc.free, alloc.cached
+        else:
+            counts = alloc.counts()
+            free, cached = counts.free, counts.cached
+        out.append((op[0], hit, refusal, free, cached))
+    return out
+
+
+def model_trace(ops, num_blocks: int, bs: int, traits) -> list[tuple]:
+    return drive(AllocatorModel(num_blocks, bs, traits), ops, num_blocks * bs, (Refused,))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@_EVICT_SETTINGS
+@given(ops=st.lists(_evict_op, min_size=1, max_size=40), num_blocks=st.integers(3, 8))
+def test_peer_matches_model_of_its_declared_rules_under_eviction(name, ops, num_blocks):
+    """Op by op, a peer's hits, refusals, free and cached blocks are those of the allocator
+    model under the rules it declares (duplicates indexed or not, "" as no salt or not)."""
+    bs = 4
+    alloc = make(name, num_blocks, bs)
+    got = drive(alloc, ops, num_blocks * bs)
+    assert got == model_trace(ops, num_blocks, bs, alloc.traits)
+
+
+@_EVICT_SETTINGS
+@given(ops=st.lists(_evict_op, min_size=1, max_size=40), num_blocks=st.integers(3, 8))
+def test_peers_agree_under_eviction_up_to_declared_rules(ops, num_blocks):
+    """The differential: two peers driven by the same operations agree op by op (hits,
+    refusals, free blocks) unless the model says their declared rules part them; where
+    they part, each is exactly its own rules' model."""
+    if len(NAMES) < 2:
+        pytest.skip("only one allocator peer is available")
+    bs = 4
+    runs = {}
+    for name in NAMES:
+        alloc = make(name, num_blocks, bs)
+        runs[name] = (
+            drive(alloc, ops, num_blocks * bs),
+            model_trace(ops, num_blocks, bs, alloc.traits),
+        )
+    first_got, first_model = runs[NAMES[0]]
+    for name, (got, model) in runs.items():
+        assert got == model, f"{name} is not the model of its declared rules"
+        for i, (a, b) in enumerate(zip(got, first_got, strict=False)):
+            if [m[:4] for m in model[: i + 1]] == [m[:4] for m in first_model[: i + 1]]:
+                assert a[:4] == b[:4], f"{name} parts from {NAMES[0]} at op {i} undeclared"
+        if model != first_model:
+            event(f"{name} parts from {NAMES[0]} by a declared rule")
+
+
+def _hits_e_a_b_c_d(alloc) -> list[int]:
+    """The issue's minimal case: 4 blocks of 16; admit and free, one at a time, E (17
+    tokens), A (32), B = A, C = [7], D = E + [5]."""
+    e, a = list(range(100, 117)), list(range(200, 232))
+    hits = []
+    for rid, prompt in (("E", e), ("A", a), ("B", a), ("C", [7]), ("D", [*e, 5])):
+        hits.append(alloc.admit(rid, prompt))
+        alloc.free(rid)
+    return hits
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_duplicate_rule_changes_hits_under_eviction(name):
+    """B recomputes A's second block (its last token is never a hit). Indexed (vLLM), that
+    copy joins the LRU queue, so C evicts E's cached block and D misses; left unindexed
+    (kvbench) it is reused by C first, and D hits E's block."""
+    alloc = make(name, 4, 16)
+    expect = [0, 0, 16, 0, 0] if alloc.traits.indexes_duplicates else [0, 0, 16, 0, 16]
+    assert _hits_e_a_b_c_d(alloc) == expect
+    assert _hits_e_a_b_c_d(_ModelAsAdapter(AllocatorModel(4, 16, alloc.traits))) == expect
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_empty_salt_rule(name):
+    """A 40-token prompt with salt "", freed, then the same prompt + 1 token without a
+    salt: vLLM (empty salt = no salt) hits 32 tokens, kvbench ("" is a tenant) none."""
+    alloc = make(name, 8, 16)
+    prompt = list(range(40))
+    assert alloc.admit("a", prompt, salt="") == 0
+    alloc.free("a")
+    expect = 32 if alloc.traits.empty_salt_is_no_salt else 0
+    assert alloc.admit("b", [*prompt, 1]) == expect
+    assert alloc.admit("c", [*prompt, 2], salt="") == 32  # "" always shares with ""
+
+
+class _ModelAsAdapter:
+    """Just enough of an adapter over the model for `_hits_e_a_b_c_d`."""
+
+    def __init__(self, model: AllocatorModel) -> None:
+        self.model = model
+
+    def admit(self, rid, prompt, salt=None):
+        return self.model.admit(rid, prompt, salt)
+
+    def free(self, rid):
+        self.model.free_request(rid)

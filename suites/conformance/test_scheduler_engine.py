@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.scheduler import Engine
+from kvbench.paged.engine import Engine
 from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
 from kvbench.paged.scheduler_setup import CacheSpec, simulate
 from kvbench.suites.cli import main
@@ -61,6 +61,63 @@ def test_first_token_at_prefill_and_one_token_per_step() -> None:
     )["r0"]
     # 10 prompt tokens in chunks of 4: steps 0, 1, 2; first token at step 2; 5 more decode steps
     assert (rec.admit_step, rec.first_token_step, rec.finish_step) == (0, 2, 7)
+    # modeled times, priced here step by step from the time model's own formulas: three
+    # prefill chunks (context, tokens), then decode steps reading 11 .. 15 tokens of KV
+    prefill = sum(TM.prefill_ps([chunk]) for chunk in [(0, 4), (4, 4), (8, 2)])
+    decode = sum(TM.step_ps(1, c + 1) for c in range(10, 15))
+    assert rec.arrival_s == 0.0
+    assert rec.first_token_s == prefill / 1e12
+    assert rec.finish_s == (prefill + decode) / 1e12
+    assert rec.as_dict()["tpot_s"] == pytest.approx(decode / 1e12 / 5, rel=1e-12)
+
+
+def test_latency_summary_per_request() -> None:
+    """The summary groups a request's samples (first token of any, finish of the last) and
+    gives mean / p50 / p90 / p99; normalized latency is e2e over the output length."""
+    from kvbench.paged.latency import request_latencies, stats, summarize
+    from kvbench.paged.scheduler_model import SeqRecord
+
+    def rec(sid: str, req: str, arrival: float, first: float, finish: float, out: int):
+        r = SeqRecord(sid, req, arrival, 4, out)
+        r.first_token_s, r.finish_s = first, finish
+        return r
+
+    records = [
+        rec("a", "a", 0.0, 1.0, 5.0, 5),
+        rec("a#1", "a", 0.0, 1.0, 9.0, 5),
+        rec("b", "b", 2.0, 2.5, 2.5, 1),
+    ]
+    values = request_latencies(records)
+    assert values["ttft"] == [1.0, 0.5]
+    assert values["e2e"] == [9.0, 0.5]
+    assert values["tpot"] == [2.0]  # (9 - 1) / 4; b has one output token
+    assert values["normalized_latency"] == [9.0 / 5, 0.5]
+    summary = summarize(records)
+    assert summary["e2e"]["mean"] == 4.75 and summary["e2e"]["p50"] == 4.75
+    assert summary["e2e"]["p90"] == pytest.approx(0.5 + 0.9 * 8.5)
+    assert stats([])["p99"] != stats([])["p99"]  # NaN: no values
+
+
+def test_poisson_arrivals_stay_event_driven_with_token_exact_latency() -> None:
+    """A Poisson-rate trace (the serving.rate sweep's input) replays in event mode - it
+    skips quiet stretches between arrivals and block boundaries rather than falling back
+    to token stepping - with the same decisions and latencies."""
+    from kvbench.workloads.arrivals import parse_arrivals
+
+    trace = generate("sharegpt", 120, seed=5, arrivals=parse_arrivals("poisson:4"))
+    spec = CacheSpec(kind="paged", kv_budget="4GB")
+    runs = {
+        mode: simulate(trace, spec, "auto", config=SchedulerConfig(mode=mode))
+        for mode in ("token", "event")
+    }
+    ev, tok = runs["event"], runs["token"]
+    assert ev.decisions() == tok.decisions()
+    assert sorted(r.times() for r in ev.records) == sorted(r.times() for r in tok.records)
+    assert repr(ev.latency) == repr(tok.latency)
+    # it skipped quiet stretches (rows standing for several steps), about half the steps
+    assert any(row.span > 1 for row in ev.timeline)
+    assert ev.processed_steps * 1.5 < tok.processed_steps
+    assert ev.latency["ttft"]["p50"] > 0 and ev.latency["normalized_latency"]["mean"] > 0
 
 
 @pytest.mark.parametrize("host_link", [25e9, 1e3])
@@ -123,7 +180,11 @@ def test_simulate_cli(tmp_path, capsys) -> None:
     assert rc == 0
     out = capsys.readouterr().out
     assert "util %" in out and "contiguous-oracle" in out
+    assert "normalized_latency" in out and "p99" in out
     rows = [json.loads(line) for line in (tmp_path / "summary.jsonl").read_text().splitlines()]
+    assert all(r["ttft_p50"] > 0 and r["normalized_latency_mean"] > 0 for r in rows)
+    recs = [json.loads(x) for x in (tmp_path / "records-paged.jsonl").read_text().splitlines()]
+    assert all(r["e2e_s"] == r["finish_s"] - r["arrival_s"] for r in recs)
     assert [r["cache"] for r in rows] == ["paged", "contiguous-oracle"]
     assert all(r["generated_tokens"] == rows[0]["generated_tokens"] for r in rows)
     assert Trace.read(tmp_path / "trace.jsonl").meta["workload"] == "alpaca"

@@ -25,9 +25,8 @@ from hypothesis import strategies as st
 
 from kvbench.paged.beams import BeamGroup, plan_selection
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.scheduler import Engine, RequestTooLargeError, SchedulerError
+from kvbench.paged.engine import Engine, RequestTooLargeError, SchedulerError, kv_for_tokens
 from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
-from kvbench.paged.scheduler_seq import kv_for_tokens
 from kvbench.reference.contiguous import ContiguousKVCache
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
@@ -120,7 +119,7 @@ def run_both(make_cache, trace: Trace, cfg: SchedulerConfig):
     for mode in ("token", "event"):
         cache = make_cache()
         try:
-            results.append(Engine(cache, _with(cfg, mode), TM).run(trace))
+            results.append(Engine(cache, _with(cfg, mode), TM, checked=True).run(trace))
         except RequestTooLargeError:
             assume(False)  # a request that can never fit this cache: rejected up front
     return results
@@ -143,6 +142,8 @@ def check_complete(result, trace: Trace) -> None:
     for rec in result.records:
         assert rec.generated == expected[rec.id], rec
         assert 0 <= rec.admit_step <= rec.first_token_step <= rec.finish_step
+        # modeled times: a first token after the arrival, the finish no earlier
+        assert rec.arrival_s < rec.first_token_s <= rec.finish_s, rec
     # a beam group returns beam_width sequences of output_len tokens
     assert result.generated_tokens == sum(r.output_len * r.n * r.beam_width for r in trace.requests)
 
@@ -171,6 +172,14 @@ def test_paged_event_equals_token_and_completes(data, trace: Trace, cfg: Schedul
     for field in ("utilization", "modeled_seconds", "steps", "peak_concurrency", "mean_running"):
         assert getattr(ev, field) == getattr(tok, field), field
     assert ev.processed_steps <= tok.processed_steps
+    assert_same_latency(ev, tok)
+
+
+def assert_same_latency(ev, tok) -> None:
+    """Event mode stamps exactly token stepping's times (every sequence's arrival,
+    first token and finish, to the bit) and so the same latency summary."""
+    assert sorted(r.times() for r in ev.records) == sorted(r.times() for r in tok.records)
+    assert repr(ev.latency) == repr(tok.latency)  # repr: NaN (no tpot) equals NaN
 
 
 @given(
@@ -187,6 +196,7 @@ def test_contiguous_event_equals_token(trace, cfg, policy, capacity) -> None:
     check_complete(tok, trace)
     assert ev.decisions() == tok.decisions()
     assert ev.utilization == tok.utilization and ev.modeled_seconds == tok.modeled_seconds
+    assert_same_latency(ev, tok)
 
 
 def beam_histories(index: int, r: TraceRequest) -> dict[int, list[int]]:
@@ -281,7 +291,7 @@ def test_preempted_sequences_keep_exact_kv(data, trace: Trace, cfg: SchedulerCon
     cache.trace = trace
     mode = data.draw(st.sampled_from(["token", "event"]))
     try:
-        result = Engine(cache, _with(cfg, mode), TM).run(trace)
+        result = Engine(cache, _with(cfg, mode), TM, checked=True).run(trace)
     except RequestTooLargeError:
         assume(False)
         return

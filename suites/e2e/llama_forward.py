@@ -102,8 +102,8 @@ class OracleAttention:
             pk, pv = batch.prefix_k[b], batch.prefix_v[b]
             if pk is None or pv is None:
                 raise ShapeError(f"request {batch.request_ids[b]!r} has no gathered prefix")
-            kk = torch.cat([pk[layer], k[s : s + n]])
-            vv = torch.cat([pv[layer], v[s : s + n]])
+            kk = torch.cat([pk[layer].to(k.device), k[s : s + n]])
+            vv = torch.cat([pv[layer].to(v.device), v[s : s + n]])
             out[s : s + n] = extend_attention(q[s : s + n], kk, vv, self.scale).to(q.dtype)
         return out
 
@@ -115,15 +115,22 @@ class KernelAttention:
     kernel that ignores the block table reads the wrong tokens), writes every token with
     `write_kv` at its slot, then runs the prefill/extend kernel (the decode kernel when
     each request has exactly one new token). `backend` is passed to `kernels.ops`
-    ("torch", "triton", or None for its own choice).
+    ("torch", "triton", or None for its own choice); so is `check_indices` (False: the
+    ops read nothing back from the device; the longest lengths are known here anyway).
     """
 
     def __init__(
-        self, block_size: int, scale: float, backend: str | None = None, seed: int = 0
+        self,
+        block_size: int,
+        scale: float,
+        backend: str | None = None,
+        seed: int = 0,
+        check_indices: bool = True,
     ) -> None:
         self.block_size = block_size
         self.scale = scale
         self.backend = backend
+        self.check_indices = check_indices
         self._gen = torch.Generator().manual_seed(seed)
 
     def __call__(
@@ -140,8 +147,9 @@ class KernelAttention:
         # Slots no token occupies hold large finite garbage: a kernel that reads past a
         # sequence's length, or a wrong block, gets visibly wrong output.
         shape = (num_blocks, bs, hkv, d)
-        k_cache = (torch.randn(shape, generator=self._gen) * 100).to(k.dtype)
-        v_cache = (torch.randn(shape, generator=self._gen) * 100).to(k.dtype)
+        dev = q.device
+        k_cache = (torch.randn(shape, generator=self._gen) * 100).to(dev, k.dtype)
+        v_cache = (torch.randn(shape, generator=self._gen) * 100).to(dev, k.dtype)
         tables = torch.zeros((len(totals), max(blocks_per)), dtype=torch.int32)
         keys, values, slots, cursor = [], [], [], 0
         for b, (s, n) in enumerate(zip(batch.starts, batch.lengths, strict=True)):
@@ -151,23 +159,28 @@ class KernelAttention:
             pk, pv = batch.prefix_k[b], batch.prefix_v[b]
             if pk is None or pv is None:
                 raise ShapeError(f"request {batch.request_ids[b]!r} has no gathered prefix")
-            keys += [pk[layer], k[s : s + n]]
-            values += [pv[layer], v[s : s + n]]
+            keys += [pk[layer].to(dev, k.dtype), k[s : s + n]]
+            values += [pv[layer].to(dev, v.dtype), v[s : s + n]]
             slots += [table[p // bs] * bs + p % bs for p in range(totals[b])]
-        slot_mapping = torch.tensor(slots, dtype=torch.int64)
+        slot_mapping = torch.tensor(slots, dtype=torch.int64).to(dev)
+        tables = tables.to(dev)
+        checks = self.check_indices
         ops.write_kv(
             k_cache, v_cache, torch.cat(keys), torch.cat(values), slot_mapping,
-            backend=self.backend,
+            backend=self.backend, check_indices=checks,
         )  # fmt: skip
-        seq_lens = torch.tensor(totals, dtype=torch.int32)
+        seq_lens = torch.tensor(totals, dtype=torch.int32).to(dev)
+        longest = max(totals)
         if all(n == 1 for n in batch.lengths):
             return ops.paged_decode_attention(
-                q, k_cache, v_cache, tables, seq_lens, self.scale, backend=self.backend
-            )
-        cu = torch.tensor([0, *batch.starts[1:], q.shape[0]], dtype=torch.int32)
+                q, k_cache, v_cache, tables, seq_lens, self.scale, backend=self.backend,
+                check_indices=checks, max_seq_len=longest,
+            )  # fmt: skip
+        cu = torch.tensor([0, *batch.starts[1:], q.shape[0]], dtype=torch.int32).to(dev)
         return ops.paged_prefill_attention(
-            q, k_cache, v_cache, tables, cu, seq_lens, self.scale, backend=self.backend
-        )
+            q, k_cache, v_cache, tables, cu, seq_lens, self.scale, backend=self.backend,
+            check_indices=checks, max_seq_len=longest, max_q_len=max(batch.lengths),
+        )  # fmt: skip
 
 
 @dataclass
@@ -178,8 +191,23 @@ class _NativePlan:
     seq_lens: torch.Tensor  # int32 [batch]
     cu_seqlens: torch.Tensor  # int32 [batch + 1]
     slots: torch.Tensor  # int64 [T], where the new tokens go
+    max_seq_len: int  # the longest of seq_lens (known on the host)
+    max_q_len: int  # the most new tokens of one request
     num_scratch: int  # blocks appended after the pool
     private_copies: list[tuple[int, int]]  # (pool block, scratch block) to copy first
+
+    def to(self, device: torch.device) -> _NativePlan:
+        """The plan with its tensors on `device` (built on the host, moved once)."""
+        return _NativePlan(
+            self.tables.to(device),
+            self.seq_lens.to(device),
+            self.cu_seqlens.to(device),
+            self.slots.to(device),
+            self.max_seq_len,
+            self.max_q_len,
+            self.num_scratch,
+            self.private_copies,
+        )
 
 
 class PagedNativeAttention:
@@ -201,7 +229,9 @@ class PagedNativeAttention:
 
     needs_prefix = False  # reads the prefix from the cache's pool, not from `gather`
 
-    def __init__(self, cache, scale: float, backend: str | None = None) -> None:
+    def __init__(
+        self, cache, scale: float, backend: str | None = None, check_indices: bool = True
+    ) -> None:
         for name in ("block_size", "num_blocks", "block_table", "key_cache", "value_cache"):
             if not hasattr(cache, name):
                 raise ConfigError(
@@ -210,6 +240,7 @@ class PagedNativeAttention:
         self.cache = cache
         self.scale = scale
         self.backend = backend
+        self.check_indices = check_indices
         # The plan of the batch being run (held by reference: ids of freed objects recur).
         self._plan: tuple[PackedBatch, _NativePlan] | None = None
 
@@ -251,6 +282,8 @@ class PagedNativeAttention:
             torch.tensor(totals, dtype=torch.int32),
             torch.tensor([0, *batch.starts[1:], sum(batch.lengths)], dtype=torch.int32),
             torch.tensor(slots, dtype=torch.int64),
+            max(totals),
+            max(batch.lengths),
             scratch,
             copies,
         )
@@ -261,7 +294,7 @@ class PagedNativeAttention:
         from kvbench.kernels import ops
 
         if self._plan is None or self._plan[0] is not batch:
-            self._plan = (batch, self._make_plan(batch))
+            self._plan = (batch, self._make_plan(batch).to(q.device))
         plan = self._plan[1]
         pools = []
         for real in (self.cache.key_cache(layer), self.cache.value_cache(layer)):
@@ -271,14 +304,17 @@ class PagedNativeAttention:
                 pool[dst] = pool[src]
             pools.append(pool)
         k_cache, v_cache = pools
-        ops.write_kv(k_cache, v_cache, k, v, plan.slots, backend=self.backend)
+        checks = self.check_indices
+        ops.write_kv(k_cache, v_cache, k, v, plan.slots, backend=self.backend, check_indices=checks)
         if all(n == 1 for n in batch.lengths):
             return ops.paged_decode_attention(
-                q, k_cache, v_cache, plan.tables, plan.seq_lens, self.scale, backend=self.backend
-            )
+                q, k_cache, v_cache, plan.tables, plan.seq_lens, self.scale, backend=self.backend,
+                check_indices=checks, max_seq_len=plan.max_seq_len,
+            )  # fmt: skip
         return ops.paged_prefill_attention(
             q, k_cache, v_cache, plan.tables, plan.cu_seqlens, plan.seq_lens, self.scale,
-            backend=self.backend,
+            backend=self.backend, check_indices=checks, max_seq_len=plan.max_seq_len,
+            max_q_len=plan.max_q_len,
         )  # fmt: skip
 
 
@@ -303,8 +339,9 @@ class CacheAttention:
 
 @dataclass
 class ForwardOutput:
-    """K/V of the packed new tokens ([num_layers, T, num_kv_heads, head_dim]) and the
-    logits of every packed row ([T, vocab], float32)."""
+    """K/V of the packed new tokens ([num_layers, T, num_kv_heads, head_dim], on the
+    model's device) and the logits of every packed row ([T, vocab], float32, on the CPU,
+    where the runner picks tokens and the checks compare them with HF's)."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -328,8 +365,9 @@ class LlamaForward:
     @torch.no_grad()
     def __call__(self, batch: PackedBatch, attention: Attention) -> ForwardOutput:
         inner = self.model.model
-        ids = batch.flat_ids()
-        positions = batch.flat_positions()
+        dev = inner.embed_tokens.weight.device
+        ids = batch.flat_ids().to(dev)
+        positions = batch.flat_positions().to(dev)
         t = ids.shape[0]
         h = inner.embed_tokens(ids)  # [T, hidden]
         cos, sin = inner.rotary_emb(h, positions.unsqueeze(0))  # [1, T, head_dim]
@@ -349,7 +387,7 @@ class LlamaForward:
             o = attention(batch, layer, q, k, v)
             h = h + attn.o_proj(o.reshape(t, self.num_q_heads * self.head_dim))
             h = h + block.mlp(block.post_attention_layernorm(h))
-        logits = self.model.lm_head(inner.norm(h)).float()
+        logits = self.model.lm_head(inner.norm(h)).float().cpu()
         return ForwardOutput(torch.stack(keys), torch.stack(values), logits)
 
 

@@ -192,6 +192,7 @@ def decode_vs_sdpa(context: int, seed: int = 0) -> RatioCase:
                 out=out,
                 backend=backend,
                 check_indices=False,
+                max_seq_len=context,
             )
 
         def reference() -> object:
@@ -226,6 +227,8 @@ def prefill_vs_sdpa(prefix: int, new: int, seed: int = 0) -> RatioCase:
                 out=out,
                 backend=backend,
                 check_indices=False,
+                max_seq_len=prefix + new,
+                max_q_len=new,
             )
 
         def reference() -> object:
@@ -257,7 +260,7 @@ def decode_vs_baseline(context: int, seed: int = 0) -> RatioCase:
         x = _decode_inputs(context, device, seed)
         out, out_old = torch.empty_like(x["q"]), torch.empty_like(x["q"])
         args = (x["q"], x["k"], x["v"], x["tables"], x["seq_lens"])
-        dims = val.check_decode(*args, out_old, False)
+        dims = val.check_decode(*args, out_old, False, context)
         scale = HEAD_DIM**-0.5
 
         def candidate() -> object:
@@ -282,7 +285,7 @@ def prefill_vs_baseline(prefix: int, new: int, seed: int = 0) -> RatioCase:
         x = _prefill_inputs(prefix, new, device, seed)
         out, out_old = torch.empty_like(x["q"]), torch.empty_like(x["q"])
         args = (x["q"], x["k"], x["v"], x["tables"], x["cu"], x["seq_lens"])
-        dims = val.check_prefill(*args, out_old, False)
+        dims = val.check_prefill(*args, out_old, False, prefix + new, new)
         scale = HEAD_DIM**-0.5
 
         def candidate() -> object:

@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from kvbench._old_names import old_name_hint
-from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.errors import CaseSkipped, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "kvbench.peers"
 
 
-class PeerUnavailableError(ConfigError):
+class PeerUnavailableError(ConfigError, CaseSkipped):
     """A peer's library cannot be imported or does not support what was asked; the message
-    says why (the suites skip with it)."""
+    says why (the suites skip with it; the bench records the case as skipped)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,12 @@ class AllocatorTraits:
         recently freed first, and a request's blocks enter the queue tail first.
     fresh_reuse: how freed uncached blocks are reused ("lifo": last freed first).
     caches_at: when a block becomes findable: "fill" (once its last token is appended).
+    empty_salt_is_no_salt: whether salt "" keys blocks exactly as no salt (vLLM: an empty
+        `cache_salt` is falsy and left out of the hash) or as a tenant of its own (kvbench).
+
+    Under eviction `indexes_duplicates` changes hits, not just the cached count: an
+    unindexed duplicate is reused before any cached block, so a peer that indexes it
+    evicts an older cached block instead (see suites/conformance/peer_allocator_model.py).
     """
 
     reserved_blocks: tuple[int, ...] = ()
@@ -80,6 +86,7 @@ class AllocatorTraits:
     eviction: str = "lru-tail-first"
     fresh_reuse: str = "lifo"
     caches_at: str = "fill"
+    empty_salt_is_no_salt: bool = False
 
 
 @runtime_checkable
@@ -142,6 +149,20 @@ class AttentionTraits:
 
     layout: str
     needs_finite_tail: bool = False
+
+
+#: Q/K/V dtypes every built-in attention peer takes.
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def basic_unsupported(dtype: torch.dtype, num_q_heads: int, num_kv_heads: int) -> str | None:
+    """The checks every built-in attention peer shares: a float dtype, and query heads a
+    multiple of KV heads. None when both hold, else the reason naming the value."""
+    if dtype not in FLOAT_DTYPES:
+        return f"dtype {dtype} is not float32/float16/bfloat16"
+    if num_q_heads % num_kv_heads:
+        return f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads"
+    return None
 
 
 @runtime_checkable
@@ -208,6 +229,8 @@ class PeerSpec:
     it must be cheap (no heavy import: the bench calls it while planning its cases).
     None means always available.
     version() -> the peer library's version string (recorded with its bench rows).
+    timed: False for a peer checked for correctness only (a kernel run by the Triton
+    interpreter): the timed benches leave it out.
     """
 
     name: str
@@ -217,12 +240,18 @@ class PeerSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     probe: Callable[[], str | None] | None = None
     version: Callable[[], str] | None = None
+    timed: bool = True
 
 
 def _builtin_specs() -> list[PeerSpec]:
-    from kvbench.suites.peers import kvbench_adapter, vllm_adapter
+    from kvbench.suites.peers import flex_adapter, kvbench_adapter, vllm_adapter, vllm_triton
 
-    return [kvbench_adapter.peer_spec(), vllm_adapter.peer_spec()]
+    return [
+        kvbench_adapter.peer_spec(),
+        vllm_adapter.peer_spec(),
+        *vllm_triton.peer_specs(),
+        flex_adapter.peer_spec(),
+    ]
 
 
 def _entry_point_specs() -> list[PeerSpec]:
@@ -285,6 +314,11 @@ def load_attention(name: str) -> AttentionAdapter:
     if spec.attention is None:
         raise ConfigError(f"peer {name!r} has no attention adapter")
     return spec.attention()
+
+
+def is_timed(name: str) -> bool:
+    """Whether peer `name` belongs in the timed benches (see `PeerSpec.timed`)."""
+    return _spec(name).timed
 
 
 def unavailable_reason(name: str) -> str | None:

@@ -21,6 +21,7 @@ from kvbench.suites.peers.base import (
     AttentionTraits,
     BlockCounts,
     PeerSpec,
+    basic_unsupported,
 )
 from kvbench.workloads.geometry import KVGeometry
 
@@ -40,6 +41,7 @@ class KVBenchAllocator:
         eviction="lru-tail-first",
         fresh_reuse="lifo",
         caches_at="fill",
+        empty_salt_is_no_salt=False,
     )
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
@@ -111,11 +113,7 @@ class KVBenchAttention:
         num_q_heads: int,
         num_kv_heads: int,
     ) -> str | None:
-        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            return f"dtype {dtype} is not float32/float16/bfloat16"
-        if num_q_heads % num_kv_heads:
-            return f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads"
-        return None
+        return basic_unsupported(dtype, num_q_heads, num_kv_heads)
 
     def make_cache(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
@@ -144,6 +142,7 @@ class KVBenchAttention:
         k_cache, v_cache = cache
         out = torch.empty_like(query)
         backend = self.backend
+        longest = int(seq_lens.max()) if seq_lens.numel() else None  # once, outside timing
 
         def run() -> torch.Tensor:
             return ops.paged_decode_attention(
@@ -156,6 +155,7 @@ class KVBenchAttention:
                 out=out,
                 backend=backend,
                 check_indices=False,
+                max_seq_len=longest,
             )
 
         return run

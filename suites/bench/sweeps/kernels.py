@@ -3,11 +3,15 @@ same KV laid out contiguously, over block size x context length x batch x dtype 
 
 On a GPU the ops dispatch to the Triton kernels and are timed with do_bench; on a CPU
 they dispatch to the torch versions and are timed with the warm-up / repeats / median
-harness. Each case records both times, the paged overhead (paged / contiguous - 1), the
+harness. The paged calls are told the longest context and query run (known here
+without reading the device) and skip index checks, so a timed call reads nothing back
+from the GPU. Each case records both times, the paged overhead (paged / contiguous - 1), the
 bytes one call must move (K and V of every cached token, the queries and the outputs, the
 block tables), the achieved bandwidth and its fraction of the copy peak measured in the
 same run, and the relative difference between the two outputs (proof they did the same
-work).
+work). A case whose paged output differs from SDPA's by more than twice the dtype's
+oracle tolerance (each side may be that far from the exact result) fails before it is
+timed, so a miscompiled kernel yields a failed case, never a timing.
 
 Pool layout: each sequence's blocks are scattered over the pool by a seeded permutation,
 as in a pool that has served many requests.
@@ -17,15 +21,20 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
+from kvbench.reference.oracle import tolerance
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.suites.bench.sdpa_baseline import decode_forms, fastest
 from kvbench.suites.bench.sweeps.peers import _paired_ratio, _paired_times
+from kvbench.workloads.errors import KVBenchError
 from kvbench.workloads.torch_dtypes import torch_dtype
 
 NUM_KV_HEADS = 8
@@ -113,6 +122,50 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(a64 - b64) / torch.linalg.vector_norm(b64))
 
 
+#: SDPA backends in the order torch itself prefers them (fastest first).
+SDPA_BACKENDS: tuple[tuple[str, SDPBackend], ...] = (
+    ("flash", SDPBackend.FLASH_ATTENTION),
+    ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+    ("cudnn", SDPBackend.CUDNN_ATTENTION),
+    ("math", SDPBackend.MATH),
+)
+
+
+def fastest_sdpa(call: Callable[[], torch.Tensor]) -> tuple[str, Callable[[], torch.Tensor]]:
+    """The first of `SDPA_BACKENDS` that accepts `call` (an SDPA call), and `call` pinned
+    to it, so the baseline is never a silent fall back to the math backend."""
+    for name, backend in SDPA_BACKENDS:
+        try:
+            with sdpa_kernel(backend):
+                call()
+        except RuntimeError:
+            continue
+
+        def pinned(backend: SDPBackend = backend) -> torch.Tensor:
+            with sdpa_kernel(backend):
+                return call()
+
+        return name, pinned
+    raise KVBenchError("no SDPA backend accepts the contiguous baseline")  # math always does
+
+
+class KernelDisagreesError(KVBenchError):
+    """The paged kernel's output differs from SDPA's on the same K/V beyond tolerance."""
+
+
+def agreement(paged: torch.Tensor, sdpa: torch.Tensor, case: Case) -> float:
+    """The relative difference of the two outputs; raises KernelDisagreesError (naming
+    the case) when it exceeds twice the dtype's oracle tolerance or is not finite."""
+    diff = _rel(paged, sdpa)
+    limit = 2 * tolerance(paged.dtype)
+    if not diff <= limit:  # NaN fails too
+        raise KernelDisagreesError(
+            f"paged output differs from SDPA by {diff:.3g} (relative) > {limit:.3g} for "
+            f"{paged.dtype} in case {case}; not timed"
+        )
+    return diff
+
+
 def _bandwidth(ctx: BenchContext, nbytes: int, seconds: float) -> list[Measurement]:
     bw = nbytes / seconds
     return [
@@ -155,11 +208,12 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
             out=out,
             check_indices=False,
             backend=_backend(dev),
+            max_seq_len=length,
         )
 
     form, contiguous = fastest(decode_forms(query, keys, values, scale), _sync(dev))
     first = _first_call_seconds(paged, dev)
-    diff = _rel(paged().clone(), contiguous())
+    diff = agreement(paged().clone(), contiguous(), case)
     t_paged, t_contig, ratio = _timed_pair(ctx, paged, contiguous)
     esize = keys.element_size()
     nbytes = 2 * b * length * h * d * esize + 2 * b * h * g * d * esize + tables.numel() * 4
@@ -198,8 +252,9 @@ def _first_call_seconds(fn, dev: torch.device) -> float:  # type: ignore[no-unty
 def _timed_pair(ctx: BenchContext, paged, contiguous):  # type: ignore[no-untyped-def]
     """(paged stats, contiguous stats, median paired paged/contiguous ratio). On a CPU the
     two are timed alternately repeat by repeat, so load from other processes hits both
-    sides of the ratio alike; on a GPU each is timed with do_bench."""
-    if ctx.device.type == "cuda":
+    sides of the ratio alike; where the Triton kernels run (a GPU) each is timed by the
+    context (do_bench)."""
+    if _backend(ctx.device) == "triton":
         a, c = ctx.time(paged), ctx.time(contiguous)
         return a, c, a["median"] / c["median"]
     samples = _paired_times({"paged": paged, "contiguous": contiguous}, ctx.timing)
@@ -269,8 +324,9 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
     cu = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device=dev)
     scale = 1.0 / math.sqrt(d)
     out = torch.empty_like(query)
-    qpos = torch.arange(length - n, length, device=dev).unsqueeze(1)
-    mask = torch.arange(length, device=dev).unsqueeze(0) <= qpos  # [n, L]
+    # query i sits at position L - n + i: causal aligned to the bottom right, which
+    # is_causal (top left) is only when n == L; an explicit bias keeps flash eligible
+    mask = None if n == length else causal_lower_right(n, length)
     q4 = query.view(b, n, h * g, d).transpose(1, 2)  # [B, Hq, n, D]
 
     def paged() -> torch.Tensor:
@@ -285,15 +341,19 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
             out=out,
             check_indices=False,
             backend=_backend(dev),
+            max_seq_len=length,
+            max_q_len=n,
         )
 
-    def contiguous() -> torch.Tensor:
+    def sdpa() -> torch.Tensor:
         return F.scaled_dot_product_attention(
-            q4, keys, values, attn_mask=mask, scale=scale, enable_gqa=g > 1
-        )
+            q4, keys, values, attn_mask=mask, is_causal=mask is None, scale=scale,
+            enable_gqa=g > 1,
+        )  # fmt: skip
 
+    sdpa_backend, contiguous = fastest_sdpa(sdpa)
     ref = contiguous().transpose(1, 2).reshape(b * n, h * g, d)
-    diff = _rel(paged().clone(), ref)
+    diff = agreement(paged().clone(), ref, case)
     t_paged = ctx.time(paged)
     t_contig = ctx.time(contiguous)
     esize = keys.element_size()
@@ -308,4 +368,5 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("achieved_flops", flops / t_paged["median"], "FLOP/s"),
         *_bandwidth(ctx, nbytes, t_paged["median"]),
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
+        Measurement(f"contiguous_sdpa_backend_{sdpa_backend}", 1.0, "bool"),
     ]

@@ -64,6 +64,8 @@ def _available(kind: str) -> list[tuple[str, str]]:
     names = base.allocator_names() if kind == "allocator" else base.attention_names()
     out = []
     for name in names:
+        if not base.is_timed(name):
+            continue  # checked for correctness only (an interpreted kernel)
         why = base.unavailable_reason(name)
         if why is None:
             out.append((name, base.peer_version(name)))

@@ -347,28 +347,36 @@ def _swap_cases(full: bool) -> list[Case]:
     ]
 
 
-def measured_swap_bandwidth(ctx: BenchContext) -> float:
-    """Bytes/s of `kernels.ops.swap_blocks` from this device's pool to a host pool
-    (pinned when the device is a GPU), measured once per process on 5 MiB blocks."""
-    if "swap_bw" not in ctx.cache:
-        from kvbench.kernels import ops
+#: Bytes moved by each host-link copy that measures the link (32 blocks of 5 MiB).
+LINK_BYTES = 32 * 5 * 2**20
 
-        nblocks, block_elems = 32, 5 * 2**20 // 2
+
+def measured_host_link(ctx: BenchContext) -> dict[str, float]:
+    """The host link of this machine in B/s, measured once per process: one contiguous
+    copy of `LINK_BYTES` from a device buffer into page-locked host memory ("d2h") and
+    one back ("h2d"), each timed on its own, and "link", the rate of a swap out and in
+    (their harmonic mean). On a CPU both buffers are host memory: a memcpy, not a link."""
+    if "host_link" not in ctx.cache:
         dev = ctx.device
-        src = torch.randn(nblocks, block_elems, device=dev).to(torch.float16)
-        dst = torch.empty(nblocks, block_elems, dtype=torch.float16, pin_memory=dev.type == "cuda")
-        mapping = torch.tensor([[i, i] for i in range(nblocks)], dtype=torch.int64)
-        stats = ctx.time(
-            lambda: ops.swap_blocks(src, dst, mapping, backend="torch", check_indices=False)
-        )
-        ctx.cache["swap_bw"] = nblocks * block_elems * 2 / stats["median"]
-    return ctx.cache["swap_bw"]
+        n = LINK_BYTES // 2
+        on_device = torch.randn(n, device=dev).to(torch.float16)
+        host = torch.empty(n, dtype=torch.float16, pin_memory=dev.type == "cuda")
+        d2h = ctx.time(lambda: host.copy_(on_device, non_blocking=True))
+        h2d = ctx.time(lambda: on_device.copy_(host, non_blocking=True))
+        out_bw, in_bw = LINK_BYTES / d2h["median"], LINK_BYTES / h2d["median"]
+        ctx.cache["host_link"] = {
+            "d2h": out_bw,
+            "h2d": in_bw,
+            "link": 2 / (1 / out_bw + 1 / in_bw),
+        }
+    return ctx.cache["host_link"]
 
 
 @sweep(
     "preempt.swap_vs_recompute",
     "cost of preempting one request: swap out + in over the host link vs recomputing "
-    "its prefill (seed 001's cost model), per device profile and measured here",
+    "its prefill (seed 001's cost model), per device profile and with the link measured "
+    "here (one contiguous pinned copy each way)",
     _swap_cases,
     requires=("kvbench.kernels.ops",),
     tags=("preemption",),
@@ -379,9 +387,15 @@ def swap_vs_recompute(case: Case, ctx: BenchContext) -> Iterable[Measurement]:
     blocks = cap.blocks_for_tokens(case["seq_len"], case["block_size"])
     nbytes = blocks * geo.bytes_per_block(case["block_size"])
     params = preset.weight_bytes / 2
+    extra: list[Measurement] = []
     if case["profile"] == "measured":
-        link = measured_swap_bandwidth(ctx)
+        measured = measured_host_link(ctx)
+        link = measured["link"]
         prof = get_profile("cpu") if not ctx.is_gpu else _gpu_profile()
+        extra = [
+            Measurement("host_link_d2h_bandwidth", measured["d2h"], "B/s"),
+            Measurement("host_link_h2d_bandwidth", measured["h2d"], "B/s"),
+        ]
     else:
         prof = get_profile(case["profile"])
         link = prof.host_link_bandwidth
@@ -393,6 +407,7 @@ def swap_vs_recompute(case: Case, ctx: BenchContext) -> Iterable[Measurement]:
         Measurement("swap_over_recompute", swap_s / recompute_s, "x"),
         Measurement("swap_bytes_each_way", nbytes, "B"),
         Measurement("host_link_bandwidth", link, "B/s"),
+        *extra,
     ]
 
 

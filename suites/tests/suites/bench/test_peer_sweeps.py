@@ -307,3 +307,39 @@ def test_peers_page_without_peer_rows_says_how_to_make_them(tmp_path: Path) -> N
     assert "No peer rows" in html
     assert "nox -s peers" in html and "kvbench bench --only peers." in html
     assert not list((out / "figures").glob("peers-*.svg"))
+
+
+def test_peers_page_tables_static_costs_side_by_side(tmp_path: Path) -> None:
+    """`kvbench kernels --peers` rows (suite kernels.aot.peers; synthetic numbers here)
+    become one table: kvbench first in each (shape, arch) group, units in the header."""
+    with R.ResultWriter("s", tmp_path) as w:
+        for impl, variant, kernel, regs in (
+            ("vllm", "decode stage 1 (grouped)", "vllm.fwd_grouped_kernel_stage1", 72),
+            ("kvbench", "split decode", "paged_decode", 71),
+        ):
+            case = {"impl": impl, "role": "decode", "variant": variant, "kernel": kernel,
+                    "arch": "sm_90", "dtype": "fp16", "head_dim": 128, "block_size": 16}  # fmt: skip
+            for metric, value, unit in (
+                ("registers", regs, "regs/thread"),
+                ("spills", 0, "B"),
+                ("shared_bytes", 12800, "B"),
+                ("sass_instructions", 784, "instr"),
+            ):
+                w.record("kernels.aot.peers", case, metric, value, unit)
+    out = tmp_path / "site"
+    build_site(R.load_runs(["s"], tmp_path), out)
+    html = page(out)
+    assert "Static cost of the GPU kernels" in html and "regs/thread" in html
+    assert html.index("paged_decode") < html.index("vllm.fwd_grouped_kernel_stage1")
+    assert "any (run time)" in html  # kvbench's decode takes the block size at run time
+
+
+def test_interpreted_peers_stay_out_of_timed_sweeps() -> None:
+    """Peers declared `timed=False` (vLLM's Triton kernels and FlexAttention, interpreted
+    or eager on CPU) are never planned into the timed decode sweep."""
+    from kvbench.suites.peers import base
+
+    untimed = {n for n in base.attention_names() if not base.is_timed(n)}
+    assert {"vllm-triton-unified", "vllm-triton-decode", "torch-flex-paged"} <= untimed
+    impls = {c["impl"] for c in get_sweep("peers.cpu_decode").cases(False)}
+    assert not impls & untimed

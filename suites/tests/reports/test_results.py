@@ -21,7 +21,6 @@ from kvbench.suites.cli import main as kvbench
 from kvbench.workloads.errors import ConfigError
 
 ENV = {"device": "test-device", "cpu_model": "test-cpu", "git_revision": "abc", "git_dirty": True}
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _writer(tmp_path: Path, run_id: str | None = None) -> R.ResultWriter:
@@ -174,7 +173,6 @@ def test_kill_9_loses_no_recorded_row(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {str(REPO)!r})
         from kvbench.reports.results import ResultWriter
         w = ResultWriter("k", {str(tmp_path)!r}, environment={{"device": "x"}})
         i = 0

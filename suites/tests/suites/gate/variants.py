@@ -67,10 +67,12 @@ def heavier_decode(workdir: Path):
     fixer = _DoubleKLoad()
     tree = ast.fix_missing_locations(fixer.visit(tree))
     if fixer.count == 0:
-        raise AssertionError("no `k = tl.load(...)` in _paged_decode: update gate_variants.py")
+        raise AssertionError(
+            "no `k = tl.load(...)` in _paged_decode: update suites/tests/suites/gate/variants.py"
+        )
     text = (
         "import triton.language as tl\n"
-        "from kernels.triton_kernels import NEG_BIG\n\n\n" + ast.unparse(tree) + "\n"
+        "from kvbench.kernels.triton_kernels import NEG_BIG\n\n\n" + ast.unparse(tree) + "\n"
     )
     path = workdir / "heavier_decode_kernel.py"
     path.write_text(text, encoding="utf-8")

@@ -1,4 +1,4 @@
-"""Shared pytest configuration of the conformance suite.
+"""Shared pytest configuration of the conformance suite and the tooling tests (suites/tests).
 
 Hypothesis profiles:
     ci        the default: bounded examples so the whole suite stays under 10 minutes on
@@ -6,6 +6,10 @@ Hypothesis profiles:
     thorough  many more examples; chosen by KVBENCH_HYPOTHESIS_PROFILE=thorough (the
               nox posarg `--thorough` sets it).
 Markers: `gpu` tests are skipped where CUDA is unavailable.
+
+Devices: a test that takes the `device` fixture runs on the CPU and, as a `gpu` test, on
+CUDA, where the ops dispatch to the compiled Triton kernels (`backend=None` or
+"triton") and are compared with the float64 oracle on the CPU.
 """
 
 from __future__ import annotations
@@ -42,3 +46,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+#: Where device-parametrized tests run: the CPU always, CUDA (a `gpu` test) where it exists.
+DEVICES = (
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
+)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """The device a kernel, cache or model test puts its tensors on."""
+    return torch.device(request.param)

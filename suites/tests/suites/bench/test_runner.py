@@ -26,7 +26,6 @@ from kvbench.suites.cli import main as kvbench
 from kvbench.workloads import capacity as cap
 from kvbench.workloads.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
 FAST = TimingConfig(warmup=1, repeats=3, min_sample_s=0.0)
 
 
@@ -119,7 +118,6 @@ def test_kill_9_mid_run_then_resume_finishes(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys, time
-        sys.path.insert(0, {str(REPO)!r})
         from kvbench.suites.bench import registry
         from kvbench.suites.bench.runner import run_bench
 
@@ -212,11 +210,58 @@ def test_kernel_decode_measures_the_same_attention_both_ways() -> None:
     assert got["first_call_time"].value > 0
 
 
-def test_kernel_prefill_matches_causal_sdpa() -> None:
+@pytest.mark.parametrize("q_len", [5, 37], ids=["extend", "full"])
+def test_kernel_prefill_matches_causal_sdpa(q_len: int) -> None:
+    """Extend (causal aligned bottom right, an explicit bias) and full prefill
+    (is_causal): both agree with the paged kernel, and the SDPA backend is recorded."""
     sw = registry.get_sweep("kernel.prefill")
-    case = {"block_size": 8, "ctx_len": 37, "q_len": 5, "batch": 2, "dtype": "float32", "gqa": 4}
-    got = {m.metric: m.value for m in sw.measure(case, _ctx())}
+    case = {"block_size": 8, "ctx_len": 37, "q_len": q_len, "batch": 2, "dtype": "float32"}
+    got = {m.metric: m.value for m in sw.measure({**case, "gqa": 4}, _ctx())}
     assert got["rel_diff_vs_sdpa"] < 1e-5
+    chosen = [k for k in got if k.startswith("contiguous_sdpa_backend_")]
+    assert len(chosen) == 1 and got[chosen[0]] == 1.0
+
+
+def test_gpu_timing_reports_what_do_bench_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """n is the number of calls do_bench timed, and every statistic comes from that one
+    measurement (one do_bench call)."""
+    import triton.testing
+
+    from kvbench.suites.bench.harness import time_gpu
+
+    calls = []
+
+    def fake_do_bench(fn, warmup, rep, return_mode):  # type: ignore[no-untyped-def]
+        calls.append(return_mode)
+        return [4.0, 1.0, 2.0, 3.0, 5.0, 2.0, 3.0]  # ms
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    stats = time_gpu(lambda: None, TimingConfig(repeats=15))
+    assert calls == ["all"]
+    assert stats["n"] == 7 and stats["median"] == pytest.approx(3e-3)
+    assert stats["min"] == pytest.approx(1e-3) and stats["max"] == pytest.approx(5e-3)
+    assert stats["mean"] == pytest.approx(20 / 7 * 1e-3)
+
+
+@pytest.mark.parametrize("name", ["kernel.decode", "kernel.prefill"])
+def test_kernel_sweep_fails_a_case_whose_kernel_disagrees(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paged kernel that returns a wrong answer (here: 1% off) fails the case before it is
+    timed, naming the difference; the timing harness is never reached."""
+    from kvbench.kernels import ops
+    from kvbench.suites.bench.sweeps.kernels import KernelDisagreesError
+
+    op = "paged_decode_attention" if name == "kernel.decode" else "paged_prefill_attention"
+    real = getattr(ops, op)
+    monkeypatch.setattr(ops, op, lambda *a, **kw: real(*a, **kw).mul_(1.01))
+    ctx = _ctx()
+    monkeypatch.setattr(ctx, "time", lambda fn: pytest.fail("a disagreeing kernel was timed"))
+    case = {"block_size": 8, "ctx_len": 37, "batch": 2, "dtype": "float32", "gqa": 2}
+    if name == "kernel.prefill":
+        case["q_len"] = 5
+    with pytest.raises(KernelDisagreesError, match=r"differs from SDPA by 0\.01"):
+        list(registry.get_sweep(name).measure(case, ctx))
 
 
 def test_utilization_static_matches_block_arithmetic() -> None:

@@ -1,0 +1,160 @@
+"""Derived serving tables: sustained-rate ratios (serving.rate) and the regenerated seed 001
+throughput-vs-batch table (serving.batch_table), from result rows alone.
+
+Each table is (title, note, header, rows) with rows of preformatted strings, shown on
+its sweep's page under the figures; the claims read the same numbers through
+`sustained_ratios` and `batch_peaks`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from kvbench.reports.tables import latest
+
+BASELINES = ("contiguous-oracle", "contiguous-pow2", "contiguous-max", "static")
+#: How the paper names the baselines.
+PAPER_NAMES = {
+    "contiguous-oracle": "Orca (Oracle)",
+    "contiguous-pow2": "Orca (Pow2)",
+    "contiguous-max": "Orca (Max)",
+    "static": "FasterTransformer-like",
+}
+
+
+@dataclass
+class DerivedTable:
+    """A table computed from several cases' rows (see the module docstring)."""
+
+    title: str
+    note: str
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+
+
+def _suite_rows(frame: pd.DataFrame, suite: str, metric: str) -> pd.DataFrame:
+    sub = latest(frame)
+    return sub[(sub["suite"] == suite) & (sub["metric"] == metric)]
+
+
+def sustained_rates(frame: pd.DataFrame) -> pd.DataFrame:
+    """sustained_rate per (setup, workload) x system: a wide frame, requests/s."""
+    rows = _suite_rows(frame, "serving.rate", "sustained_rate")
+    if rows.empty or not {"setup", "workload", "system"} <= set(rows.columns):
+        return pd.DataFrame()
+    return rows.pivot_table(
+        index=["setup", "workload"], columns="system", values="value", aggfunc="last"
+    )
+
+
+def sustained_ratios(frame: pd.DataFrame) -> pd.DataFrame:
+    """paged's sustained rate over each baseline's, per (setup, workload)."""
+    wide = sustained_rates(frame)
+    if wide.empty or "paged" not in wide.columns:
+        return pd.DataFrame()
+    out = pd.DataFrame(index=wide.index)
+    for b in BASELINES:
+        if b in wide.columns:
+            out[b] = wide["paged"] / wide[b].where(wide[b] > 0)
+    return out
+
+
+def _x(v: float) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}x"
+
+
+def _r(v: float) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}"
+
+
+def sustained_table(frame: pd.DataFrame) -> DerivedTable | None:
+    wide = sustained_rates(frame)
+    ratios = sustained_ratios(frame)
+    if wide.empty or ratios.empty:
+        return None
+    bound = _suite_rows(frame, "serving.rate", "latency_bound")
+    note = (
+        "Modeled (the engine's time model of the set-up's GPUs). Sustained rate: the highest "
+        "Poisson rate whose mean normalized latency stays under the bound (10 x the set-up's "
+        "one-sequence decode step"
+    )
+    if not bound.empty:
+        per = bound.groupby("setup")["value"].last()
+        note += "; " + ", ".join(f"{k}: {1e3 * v:.0f} ms/token" for k, v in per.items())
+    note += "). Ratio = paged's sustained rate / the baseline's."
+    systems = ["paged", *[b for b in BASELINES if b in wide.columns]]
+    table = DerivedTable("Sustained request rate, paged over each baseline", note)
+    table.header = ["setup", "workload"] + [f"{s} [req/s]" for s in systems]
+    table.header += [f"paged / {PAPER_NAMES[b]}" for b in systems[1:]]
+    for (setup, workload), line in wide.iterrows():
+        cells = [str(setup), str(workload)] + [_r(line.get(s, math.nan)) for s in systems]
+        cells += [_x(ratios.loc[(setup, workload)].get(b, math.nan)) for b in systems[1:]]
+        table.rows.append(cells)
+    return table
+
+
+# --------------------------------------------------------------------- seed 001 batch table
+
+BATCH_SYSTEMS = ("contiguous-max", "paged", "paged-prefix")
+BATCH_LABELS = {
+    "contiguous-max": "Traditional (tok/s)",
+    "paged": "PagedAttention (tok/s)",
+    "paged-prefix": "PagedAttention + prefix cache (tok/s)",
+}
+#: Seed 001's table (A100-80GB, Llama-70B): batch -> tok/s per system; 0 = OOM.
+SEED001_BATCH = {
+    "batch": (1, 4, 8, 16, 32, 48, 64, 96, 128),
+    "contiguous-max": (142, 548, 1047, 1247, 0, 0, 0, 0, 0),
+    "paged": (138, 531, 998, 1198, 2891, 3891, 5234, 6102, 6380),
+    "paged-prefix": (138, 531, 998, 1198, 2891, 4120, 5890, 7245, 8150),
+}
+
+
+def batch_frame(frame: pd.DataFrame, setup: str = "llama-2-70b-a100-80gb") -> pd.DataFrame:
+    """tokens/s per batch x system of serving.batch_table (NaN where it does not fit)."""
+    rows = _suite_rows(frame, "serving.batch_table", "tokens_per_second")
+    if rows.empty or "setup" not in rows.columns:
+        return pd.DataFrame()
+    rows = rows[rows["setup"] == setup]
+    return rows.pivot_table(index="batch", columns="system", values="value", aggfunc="last")
+
+
+def batch_peaks(frame: pd.DataFrame) -> dict[str, float]:
+    """Peak modeled tokens/s per system over the batch sizes (serving.batch_table)."""
+    wide = batch_frame(frame)
+    return {} if wide.empty else {s: float(wide[s].max()) for s in wide.columns}
+
+
+def batch_table(frame: pd.DataFrame) -> DerivedTable | None:
+    wide = batch_frame(frame)
+    if wide.empty:
+        return None
+    table = DerivedTable(
+        "Seed 001's throughput vs batch size, regenerated (A100-80GB, Llama-70B)",
+        "Modeled here (the engine's time model of an A100-80GB with seed 001's 35 GB of "
+        "weights and 42 GB KV pool) beside the seed's published numbers; 'OOM' where the "
+        "contiguous cache cannot hold the batch's max-length reservations.",
+    )
+    systems = [s for s in BATCH_SYSTEMS if s in wide.columns]
+    table.header = ["batch"]
+    for s in systems:
+        table.header += [f"{BATCH_LABELS[s]} modeled", "seed 001"]
+    for b in wide.index:
+        cells = [str(int(b))]
+        for s in systems:
+            v = wide.loc[b, s]
+            cells.append("OOM" if math.isnan(v) else f"{v:,.0f}")
+            seed = dict(zip(SEED001_BATCH["batch"], SEED001_BATCH[s], strict=True)).get(int(b))
+            cells.append("-" if seed is None else ("OOM" if seed == 0 else f"{seed:,}"))
+        table.rows.append(cells)
+    return table
+
+
+def derived_tables(suite: str, frame: pd.DataFrame) -> list[DerivedTable]:
+    """The derived tables of one sweep's page (possibly none)."""
+    make = {"serving.rate": sustained_table, "serving.batch_table": batch_table}.get(suite)
+    table = make(frame) if make else None
+    return [table] if table is not None else []

@@ -1,0 +1,230 @@
+"""serving.measured: a real model served through kvbench's caches and kernels, timed.
+
+The engine's decisions drive real forward passes (`suites.e2e.serving_run`): a
+random-weight Llama-architecture model built in code (4 layers, hidden 256, 8 query /
+4 KV heads, ~3.6M parameters, float32) serves Alpaca-like requests, its attention
+reading the engine's cache through kvbench's kernels (torch path on a CPU, Triton on a
+GPU: `backend=None` lets `kernels.ops` choose by device). Paged and contiguous-max get
+the same KV memory: 4,096 token slots, i.e. 8 contiguous reservations of the 512-token
+maximum, so the contiguous cache hits its wall at batch 8 inside the batch grid while
+paged grows to the batch limit.
+
+Cases:
+* batch (`batch` set): every request waits at t = 0, at most `batch` run at once
+  (seed 001's table shape): measured tokens/s;
+* rate (`rate` set): Poisson arrivals; measured normalized latency, TTFT and tokens/s,
+  beside the same trace modeled with the calibrated CPU profile;
+* calibration (`calibration` set): fits the time model's CPU coefficients (fixed step
+  cost, bandwidth, FLOP/s) to the steps of dedicated runs (paged, batches 1 / 6 / 24 and
+  Poisson arrivals at 8 requests/s, other seeds), reports them and the fit error; every batch and rate case then reports
+  the fitted model's mean absolute per-step error on its own steps (held out: never fitted)
+  and the tokens/s the model predicts for its steps.
+
+Every number here is measured on this machine (device and backend in the run's
+environment), except the `*_modeled` metrics, which are the calibrated model's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.registry import Case, Measurement, sweep
+
+KV_SLOTS = 4096
+MAX_SEQ_LEN = 512
+BLOCK = 16
+BATCHES = (4, 8, 16, 32)
+RATES = (12.0, 32.0)
+#: Requests of every batch case (the same trace at every batch size and system).
+BATCH_REQUESTS = {False: 32, True: 48}
+FIT_BATCHES = (1, 6, 24)
+#: A Poisson run in the fit set too (light-load, prefill-heavy steps), at this rate.
+FIT_RATE = 8.0
+SYSTEMS = ("paged", "contiguous-max")
+#: Seconds of arrivals of a rate case.
+DURATION = 4.0
+
+
+def _cases(full: bool) -> list[Case]:
+    batches = (1, 2, 4, 8, 12, 16, 24, 32, 48) if full else BATCHES
+    rates = (4.0, 8.0, 16.0, 24.0, 32.0, 48.0) if full else RATES
+    out: list[Case] = [{"calibration": "cpu"}]
+    n = BATCH_REQUESTS[full]
+    out += [{"system": s, "batch": b, "requests": n} for s in SYSTEMS for b in batches]
+    out += [{"system": s, "rate": r, "duration": DURATION} for s in SYSTEMS for r in rates]
+    return out
+
+
+def _setup(ctx: BenchContext) -> dict[str, Any]:
+    """The model and its time model, built once per process."""
+    if "measured_model" not in ctx.cache:
+        from kvbench.paged.scheduler_model import TimeModel
+        from kvbench.suites.e2e.serving_run import ServingModelSpec, build_model, param_count
+        from kvbench.workloads.profiles import get_profile
+
+        spec = ServingModelSpec()
+        model = build_model(spec, ctx.device)
+        params = param_count(model)
+        tm = TimeModel(get_profile("cpu"), spec.geometry(), 4 * params, float(params), BLOCK)
+        ctx.cache["measured_model"] = {"spec": spec, "model": model, "tm": tm}
+    return ctx.cache["measured_model"]
+
+
+def _trace(n: int, seed: int, rate: float | None = None, duration: float | None = None):  # type: ignore[no-untyped-def]
+    from kvbench.paged.rate import RateTrace
+    from kvbench.workloads.sharing import generate
+
+    base = generate("alpaca", n, seed=seed, max_total=MAX_SEQ_LEN)
+    if rate is None:
+        return base
+    return RateTrace.make(base, seed).at(rate, duration)
+
+
+def _run(ctx: BenchContext, system: str, trace, max_num_seqs: int, tm=None):  # type: ignore[no-untyped-def]
+    """Serve `trace` with real forward passes; (result, step samples)."""
+    from kvbench.paged.cache import PagedKVCache
+    from kvbench.paged.scheduler import Engine
+    from kvbench.paged.scheduler_model import SchedulerConfig
+    from kvbench.reference.contiguous import ContiguousKVCache
+    from kvbench.suites.e2e.serving_run import ModelStep, cpu_threads
+
+    env = _setup(ctx)
+    geom = env["spec"].geometry()
+    backend = "triton" if ctx.is_gpu else "torch"
+    if system == "paged":
+        cache = PagedKVCache(
+            geom,
+            KV_SLOTS // BLOCK,
+            BLOCK,
+            enable_prefix_caching=False,
+            device=ctx.device,
+            kernel_backend=backend,
+        )
+    else:
+        cache = ContiguousKVCache(geom, KV_SLOTS, MAX_SEQ_LEN, "max", device=ctx.device)
+    hook = ModelStep(env["model"], cache, backend, BLOCK)
+    cfg = SchedulerConfig(mode="token", max_num_seqs=max_num_seqs, preemption="recompute")
+    with cpu_threads(torch_threads(ctx)):
+        result = Engine(cache, cfg, tm or env["tm"], step_hook=hook).run(trace)
+    return result, hook.samples
+
+
+def torch_threads(ctx: BenchContext) -> int:
+    """Intra-op threads of the measured runs: one on a CPU (see `cpu_threads`)."""
+    import torch
+
+    return torch.get_num_threads() if ctx.is_gpu else 1
+
+
+def _work(samples):  # type: ignore[no-untyped-def]
+    from kvbench.paged.calibration import StepWork
+
+    return [StepWork(s.decoders, s.kv_read, tuple(s.chunks), s.measured_s) for s in samples]
+
+
+def _calibrated(ctx: BenchContext):  # type: ignore[no-untyped-def]
+    """The fitted CPU profile's time model (fitting it on first use)."""
+    if "measured_fit" not in ctx.cache:
+        from kvbench.paged.calibration import fit_profile, with_profile
+
+        env = _setup(ctx)
+        steps = []
+        for b in FIT_BATCHES:
+            _, samples = _run(ctx, "paged", _trace(2 * b, ctx.seed + 101), b)
+            steps += _work(samples)
+        poisson = _trace(int(FIT_RATE * DURATION * 3), ctx.seed + 102, FIT_RATE, DURATION)
+        steps += _work(_run(ctx, "paged", poisson, 256)[1])
+        fit = fit_profile(env["tm"], steps)
+        ctx.cache["measured_fit"] = (fit, with_profile(env["tm"], fit.profile))
+    return ctx.cache["measured_fit"]
+
+
+def _model_check(ctx: BenchContext, samples) -> list[Measurement]:  # type: ignore[no-untyped-def]
+    """The calibrated model on these (held-out) steps: per-step error, predicted tokens/s."""
+    from kvbench.paged.calibration import predict_seconds, step_errors
+
+    _, tm = _calibrated(ctx)
+    work = _work(samples)
+    err = step_errors(tm, work)
+    p = tm.profile
+    modeled = float(
+        predict_seconds(tm, work, p.step_overhead_s, p.hbm_bandwidth, p.peak_flops).sum()
+    )
+    return [
+        Measurement("step_error_mean", float(err.mean()), "fraction"),
+        Measurement("step_error_p90", float(sorted(err)[int(0.9 * (len(err) - 1))]), "fraction"),
+        Measurement("steps_timed", len(work), "count"),
+        Measurement("model_seconds_modeled", modeled, "s"),
+    ]
+
+
+@sweep(
+    "serving.measured",
+    "a random-weight Llama (4 layers, hidden 256, float32) served through kvbench's caches "
+    "and kernels, every step a real forward pass timed on this machine: tokens/s vs batch "
+    "size and latency vs Poisson rate, paged vs contiguous-max under one 4,096-slot KV "
+    "budget; the time model's CPU coefficients fitted to separate runs and its per-step "
+    "error on these (held out)",
+    _cases,
+    requires=("transformers", "kvbench.suites.e2e.serving_run", "kvbench.paged.calibration"),
+    tags=("serving", "measured"),
+)
+def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
+    if "calibration" in case:
+        fit, _ = _calibrated(ctx)
+        p = fit.profile
+        return [
+            Measurement("fit_step_error_mean", fit.error, "fraction"),
+            Measurement("fit_steps", fit.steps, "count"),
+            Measurement("fitted_step_overhead", p.step_overhead_s, "s"),
+            Measurement("fitted_bandwidth", p.hbm_bandwidth, "B/s"),
+            Measurement("fitted_flops", p.peak_flops, "FLOP/s"),
+        ]
+    system = case["system"]
+    if "batch" in case:
+        b = case["batch"]
+        result, samples = _run(ctx, system, _trace(case["requests"], ctx.seed), b)
+        checks = _model_check(ctx, samples)
+        measured_s = sum(s.measured_s for s in samples)
+        modeled_s = next(m.value for m in checks if m.metric == "model_seconds_modeled")
+        gen = result.generated_tokens
+        return [
+            Measurement("tokens_per_second", gen / result.modeled_seconds, "tokens/s"),
+            Measurement("tokens_per_second_modeled", gen / modeled_s, "tokens/s"),
+            Measurement("peak_concurrency", result.peak_concurrency, "requests"),
+            Measurement("mean_step_time", measured_s / len(samples), "s"),
+            *checks,
+        ]
+    from kvbench.paged.latency import flat
+    from kvbench.paged.rate import served_throughput
+    from kvbench.paged.scheduler_setup import CacheSpec, simulate
+
+    trace = _trace(
+        int(case["rate"] * case["duration"] * 3) + 8, ctx.seed, case["rate"], case["duration"]
+    )
+    result, samples = _run(ctx, system, trace, 256)
+    m = {**flat(result.latency), **served_throughput(result)}
+    _, tm = _calibrated(ctx)
+    spec = CacheSpec(
+        kind=system, geometry=tm.geometry, num_blocks=KV_SLOTS // BLOCK, block_size=BLOCK,
+        max_seq_len=MAX_SEQ_LEN, prefix_caching=False,
+    )  # fmt: skip
+    from kvbench.paged.scheduler_model import SchedulerConfig
+
+    modeled = simulate(
+        trace, spec, "recompute", config=SchedulerConfig(max_num_seqs=256), time_model=tm
+    )
+    mm = {**flat(modeled.latency), **served_throughput(modeled)}
+    return [
+        Measurement("normalized_latency", m["normalized_latency_mean"], "s/token"),
+        Measurement("normalized_latency_p99", m["normalized_latency_p99"], "s/token"),
+        Measurement("ttft_p50", m["ttft_p50"], "s"),
+        Measurement("ttft_p99", m["ttft_p99"], "s"),
+        Measurement("tokens_per_second", m["tokens_per_second"], "tokens/s"),
+        Measurement("requests_per_second", m["requests_per_second"], "requests/s"),
+        Measurement("normalized_latency_modeled", mm["normalized_latency_mean"], "s/token"),
+        Measurement("tokens_per_second_modeled", mm["tokens_per_second"], "tokens/s"),
+        Measurement("peak_concurrency", result.peak_concurrency, "requests"),
+        *_model_check(ctx, samples),
+    ]

@@ -1,0 +1,148 @@
+"""serving.rate: normalized latency against Poisson request rate, per system (modeled).
+
+The vLLM paper's end-to-end experiment (Kwon et al., SOSP 2023, Figure 12) replayed on
+the engine's time model (`paged.rate`): ShareGPT-like and Alpaca-like requests arrive as
+a Poisson process; the systems are paged (kvbench), Orca's three contiguous reservations
+(max, pow2, oracle) and request-level batching (static, FasterTransformer-like), all on
+the same set-up and KV memory (`workloads.setups`: the paper's OPT-13B on one
+A100-40GB by default; OPT-66B on 4 x A100-40GB and OPT-175B on 8 x A100-80GB with
+--full).
+
+Two kinds of case:
+
+* a grid case (`rate` set) serves the trace at that rate: normalized latency (mean and
+  p99, s/token), TTFT (p50, p99), requests and output tokens per second;
+* a knee case (`bound_factor` set, no `rate`) searches the sustained rate: the highest
+  rate whose mean normalized latency stays under bound_factor x the set-up's latency
+  floor (one decode step of one sequence; see `paged.rate`).
+
+Every number is modeled (the engine's time model of the named GPUs), never measured.
+"""
+
+from __future__ import annotations
+
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.registry import Case, Measurement, sweep
+
+SYSTEM_NAMES = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle", "static")
+DEFAULT_SETUPS = ("opt-13b-1xa100-40gb",)
+FULL_SETUPS = ("opt-13b-1xa100-40gb", "opt-66b-4xa100-40gb", "opt-175b-8xa100-80gb")
+WORKLOADS = ("sharegpt", "alpaca")
+#: (set-up, workload) -> (default grid, full grid) of rates in requests/s, chosen to span
+#: every system's knee on that set-up.
+RATE_GRID: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]] = {
+    ("opt-13b-1xa100-40gb", "sharegpt"): (
+        (0.5, 1, 2, 3, 4.5),
+        (0.25, 0.5, 1, 1.5, 2, 2.5, 3, 4, 5),
+    ),
+    ("opt-13b-1xa100-40gb", "alpaca"): ((5, 20, 80, 150), (2, 5, 10, 20, 40, 80, 120, 150, 180)),
+    ("opt-66b-4xa100-40gb", "sharegpt"): ((), (0.25, 0.5, 1, 1.5, 2, 2.5, 3, 4)),
+    ("opt-66b-4xa100-40gb", "alpaca"): ((), (2, 5, 10, 20, 40, 80, 120, 160)),
+    ("opt-175b-8xa100-80gb", "sharegpt"): ((), (0.25, 0.5, 1, 1.5, 2, 3, 4, 6)),
+    ("opt-175b-8xa100-80gb", "alpaca"): ((), (2, 5, 10, 20, 40, 80, 120, 160)),
+}
+#: Seconds of arrivals per trace (see `paged.rate` on why a duration, not a count):
+#: long enough that a 10 x floor bound is crossed at a modest overload (ShareGPT's long
+#: outputs need longer), short enough for the default run.
+DURATION = {"sharegpt": 300.0, "alpaca": 60.0}
+#: Requests drawn per workload (the traces at every rate are prefixes of one draw).
+POOL = {"sharegpt": 6000, "alpaca": 16000}
+BOUND_FACTOR = 10.0
+
+_TRACES: dict[tuple, object] = {}
+
+
+def _cases(full: bool) -> list[Case]:
+    out: list[Case] = []
+    for setup in FULL_SETUPS if full else DEFAULT_SETUPS:
+        for w in WORKLOADS:
+            grid = RATE_GRID[(setup, w)][1 if full else 0]
+            base = {"setup": setup, "workload": w, "duration": DURATION[w]}
+            for s in SYSTEM_NAMES:
+                out += [{**base, "system": s, "rate": float(r)} for r in grid]
+                out.append({**base, "system": s, "bound_factor": BOUND_FACTOR})
+    return out
+
+
+def _rate_trace(workload: str, seed: int):  # type: ignore[no-untyped-def]
+    """The requests of a workload with unit-rate Poisson arrivals, made once per process."""
+    from kvbench.paged.rate import RateTrace
+    from kvbench.workloads.sharing import generate
+
+    key = (workload, seed)
+    if key not in _TRACES:
+        _TRACES[key] = RateTrace.make(generate(workload, POOL[workload], seed=seed), seed)
+    return _TRACES[key]
+
+
+def _metrics(m: dict) -> list[Measurement]:
+    return [
+        Measurement("normalized_latency", m["normalized_latency_mean"], "s/token"),
+        Measurement("normalized_latency_p99", m["normalized_latency_p99"], "s/token"),
+        Measurement("ttft_p50", m["ttft_p50"], "s"),
+        Measurement("ttft_p99", m["ttft_p99"], "s"),
+        Measurement("tpot_p50", m["tpot_p50"], "s"),
+        Measurement("requests_per_second", m["requests_per_second"], "requests/s"),
+        Measurement("tokens_per_second", m["tokens_per_second"], "tokens/s"),
+        Measurement("requests_served", m["requests"], "requests"),
+        Measurement("peak_concurrency", m["peak_concurrency"], "requests"),
+        Measurement("preemptions", m["preemptions"], "count"),
+        Measurement("simulation_wall_time", m["simulation_wall_time"], "s"),
+    ]
+
+
+def _start_rate(setup: str, workload: str) -> float:
+    grid = RATE_GRID[(setup, workload)]
+    rates = grid[0] or grid[1]
+    return float(rates[len(rates) // 2])
+
+
+@sweep(
+    "serving.rate",
+    "modeled serving under Poisson load (vLLM paper, Figure 12): normalized latency, TTFT "
+    "and throughput against request rate for paged, Orca (max / pow2 / oracle) and "
+    "request-level batching on the paper's set-ups; sustained rate = highest rate with "
+    f"mean normalized latency under {BOUND_FACTOR:g} x the set-up's one-sequence decode step",
+    _cases,
+    requires=("kvbench.paged.rate",),
+    tags=("serving", "modeled"),
+)
+def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
+    from kvbench.paged.rate import latency_floor, run_at_rate, sustained_rate
+    from kvbench.paged.scheduler_setup import setup_time_model
+    from kvbench.workloads.setups import get_setup
+
+    setup = get_setup(case["setup"])
+    trace = _rate_trace(case["workload"], ctx.seed)
+    duration = case["duration"]
+    if "rate" in case:
+        return _metrics(run_at_rate(setup, case["system"], trace, case["rate"], duration))
+    floor = latency_floor(setup_time_model(setup))
+    bound = case["bound_factor"] * floor
+    details: dict[float, dict] = {}
+
+    def latency_at(rate: float) -> float:
+        details[rate] = run_at_rate(setup, case["system"], trace, rate, duration)
+        return details[rate]["normalized_latency_mean"]
+
+    rate, seen = sustained_rate(
+        latency_at,
+        bound,
+        _start_rate(case["setup"], case["workload"]),
+        limit=trace.max_rate(duration),
+    )
+    at = details.get(rate)
+    out = [
+        Measurement("sustained_rate", rate, "requests/s"),
+        Measurement("latency_bound", bound, "s/token"),
+        Measurement("latency_floor", floor, "s/token"),
+        Measurement("rate_evaluations", len(seen), "count"),
+    ]
+    if at is not None:
+        out += [
+            Measurement(
+                "normalized_latency_at_sustained", at["normalized_latency_mean"], "s/token"
+            ),
+            Measurement("tokens_per_second_at_sustained", at["tokens_per_second"], "tokens/s"),
+        ]
+    return out

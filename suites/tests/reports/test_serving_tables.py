@@ -1,0 +1,72 @@
+"""Sustained-rate ratios, seed 001's batch table and the serving claims, from hand-written
+rows: the ratio is paged's knee over each baseline's, verdicts follow the published
+ranges, and the pages show the derived tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvbench.reports import claims, serving
+from kvbench.reports import results as R
+
+SETUP = "opt-13b-1xa100-40gb"
+
+
+def _write(tmp_path: Path, knees: dict[str, float], batch: dict[str, dict[int, float]]) -> Path:
+    with R.ResultWriter("x", tmp_path) as w:
+        for system, rate in knees.items():
+            case = {"setup": SETUP, "workload": "sharegpt", "system": system, "bound_factor": 10.0}
+            w.record("serving.rate", case, "sustained_rate", rate, "requests/s")
+            w.record("serving.rate", case, "latency_bound", 0.177, "s/token")
+        for system, by_batch in batch.items():
+            for b, tps in by_batch.items():
+                case = {"setup": "llama-2-70b-a100-80gb", "system": system, "batch": b}
+                w.record("serving.batch_table", case, "tokens_per_second", tps, "tokens/s")
+        case = {"setup": "llama-2-70b-a100-80gb", "system": "contiguous-max", "batch": 48}
+        w.record("serving.batch_table", case, "max_batch_that_fits", 24, "requests")
+    return tmp_path / "x.jsonl"
+
+
+def _verdicts(path: Path) -> dict[str, claims.Verdict]:
+    return {c.key: v for c, v in claims.evaluate(R.to_frame([R.load_run(path)]))}
+
+
+KNEES = {"paged": 4.0, "contiguous-oracle": 2.0, "contiguous-max": 1.0, "static": 0.4}
+BATCH = {
+    "contiguous-max": {8: 1000.0, 16: 1247.0},
+    "paged": {8: 1000.0, 16: 1200.0, 64: 5234.0},
+    "paged-prefix": {8: 1000.0, 64: 8150.0},
+}
+
+
+def test_ratios_and_verdicts_hold(tmp_path: Path) -> None:
+    path = _write(tmp_path, KNEES, BATCH)
+    frame = R.to_frame([R.load_run(path)])
+    ratios = serving.sustained_ratios(frame)
+    assert ratios.loc[(SETUP, "sharegpt"), "contiguous-oracle"] == pytest.approx(2.0)
+    assert ratios.loc[(SETUP, "sharegpt"), "static"] == pytest.approx(10.0)
+    table = serving.sustained_table(frame)
+    assert table is not None and table.rows[0][-1] == "10.00x"
+    v = _verdicts(path)
+    assert v["rate-paper"].verdict == claims.HOLDS
+    assert v["throughput"].verdict == claims.HOLDS  # 4x over contiguous-max: inside 2-4x
+    assert v["seed001-batch"].verdict == claims.HOLDS
+    assert "OOM" in serving.batch_table(frame).rows[-1][1]
+
+
+def test_verdicts_fail_outside_the_ranges(tmp_path: Path) -> None:
+    knees = {**KNEES, "contiguous-oracle": 3.5}  # paged only 1.14x the oracle
+    batch = {**BATCH, "paged": {8: 1000.0, 64: 2000.0}}
+    v = _verdicts(_write(tmp_path, knees, batch))
+    assert v["rate-paper"].verdict == claims.FAILS
+    assert v["seed001-batch"].verdict == claims.FAILS
+
+
+def test_missing_rows_are_not_measured(tmp_path: Path) -> None:
+    with R.ResultWriter("y", tmp_path) as w:
+        w.record("capacity.footprint", {"model": "x"}, "bytes_per_token", 1.0, "B")
+    v = _verdicts(tmp_path / "y.jsonl")
+    for key in ("rate-paper", "seed001-batch", "calibration-cpu", "cow-beam-load"):
+        assert v[key].verdict == claims.NOT_MEASURED
