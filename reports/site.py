@@ -52,6 +52,7 @@ class SweepPage:
     rows: list[list[str]] = field(default_factory=list)
     n_keys: int = 0
     figure_files: list[dict[str, str]] = field(default_factory=list)
+    provenance: str = ""
     derived: list[serving_tables.DerivedTable] = field(default_factory=list)
     outcomes: SweepOutcomes = field(default_factory=SweepOutcomes)
 
@@ -99,15 +100,21 @@ def _waiting(run: Run) -> list[tuple[str, str]]:
 def _sweep_page(
     name: str, frame: pd.DataFrame, href: str, description: str, fig_dir: Path
 ) -> SweepPage:
-    keys, metrics, rows = tables.wide(frame)
+    keys, metrics, rows = tables.wide(frame, spread=True)
     unit = tables.units(frame)
+    for m in metrics:
+        if m.endswith(" q1-q3"):
+            unit[m] = unit.get(m.removesuffix(" q1-q3"), "")
     page = SweepPage(name, href, description, len(rows))
     page.header = keys + [f"{m} [{unit.get(m, '')}]" if unit.get(m) else m for m in metrics]
     page.n_keys = len(keys)
+    page.provenance = _provenance(frame)
     for row in rows:
         cells = [tables.format_value(v) for v in row[: len(keys)]]
         cells += [
-            tables.format_value(v, unit.get(m, ""))
+            " - ".join(tables.format_value(x, unit.get(m, "")) for x in v)
+            if isinstance(v, tuple)
+            else tables.format_value(v, unit.get(m, ""))
             for v, m in zip(row[len(keys) :], metrics, strict=True)
         ]
         page.rows.append(cells)
@@ -120,6 +127,28 @@ def _sweep_page(
         page.figure_files.append({"src": f"figures/{fname}", "title": spec.title})
     page.derived = serving_tables.derived_tables(name, frame)
     return page
+
+
+def _provenance(frame: pd.DataFrame) -> str:
+    """What a kernel sweep's figures are: measured on which backend, or predicted."""
+    suite = str(frame["suite"].iloc[0]) if len(frame) else ""
+    if suite == "kernel.predicted":
+        return "Predicted (not measured): kernels.predict over A100 / H100 / H200 profiles."
+    if not suite.startswith("kernel."):
+        return ""
+
+    def flag(metric: str) -> bool | None:
+        v = frame[frame["metric"] == metric]["value"]
+        return None if v.empty else bool((v > 0).all())
+
+    if flag("backend_is_triton"):
+        return "Measured on a GPU: Triton kernels vs SDPA on contiguous K/V."
+    if flag("kernel_path_is_cpp"):
+        return (
+            "Measured on a CPU: kvbench's C++ kernel reading blocks in place vs the faster "
+            "contiguous SDPA call."
+        )
+    return "Measured on a CPU: the torch path (gather + SDPA) vs contiguous SDPA."
 
 
 def build_site(
@@ -160,12 +189,17 @@ def build_site(
     per_run_claims = {
         run.run_id: claims_mod.evaluate(frame[frame["run_id"] == run.run_id]) for run in runs
     }
+    devices = {run.run_id: str(run.environment.get("device", "?")) for run in runs}
     pages = [
         _sweep_page(s, frame[frame["suite"] == s], hrefs[s], descriptions.get(s, ""), fig_dir)
         if (frame["suite"] == s).any()
         else SweepPage(s, hrefs[s], descriptions.get(s, ""), 0)
         for s in suites
     ]
+    for page in pages:  # name the device of every run the page shows
+        ran = sorted(set(frame[frame["suite"] == page.name]["run_id"]))
+        where = ", ".join(f"{r}: {devices.get(r, '?')}" for r in ran)
+        page.provenance = f"{page.provenance} Device: {where}.".strip()
     for page in pages:
         page.outcomes = ended.get(page.name, SweepOutcomes())
     common = {

@@ -46,11 +46,13 @@ def units(frame: pd.DataFrame) -> dict[str, str]:
     return dict(frame.drop_duplicates("metric")[["metric", "unit"]].itertuples(index=False))
 
 
-def wide(frame: pd.DataFrame) -> tuple[list[str], list[str], list[list[Any]]]:
+def wide(frame: pd.DataFrame, spread: bool = False) -> tuple[list[str], list[str], list[list[Any]]]:
     """One suite's rows as a table: one line per (run, case), one column per metric.
 
     Returns (case columns, metric columns, rows); the run id is the first case column when
-    the frame holds more than one run. Rows are sorted by the case parameters.
+    the frame holds more than one run. Rows are sorted by the case parameters. With
+    `spread`, every timed metric (one with repeat statistics) gets a column
+    "<metric> q1-q3" after the metrics, holding (q1, q3) pairs.
     """
     frame = latest(frame)
     params = case_columns(frame)
@@ -63,12 +65,25 @@ def wide(frame: pd.DataFrame) -> tuple[list[str], list[str], list[list[Any]]]:
         index=["run_id", "case_key"], columns="metric", values="value", aggfunc="last"
     )
     first = frame.drop_duplicates(["run_id", "case_key"]).set_index(["run_id", "case_key"])
+    timed: list[str] = []
+    bands: dict[str, pd.DataFrame] = {}
+    if spread and {"stats.q1", "stats.q3"} <= set(frame.columns):
+        for m in metrics:
+            sub = frame[(frame["metric"] == m) & frame["stats.q1"].notna()]
+            if len(sub):
+                timed.append(m)
+                bands[m] = sub.set_index(["run_id", "case_key"])[["stats.q1", "stats.q3"]]
     rows = []
     for idx, line in table.iterrows():
         rows.append(
             [idx[0] if k == "run_id" else first.loc[idx, k] for k in keys]
             + [line.get(m, math.nan) for m in metrics]
+            + [
+                tuple(bands[m].loc[idx]) if idx in bands[m].index else (math.nan, math.nan)
+                for m in timed
+            ]
         )
+    metrics = metrics + [f"{m} q1-q3" for m in timed]
     rows.sort(key=lambda r: [_sort_key(v) for v in r[: len(keys)]])
     return keys, metrics, rows
 

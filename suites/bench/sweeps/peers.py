@@ -343,5 +343,6 @@ def cpu_decode(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("ratio_vs_sdpa", _paired_ratio(samples, case["impl"], SDPA), "ratio"),
         Measurement("kv_bandwidth", kv_bytes / t, "B/s"),
         Measurement("rel_diff_vs_sdpa", diffs[case["impl"]], "ratio"),
+        Measurement("sdpa_form_is_gqa", float(getattr(sdpa, "form", "") == "gqa"), "bool"),
         *_vs_kvbench(case, samples),
     ]
