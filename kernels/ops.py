@@ -4,6 +4,9 @@ Backend choice (`backend=None`):
     * tensors on CUDA                         -> Triton (compiled)
     * tensors on CPU and TRITON_INTERPRET=1   -> Triton under the interpreter
     * otherwise                               -> torch
+On CPU tensors the torch backend's attention ops run the C++ kernel that reads blocks in
+place (`kernels.cpu_paged`, built at first use) and fall back to the gather + SDPA torch
+version where it cannot be built (`cpu_paged.status()` says which path runs).
 `backend="torch"` or `backend="triton"` forces one (Triton on CPU always means the
 interpreter, whatever the environment says). The environment variable is read at call
 time, so it can be set after import.
@@ -33,7 +36,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvbench.kernels import torch_ops
+from kvbench.kernels import cpu_paged, torch_ops
 from kvbench.kernels import validation as val
 
 __all__ = [
@@ -177,6 +180,8 @@ def paged_decode_attention(
         return _triton().paged_decode_attention(
             query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, partition_size
         )
+    if query.device.type == "cpu" and cpu_paged.supports(dims):
+        return cpu_paged.decode(query, k_cache, v_cache, block_tables, seq_lens, s, out, dims)
     return torch_ops.paged_decode_attention(
         query, k_cache, v_cache, block_tables, seq_lens, s, out, dims
     )
@@ -232,6 +237,10 @@ def paged_prefill_attention(
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if choose_backend(query.device, backend) == "triton":
         return _triton().paged_prefill_attention(
+            query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims
+        )
+    if query.device.type == "cpu" and cpu_paged.supports(dims):
+        return cpu_paged.prefill(
             query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims
         )
     return torch_ops.paged_prefill_attention(

@@ -177,8 +177,29 @@ SPECS: tuple[FigureSpec, ...] = (
         ("bandwidth_fraction", "contiguous_bandwidth_fraction"),
         fixed={"block_size": 16},
         logx=True,
+        logy=True,
         percent=True,
         ylabel="of copy peak",
+    ),
+    FigureSpec(
+        "kernel.predicted",
+        "Predicted decode HBM fraction vs context length (predicted, not measured)",
+        "ctx_len",
+        ("predicted_hbm_fraction",),
+        fixed={"kernel": "decode", "block_size": 16},
+        logx=True,
+        percent=True,
+        ylabel="of HBM bandwidth (predicted)",
+    ),
+    FigureSpec(
+        "kernel.predicted",
+        "Predicted decode time vs context length (predicted, not measured)",
+        "ctx_len",
+        ("predicted_time",),
+        fixed={"kernel": "decode", "block_size": 16},
+        logx=True,
+        logy=True,
+        ylabel="seconds per call (predicted)",
     ),
     FigureSpec(
         "kernel.prefill",
@@ -357,16 +378,14 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
             for key, g in groups:
                 key = key if isinstance(key, tuple) else (key,)
                 g = g.sort_values(spec.x)
-                ax.errorbar(
+                (line,) = ax.plot(
                     g[spec.x],
                     g["value"],
-                    yerr=_yerr(g),
                     marker="o",
                     ms=3,
-                    capsize=2,
-                    elinewidth=0.8,
                     label=_label(list(zip(series_keys, key, strict=True))),
                 )
+                _spread(ax, g, spec.x, line.get_color())
         if spec.logx and spec.kind != "bar":
             ax.set_xscale("log", base=2)
         if spec.logy:
@@ -381,10 +400,15 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
             if spec.kind == "bar" and not spec.logy:  # room above the bars for the legend
                 rows = -(-len(groups) // ncol)
                 ax.set_ylim(top=ax.get_ylim()[1] * (1 + 0.08 * rows))
-            ax.legend(fontsize=7, loc="best", ncol=ncol)
+            if spec.kind == "bar":
+                ax.legend(fontsize=7, loc="best", ncol=ncol)
+            else:  # beside the axes, never over the data
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1)
         fig.tight_layout()
         buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": "kvbench"})
+        fig.savefig(
+            buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": "kvbench"}
+        )
     finally:
         plt.close(fig)
     text = buf.getvalue()
@@ -414,6 +438,15 @@ def spread_note(frame: pd.DataFrame, spec: FigureSpec) -> str:
     lo, hi = int(n.min()), int(n.max())
     count = f"n = {lo}" if lo == hi else f"n = {lo}–{hi}"
     return f"points are medians; bars span q1–q3 of the repeats ({count} per point)"
+
+
+def _spread(ax: Any, g: pd.DataFrame, x: str, color: str) -> None:
+    """Shade the q1-q3 band of timed rows (their repeat statistics), where present."""
+    if not {"stats.q1", "stats.q3"} <= set(g.columns):
+        return
+    band = g[[x, "stats.q1", "stats.q3"]].dropna()
+    if len(band):
+        ax.fill_between(band[x], band["stats.q1"], band["stats.q3"], color=color, alpha=0.2, lw=0)
 
 
 def _bars(ax: Any, groups: list, series_keys: list[str], spec: FigureSpec) -> None:

@@ -54,6 +54,7 @@ class SweepPage:
     figure_files: list[dict[str, str]] = field(default_factory=list)
     provenance: list[str] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)
+    kind_note: str = ""
     derived: list[serving_tables.DerivedTable] = field(default_factory=list)
     outcomes: SweepOutcomes = field(default_factory=SweepOutcomes)
 
@@ -116,6 +117,7 @@ def _sweep_page(
             u = unit.get(m, "")
             cells.append(_cell(tables.format_value(v, u), sp.text(u) if sp is not None else ""))
         page.rows.append(cells)
+    page.kind_note = _provenance(frame)
     for i, spec in enumerate(figures.specs_for(name)):
         svg = figures.render(frame, spec)
         if svg is None:
@@ -209,6 +211,28 @@ def check_site_dir(out_dir: str | Path) -> None:
             f"--out {str(out)!r} is a folder with other files in it, not a kvbench site; "
             "building the site there would replace its HTML files: give a new or empty folder"
         )
+
+
+def _provenance(frame: pd.DataFrame) -> str:
+    """What a kernel sweep's figures are: measured on which backend, or predicted."""
+    suite = str(frame["suite"].iloc[0]) if len(frame) else ""
+    if suite == "kernel.predicted":
+        return "Predicted (not measured): kernels.predict over A100 / H100 / H200 profiles."
+    if not suite.startswith("kernel."):
+        return ""
+
+    def flag(metric: str) -> bool | None:
+        v = frame[frame["metric"] == metric]["value"]
+        return None if v.empty else bool((v > 0).all())
+
+    if flag("backend_is_triton"):
+        return "Measured on a GPU: Triton kernels vs SDPA on contiguous K/V."
+    if flag("kernel_path_is_cpp"):
+        return (
+            "Measured on a CPU: kvbench's C++ kernel reading blocks in place vs the faster "
+            "contiguous SDPA call."
+        )
+    return "Measured on a CPU: the torch path (gather + SDPA) vs contiguous SDPA."
 
 
 def build_site(

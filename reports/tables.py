@@ -49,14 +49,23 @@ def units(frame: pd.DataFrame) -> dict[str, str]:
     return dict(frame.drop_duplicates("metric")[["metric", "unit"]].itertuples(index=False))
 
 
-def wide(frame: pd.DataFrame) -> tuple[list[str], list[str], list[list[Any]]]:
+def wide(frame: pd.DataFrame, spread: bool = False) -> tuple[list[str], list[str], list[list[Any]]]:
     """One suite's rows as a table: one line per (run, case), one column per metric.
 
     Returns (case columns, metric columns, rows); the run id is the first case column when
-    the frame holds more than one run. Rows are sorted by the case parameters.
+    the frame holds more than one run. Rows are sorted by the case parameters. With
+    `spread`, every timed metric (one with repeat statistics) gets a column
+    "<metric> q1-q3" after the metrics, holding (q1, q3) pairs.
     """
-    keys, metrics, rows, _ = wide_with_spread(frame)
-    return keys, metrics, rows
+    keys, metrics, rows, cells = wide_with_spread(frame)
+    if not spread:
+        return keys, metrics, rows
+    timed = [j for j in range(len(metrics)) if any(sp[j] is not None for sp in cells)]
+    out = [
+        row + [(sp[j].q1, sp[j].q3) if sp[j] is not None else (math.nan, math.nan) for j in timed]
+        for row, sp in zip(rows, cells, strict=True)
+    ]
+    return keys, metrics + [f"{metrics[j]} q1-q3" for j in timed], out
 
 
 def wide_with_spread(

@@ -5,6 +5,7 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     capacity,
     kernels,
     peers,
+    predicted,
     scheduling,
     serving,
     serving_measured,

@@ -25,8 +25,9 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kvbench.suites.conformance.peer_allocator_model import AllocatorModel, Refused
-from kvbench.suites.peers import base
-from kvbench.suites.peers.base import PeerUnavailableError, allocator_names, load_allocator
+from kvbench.suites.peers import base, registry
+from kvbench.suites.peers.base import PeerUnavailableError
+from kvbench.suites.peers.registry import allocator_names, load_allocator
 from kvbench.workloads.errors import CapacityError
 
 NAMES = allocator_names()
@@ -246,17 +247,17 @@ def test_entry_point_plugins_are_discovered(monkeypatch):
         raise RuntimeError("plug-in failed to import")
 
     def fake_entry_points(group):
-        assert group == base.ENTRY_POINT_GROUP
+        assert group == registry.ENTRY_POINT_GROUP
         return [FakeEP("plugin", good), FakeEP("broken", broken)]
 
     monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points)
-    assert "plugin" in base.allocator_names()
-    assert "broken" not in base.peer_specs()
-    alloc = base.load_allocator("plugin", 8, 4)
+    assert "plugin" in registry.allocator_names()
+    assert "broken" not in registry.peer_specs()
+    alloc = registry.load_allocator("plugin", 8, 4)
     assert alloc.name == "plugin"
     assert alloc.admit("a", [1, 2, 3, 4, 5]) == 0
     with pytest.raises(base.ConfigError, match="unknown peer 'nope'"):
-        base.load_allocator("nope", 8, 4)
+        registry.load_allocator("nope", 8, 4)
 
 
 # ---------------------------------------------------------------- under eviction and refusal

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from kvbench.reference.oracle import batched_decode_attention, relative_error, tolerance
-from kvbench.suites.peers.base import PeerUnavailableError, attention_names, load_attention
+from kvbench.suites.peers.base import PeerUnavailableError
+from kvbench.suites.peers.registry import attention_names, load_attention
 
 NAMES = attention_names()
 

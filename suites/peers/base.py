@@ -9,10 +9,12 @@ vLLM's, yours) is checked and measured by the same conformance properties and be
   make a cache of `num_blocks` blocks, write K/V at flat slots, run decode attention of
   one query per sequence over block tables and sequence lengths.
 
-Adapters are found by name (`allocator_names`, `attention_names`, `load_allocator`,
-`load_attention`): kvbench's own are built in ("kvbench"), vLLM's ship with kvbench but
-load lazily ("vllm"), and a third-party package adds its own through the entry-point group
-`kvbench.peers`: each entry point names a zero-argument callable returning a `PeerSpec`.
+Adapters are found by name in `kvbench.suites.peers.registry` (`allocator_names`,
+`attention_names`, `load_allocator`, `load_attention`): kvbench's own are built in
+("kvbench"), vLLM's ship with kvbench but load lazily ("vllm"), and a third-party package
+adds its own through the entry-point group `kvbench.peers`: each entry point names a
+zero-argument callable returning a `PeerSpec`. This module defines only the interfaces,
+so the adapters import it and it imports none of them.
 An adapter whose library is not importable raises `PeerUnavailableError` with the reason;
 the suites turn that into a skip.
 
@@ -22,21 +24,13 @@ ids (vLLM's include its reserved null block 0, which no request ever gets).
 
 from __future__ import annotations
 
-import importlib.metadata
-import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from kvbench._old_names import old_name_hint
 from kvbench.workloads.errors import CaseSkipped, ConfigError
-
-log = logging.getLogger(__name__)
-
-#: Entry-point group a third-party package registers its `PeerSpec` factory under.
-ENTRY_POINT_GROUP = "kvbench.peers"
 
 
 class PeerUnavailableError(ConfigError, CaseSkipped):
@@ -241,105 +235,3 @@ class PeerSpec:
     probe: Callable[[], str | None] | None = None
     version: Callable[[], str] | None = None
     timed: bool = True
-
-
-def _builtin_specs() -> list[PeerSpec]:
-    from kvbench.suites.peers import flex_adapter, kvbench_adapter, vllm_adapter, vllm_triton
-
-    return [
-        kvbench_adapter.peer_spec(),
-        vllm_adapter.peer_spec(),
-        *vllm_triton.peer_specs(),
-        flex_adapter.peer_spec(),
-    ]
-
-
-def _entry_point_specs() -> list[PeerSpec]:
-    specs = []
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            spec = ep.load()()
-        except Exception as exc:  # a broken plug-in must not break the suites
-            reason = old_name_hint(exc) or f"{type(exc).__name__}: {exc}"
-            log.warning("peer entry point %s (%s) failed to load: %s", ep.name, ep.value, reason)
-            continue
-        if not isinstance(spec, PeerSpec):
-            log.warning("peer entry point %s returned %r, not a PeerSpec", ep.name, spec)
-            continue
-        specs.append(spec)
-    return specs
-
-
-def peer_specs() -> dict[str, PeerSpec]:
-    """Every known peer by name: built-ins first, then entry points (a plug-in may not
-    replace a built-in name; it is skipped with a warning)."""
-    out: dict[str, PeerSpec] = {}
-    for spec in _builtin_specs() + _entry_point_specs():
-        if spec.name in out:
-            log.warning("peer %r is registered twice; keeping the first", spec.name)
-            continue
-        out[spec.name] = spec
-    return out
-
-
-def _spec(name: str) -> PeerSpec:
-    specs = peer_specs()
-    if name not in specs:
-        raise ConfigError(f"unknown peer {name!r}; known: {', '.join(specs)}")
-    return specs[name]
-
-
-def allocator_names() -> list[str]:
-    """Peers that provide an allocator adapter."""
-    return [n for n, s in peer_specs().items() if s.allocator is not None]
-
-
-def attention_names() -> list[str]:
-    """Peers that provide an attention adapter."""
-    return [n for n, s in peer_specs().items() if s.attention is not None]
-
-
-def load_allocator(name: str, num_blocks: int, block_size: int) -> AllocatorAdapter:
-    """A fresh allocator of peer `name` with `num_blocks` usable blocks of `block_size`
-    tokens (PeerUnavailableError when its library is missing)."""
-    spec = _spec(name)
-    if spec.allocator is None:
-        raise ConfigError(f"peer {name!r} has no allocator adapter")
-    return spec.allocator(num_blocks, block_size)
-
-
-def load_attention(name: str) -> AttentionAdapter:
-    """The attention adapter of peer `name` (PeerUnavailableError when unavailable)."""
-    spec = _spec(name)
-    if spec.attention is None:
-        raise ConfigError(f"peer {name!r} has no attention adapter")
-    return spec.attention()
-
-
-def is_timed(name: str) -> bool:
-    """Whether peer `name` belongs in the timed benches (see `PeerSpec.timed`)."""
-    return _spec(name).timed
-
-
-def unavailable_reason(name: str) -> str | None:
-    """None when peer `name` looks usable here (its cheap `probe`), else why not. A probe
-    that raises counts as unavailable. A peer that passes may still fail on first use
-    (a broken install); its factories then raise PeerUnavailableError."""
-    spec = _spec(name)
-    if spec.probe is None:
-        return None
-    try:
-        return spec.probe()
-    except Exception as exc:  # a plug-in's probe must not break planning
-        return f"probe failed: {type(exc).__name__}: {exc}"
-
-
-def peer_version(name: str) -> str:
-    """The version string of peer `name`'s library ("unknown" when it does not say)."""
-    spec = _spec(name)
-    if spec.version is None:
-        return "unknown"
-    try:
-        return str(spec.version())
-    except Exception:  # version metadata is informative only
-        return "unknown"

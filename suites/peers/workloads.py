@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from kvbench.suites.peers.base import AllocatorAdapter, AttentionAdapter
 from kvbench.workloads.errors import CapacityError
@@ -207,18 +206,19 @@ def paged_decode_fn(
 
 
 def sdpa_decode_fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """torch SDPA over the same K/V laid out contiguously ([B, Hkv, L, D]); query heads
-    grouped per KV head (GQA). Output reshapes to q's shape."""
-    batch, _context, hkv, d = k.shape
-    hq = q.shape[1]
+    """torch SDPA over the same K/V laid out contiguously ([B, Hkv, L, D]): the faster of
+    the grouped-rows call and `enable_gqa=True` for this shape (its name is the returned
+    callable's `form` attribute). Output reshapes to q's shape."""
+    from kvbench.suites.bench.sdpa_baseline import decode_forms, fastest
+
     kc = k.transpose(1, 2).contiguous()
     vc = v.transpose(1, 2).contiguous()
-    qg = q.view(batch, hkv, hq // hkv, d)
-    scale = 1.0 / math.sqrt(d)
+    form, fn = fastest(decode_forms(q, kc, vc, 1.0 / math.sqrt(q.shape[-1])))
 
     def run() -> torch.Tensor:
-        return F.scaled_dot_product_attention(qg, kc, vc, scale=scale)
+        return fn()
 
+    run.form = form  # type: ignore[attr-defined]
     return run
 
 

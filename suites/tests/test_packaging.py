@@ -29,7 +29,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 import kvbench
 from kvbench._old_names import OLD_NAMES, modernize_imports, old_name_hint
-from kvbench.suites.peers import base
+from kvbench.suites.peers import registry
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -234,7 +234,7 @@ def test_a_plugin_on_old_names_is_skipped_with_the_fix(monkeypatch, caplog):
 
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [OldPlugin()])
     with caplog.at_level(logging.WARNING, logger="kvbench.suites.peers.base"):
-        specs = base.peer_specs()
+        specs = registry.peer_specs()
     assert "oldplugin" not in specs
     assert "import `kvbench.suites` instead" in caplog.text
 

@@ -20,6 +20,7 @@ as in a pool that has served many requests.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -29,7 +30,10 @@ from torch.nn.attention.bias import causal_lower_right
 
 from kvbench.reference.oracle import tolerance
 from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.suites.bench.sdpa_baseline import decode_forms, fastest
+from kvbench.suites.bench.sweeps.peers import _paired_ratio, _paired_times
 from kvbench.workloads.errors import KVBenchError
 from kvbench.workloads.torch_dtypes import torch_dtype
 
@@ -68,7 +72,17 @@ def _decode_cases(full: bool) -> list[Case]:
         {"block_size": 16, "ctx_len": 1024, "batch": b, "dtype": dtypes[0], "gqa": 4}
         for b in ((1, 16, 64) if gpu else (1, 16))
     ]
-    return seq + blocks + batches
+    goals = (
+        []
+        if gpu
+        else [  # the CPU goal shapes of issue 16 (fp32, 32 q / 8 KV heads)
+            {"block_size": bs, "ctx_len": L, "batch": b, "dtype": "float32", "gqa": 4}
+            for b, L in ((8, 4096), (32, 1024), (8, 128))
+            for bs in (16, 32)
+        ]
+    )
+    cases = seq + blocks + batches
+    return cases + [c for c in goals if c not in cases]
 
 
 def scattered_pool(
@@ -182,7 +196,6 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
     seq_lens = torch.full((b,), length, dtype=torch.int32, device=dev)
     scale = 1.0 / math.sqrt(d)
     out = torch.empty_like(query)
-    q4 = query.view(b, h, g, d)
 
     def paged() -> torch.Tensor:
         return ops.paged_decode_attention(
@@ -198,19 +211,17 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
             max_seq_len=length,
         )
 
-    def contiguous() -> torch.Tensor:
-        return F.scaled_dot_product_attention(q4, keys, values, scale=scale)
-
-    diff = agreement(paged().clone(), contiguous().reshape(b, h * g, d), case)
-    t_paged = ctx.time(paged)
-    t_contig = ctx.time(contiguous)
+    form, contiguous = fastest(decode_forms(query, keys, values, scale), _sync(dev))
+    first = _first_call_seconds(paged, dev)
+    diff = agreement(paged().clone(), contiguous(), case)
+    t_paged, t_contig, ratio = _timed_pair(ctx, paged, contiguous)
     esize = keys.element_size()
     nbytes = 2 * b * length * h * d * esize + 2 * b * h * g * d * esize + tables.numel() * 4
     backend = _backend(dev)
     return [
         Measurement("time_paged", t_paged["median"], "s", t_paged),
         Measurement("time_contiguous", t_contig["median"], "s", t_contig),
-        Measurement("paged_overhead", t_paged["median"] / t_contig["median"] - 1, "fraction"),
+        Measurement("paged_overhead", ratio - 1, "fraction"),
         Measurement("bytes_per_call", nbytes, "B"),
         *_bandwidth(ctx, nbytes, t_paged["median"]),
         Measurement(
@@ -220,7 +231,50 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
         ),
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement("backend_is_triton", float(backend == "triton"), "bool"),
+        Measurement("contiguous_form_is_gqa", float(form == "gqa"), "bool"),
+        *_path_rows(dev, first),
     ]
+
+
+def _sync(dev: torch.device):  # type: ignore[no-untyped-def]
+    return torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+
+def _first_call_seconds(fn, dev: torch.device) -> float:  # type: ignore[no-untyped-def]
+    """Wall time of the first call (kernel build or cache load, warm-up), apart from the
+    step times, which are taken after warm-up."""
+    t0 = time.perf_counter()
+    fn()
+    _sync(dev)()
+    return time.perf_counter() - t0
+
+
+def _timed_pair(ctx: BenchContext, paged, contiguous):  # type: ignore[no-untyped-def]
+    """(paged stats, contiguous stats, median paired paged/contiguous ratio). On a CPU the
+    two are timed alternately repeat by repeat, so load from other processes hits both
+    sides of the ratio alike; where the Triton kernels run (a GPU) each is timed by the
+    context (do_bench)."""
+    if _backend(ctx.device) == "triton":
+        a, c = ctx.time(paged), ctx.time(contiguous)
+        return a, c, a["median"] / c["median"]
+    samples = _paired_times({"paged": paged, "contiguous": contiguous}, ctx.timing)
+    ratio = _paired_ratio(samples, "paged", "contiguous")
+    return summarize(samples["paged"]), summarize(samples["contiguous"]), ratio
+
+
+def _path_rows(dev: torch.device, first_call: float) -> list[Measurement]:
+    """Which CPU path ran (the in-place C++ kernel or the gather + SDPA fallback) and what
+    the first call and the build cost, apart from the step time."""
+    rows = [Measurement("first_call_time", first_call, "s")]
+    if dev.type == "cpu":
+        from kvbench.kernels import cpu_paged
+
+        status = cpu_paged.status()
+        rows += [
+            Measurement("kernel_path_is_cpp", float(status.path == "cpp"), "bool"),
+            Measurement("kernel_build_time", status.build_seconds, "s"),
+        ]
+    return rows
 
 
 def _prefill_cases(full: bool) -> list[Case]:

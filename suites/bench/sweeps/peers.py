@@ -59,16 +59,16 @@ _reported: set[str] = set()
 def _available(kind: str) -> list[tuple[str, str]]:
     """(peer name, version) of the peers with a `kind` adapter whose library is installed
     here (cheap probe, no import); the others are logged once per process."""
-    from kvbench.suites.peers import base
+    from kvbench.suites.peers import registry
 
-    names = base.allocator_names() if kind == "allocator" else base.attention_names()
+    names = registry.allocator_names() if kind == "allocator" else registry.attention_names()
     out = []
     for name in names:
-        if not base.is_timed(name):
+        if not registry.is_timed(name):
             continue  # checked for correctness only (an interpreted kernel)
-        why = base.unavailable_reason(name)
+        why = registry.unavailable_reason(name)
         if why is None:
-            out.append((name, base.peer_version(name)))
+            out.append((name, registry.peer_version(name)))
         elif name not in _reported:
             _reported.add(name)
             log.warning("peer %s left out of the peer sweeps: %s", name, why)
@@ -162,7 +162,7 @@ def _ops(n: int, seed: int, ctx: BenchContext) -> list[tuple]:
     in_default=False,
 )
 def pool_ops(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kvbench.suites.peers.base import load_allocator
+    from kvbench.suites.peers.registry import load_allocator
     from kvbench.suites.peers.workloads import run_ops
 
     ops = _ops(case["ops"], ctx.seed, ctx)
@@ -216,7 +216,7 @@ def _trace_cases(full: bool) -> list[Case]:
     in_default=False,
 )
 def trace_replay(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kvbench.suites.peers.base import load_allocator
+    from kvbench.suites.peers.registry import load_allocator
     from kvbench.suites.peers.workloads import iter_trace, replay
 
     n = case["requests"]
@@ -304,7 +304,8 @@ def _decode_inputs(case: Case, ctx: BenchContext):  # type: ignore[no-untyped-de
     in_default=False,
 )
 def cpu_decode(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kvbench.suites.peers.base import PeerUnavailableError, load_attention
+    from kvbench.suites.peers.base import PeerUnavailableError
+    from kvbench.suites.peers.registry import load_attention
     from kvbench.suites.peers.workloads import paged_decode_fn, relative_difference
 
     q, k, v, sdpa, expect = _decode_inputs(case, ctx)  # CPU tensors, whatever ctx.device
@@ -343,5 +344,6 @@ def cpu_decode(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("ratio_vs_sdpa", _paired_ratio(samples, case["impl"], SDPA), "ratio"),
         Measurement("kv_bandwidth", kv_bytes / t, "B/s"),
         Measurement("rel_diff_vs_sdpa", diffs[case["impl"]], "ratio"),
+        Measurement("sdpa_form_is_gqa", float(getattr(sdpa, "form", "") == "gqa"), "bool"),
         *_vs_kvbench(case, samples),
     ]

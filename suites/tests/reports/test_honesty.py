@@ -201,9 +201,10 @@ def test_overhead_claim_range_agrees_with_its_per_case_list() -> None:
                     "batch": b,
                 }
             )
+    rows.append(dict(rows[0], metric="backend_is_triton", value=1.0, unit="bool"))
     frame = pd.DataFrame(rows)
     verdict = dict((c.key, v) for c, v in claims.evaluate(frame))["overhead-seed"]
-    overall, per_case = verdict.measured.split(" (by context length: ")
+    overall, per_case = verdict.measured.split(" (by context length: ")  # a GPU row
     assert overall == "5.0%-30.0%"
     assert "128: 5.0%-30.0% (2 cases)" in per_case and "4096: 10.0%-12.0% (2 cases)" in per_case
     assert verdict.verdict == claims.FAILS  # 30% is past 15% + 5% noise

@@ -21,7 +21,7 @@ from kvbench.suites.bench.harness import TimingConfig
 from kvbench.suites.bench.registry import get_sweep, select
 from kvbench.suites.bench.runner import run_bench
 from kvbench.suites.bench.sweeps import peers as sweeps
-from kvbench.suites.peers import base
+from kvbench.suites.peers import base, registry
 from kvbench.suites.peers.kvbench_adapter import KVBenchAllocator, KVBenchAttention
 from kvbench.workloads.errors import KVBenchError
 
@@ -60,7 +60,7 @@ class WrongAttention(KVBenchAttention):
 def plugins(monkeypatch: pytest.MonkeyPatch) -> None:
     """Register an allocator plug-in, a wrong attention plug-in, and make vLLM look absent
     (whether or not it is installed here)."""
-    real = base._builtin_specs
+    real = registry._builtin_specs
 
     def specs():
         out = [s for s in real() if s.name != "vllm"]
@@ -76,7 +76,7 @@ def plugins(monkeypatch: pytest.MonkeyPatch) -> None:
         out.append(base.PeerSpec("plugatt", attention=PluginAttention))
         return out
 
-    monkeypatch.setattr(base, "_builtin_specs", specs)
+    monkeypatch.setattr(registry, "_builtin_specs", specs)
     monkeypatch.setattr(sweeps, "_reported", set())
 
 
@@ -337,9 +337,8 @@ def test_peers_page_tables_static_costs_side_by_side(tmp_path: Path) -> None:
 def test_interpreted_peers_stay_out_of_timed_sweeps() -> None:
     """Peers declared `timed=False` (vLLM's Triton kernels and FlexAttention, interpreted
     or eager on CPU) are never planned into the timed decode sweep."""
-    from kvbench.suites.peers import base
 
-    untimed = {n for n in base.attention_names() if not base.is_timed(n)}
+    untimed = {n for n in registry.attention_names() if not registry.is_timed(n)}
     assert {"vllm-triton-unified", "vllm-triton-decode", "torch-flex-paged"} <= untimed
     impls = {c["impl"] for c in get_sweep("peers.cpu_decode").cases(False)}
     assert not impls & untimed

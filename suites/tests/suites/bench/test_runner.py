@@ -3,7 +3,6 @@ sweeps' measurements against independent arithmetic."""
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import subprocess
@@ -201,10 +200,14 @@ def test_kernel_decode_measures_the_same_attention_both_ways() -> None:
     assert (
         got["bytes_per_call"].value == 2 * 3 * 40 * 8 * 128 * 4 + 2 * 3 * 16 * 128 * 4 + 3 * 3 * 4
     )
-    assert math.isclose(
-        got["paged_overhead"].value, got["time_paged"].value / got["time_contiguous"].value - 1
-    )
+    # the overhead is the median of paired per-repeat ratios: within the ratios' extremes
+    paged, contig = got["time_paged"].stats, got["time_contiguous"].stats
+    ratio = got["paged_overhead"].value + 1
+    assert paged["min"] / contig["max"] <= ratio <= paged["max"] / contig["min"]
     assert got["bandwidth_fraction"].value > 0
+    assert got["contiguous_form_is_gqa"].value in (0.0, 1.0)
+    assert got["kernel_path_is_cpp"].value in (0.0, 1.0)
+    assert got["first_call_time"].value > 0
 
 
 @pytest.mark.parametrize("q_len", [5, 37], ids=["extend", "full"])

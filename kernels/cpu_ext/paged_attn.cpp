@@ -1,0 +1,544 @@
+// kvbench's CPU paged attention: decode and prefill/extend that read K/V blocks where they
+// lie in the pool (no gathered copy of the context). Built at first use by
+// kvbench.kernels.cpu_paged (torch.utils.cpp_extension, -O3 -march=native, OpenMP through
+// at::parallel_for); inputs are validated in Python before any call reaches this file.
+//
+// Layouts (one layer): k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim],
+// contiguous; block_tables int32 [batch, max_blocks] (row stride free); seq_lens int32
+// [batch]; cu_seqlens_q int32 [batch + 1]. Query head h reads KV head h / group, so each KV
+// head is loaded once for its whole group of query heads (GQA / MQA).
+// Math: fp32 accumulation with an online softmax (running max m, sum l, unnormalized
+// output acc) for fp32, fp16 and bf16 inputs; the output is stored in the input dtype.
+// Only tokens below a sequence's length (decode) or at or below a query row's position
+// (prefill) are read, so unwritten slots (NaN, garbage) never reach a result.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// Vector width in floats, from what the compiler may use (-march=native).
+#if defined(__AVX512F__)
+#define VW 16
+#elif defined(__AVX__)
+#define VW 8
+#else
+#define VW 4
+#endif
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef int32_t vi __attribute__((vector_size(VW * 4)));
+typedef uint16_t vh __attribute__((vector_size(VW * 2)));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+#if defined(__F16C__) || defined(__AVX512F__)
+#define KVB_F16_VEC 1
+typedef _Float16 vfp16 __attribute__((vector_size(VW * 2)));
+#endif
+
+constexpr int QCHUNK = 4;    // query rows whose dot products share one pass over a K row
+constexpr int MAX_BS = 256;  // tokens per block the score rows hold (multiple of VW)
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+inline float bf16_to_f(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f_to_bf16(float f) {  // round to nearest even; NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// Loads VW elements (or one) of T as fp32, and stores one fp32 as T.
+template <typename T>
+struct Ld;
+
+template <>
+struct Ld<float> {
+  static inline vf vec(const float* p) {
+    vf v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  }
+  static inline float one(const float* p) { return *p; }
+  static inline void store(float* p, float x) { *p = x; }
+};
+
+template <>
+struct Ld<c10::BFloat16> {
+  static inline vf vec(const c10::BFloat16* p) {
+    vh h;
+    std::memcpy(&h, p, sizeof(h));
+    vu u = __builtin_convertvector(h, vu) << 16;
+    vf v;
+    std::memcpy(&v, &u, sizeof(v));
+    return v;
+  }
+  static inline float one(const c10::BFloat16* p) { return bf16_to_f(p->x); }
+  static inline void store(c10::BFloat16* p, float x) { p->x = f_to_bf16(x); }
+};
+
+template <>
+struct Ld<c10::Half> {
+  static inline vf vec(const c10::Half* p) {
+#ifdef KVB_F16_VEC
+    vfp16 h;
+    std::memcpy(&h, p, sizeof(h));
+    return __builtin_convertvector(h, vf);
+#else
+    vf v;
+    for (int i = 0; i < VW; ++i) v[i] = float(p[i]);
+    return v;
+#endif
+  }
+  static inline float one(const c10::Half* p) { return float(*p); }
+  static inline void store(c10::Half* p, float x) { *p = c10::Half(x); }
+};
+
+// Sum of a vector's lanes by halving.
+inline float hsum(vf v) {
+  typedef float v4 __attribute__((vector_size(16)));
+#if VW == 16
+  typedef float v8 __attribute__((vector_size(32)));
+  v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+         __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4 c = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+#elif VW == 8
+  v4 c = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+#else
+  v4 c = v;
+#endif
+  return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+// e^x lane by lane for x <= 0 (scores minus their running max): Cody-Waite range reduction
+// and a degree-6 polynomial (relative error ~2e-7); inputs below -87 give ~1e-38.
+inline vf vexp(vf x) {
+  const vf lo = vf{} - 87.0f;
+  x = x < lo ? lo : x;
+  const vf magic = vf{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const vf t = x * 1.44269504088896341f + magic;
+  const vf n = t - magic;
+  vf r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  vf p = vf{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  vi ti;
+  std::memcpy(&ti, &t, sizeof(ti));
+  const vi e = (ti - 0x4B400000 + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  return p * scale;
+}
+
+// Dot products of RN query rows (fp32, row stride D) with one K row, times scale, written
+// to s[r * MAX_BS]. RN is a compile-time count so the sums stay in registers.
+template <int RN, typename T>
+inline void dots(const float* q, int D, const T* kr, float scale, float* s) {
+  const int DV = D / VW * VW;
+  vf a[RN] = {};
+  for (int d = 0; d < DV; d += VW) {
+    const vf kv = Ld<T>::vec(kr + d);
+#pragma GCC unroll 8
+    for (int r = 0; r < RN; ++r) {
+      vf qv;
+      std::memcpy(&qv, q + r * D + d, sizeof(qv));
+      a[r] += qv * kv;
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RN; ++r) {
+    float x = hsum(a[r]);
+    for (int d = DV; d < D; ++d) x += q[r * D + d] * Ld<T>::one(kr + d);
+    s[r * MAX_BS] = x * scale;
+  }
+}
+
+// Scores of nr query rows against the nt K rows at k (token stride ks):
+// s[r * MAX_BS + t] for r < nr, t < nt.
+template <typename T>
+inline void scores(const float* q, int nr, int D, const T* k, int64_t ks, int nt, float scale,
+                   float* s) {
+  for (int t = 0; t < nt; ++t) {
+    const T* kr = k + t * ks;
+    int r = 0;
+    for (; r + QCHUNK <= nr; r += QCHUNK)
+      dots<QCHUNK, T>(q + r * D, D, kr, scale, s + r * MAX_BS + t);
+    switch (nr - r) {
+      case 3: dots<3, T>(q + r * D, D, kr, scale, s + r * MAX_BS + t); break;
+      case 2: dots<2, T>(q + r * D, D, kr, scale, s + r * MAX_BS + t); break;
+      case 1: dots<1, T>(q + r * D, D, kr, scale, s + r * MAX_BS + t); break;
+      default: break;
+    }
+  }
+}
+
+// One row's online-softmax step over one block: scores sr[0, n) (tokens n .. nt - 1 are
+// masked) become e^(s - m_new) with exact zeros past n; m and l are updated and acc
+// rescaled. n <= 0: the row sees none of the block (its probabilities are all zero).
+inline void row_softmax(float* sr, int n, int nt, float& m, float& l, float* acc, int D) {
+  const int ntv = (nt + VW - 1) / VW * VW;
+  if (n <= 0) {
+    std::fill(sr, sr + ntv, 0.f);
+    return;
+  }
+  float bm = sr[0];
+  for (int t = 1; t < n; ++t) bm = std::max(bm, sr[t]);
+  const float mn = std::max(m, bm);
+  const float corr = std::exp(m - mn);  // 0 on the row's first block (m = -inf)
+  for (int t = n; t < ntv; ++t) sr[t] = -1e30f;
+  vf vs = {};
+  for (int t = 0; t < ntv; t += VW) {
+    vf x;
+    std::memcpy(&x, sr + t, sizeof(x));
+    x = vexp(x - mn);
+    x = x < 1e-30f ? vf{} : x;  // the -1e30 pads become exact zeros
+    std::memcpy(sr + t, &x, sizeof(x));
+    vs += x;
+  }
+  l = l * corr + hsum(vs);
+  m = mn;
+  if (corr != 1.f)
+    for (int d = 0; d < D; ++d) acc[d] *= corr;
+}
+
+// acc[r][d0 .. d0 + VW) += sum_{t < nt} p[r][t] * v[t][d0 ..) for RN rows held in registers.
+template <int RN, typename T>
+inline void pv_column(float* acc, int D, const float* p, const T* v, int64_t vs, int nt) {
+  vf a[RN];
+#pragma GCC unroll 8
+  for (int r = 0; r < RN; ++r) std::memcpy(&a[r], acc + r * D, sizeof(vf));
+  for (int t = 0; t < nt; ++t) {
+    const vf vv = Ld<T>::vec(v + t * vs);
+#pragma GCC unroll 8
+    for (int r = 0; r < RN; ++r) a[r] += p[r * MAX_BS + t] * vv;
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RN; ++r) std::memcpy(acc + r * D, &a[r], sizeof(vf));
+}
+
+// acc[r] += sum_t p[r][t] * V[t] for rows [0, nr) over the nt V rows at v (token stride vs).
+template <typename T>
+inline void pv(float* acc, int nr, int D, const float* p, const T* v, int64_t vs, int nt) {
+  const int DV = D / VW * VW;
+  for (int d = 0; d < DV; d += VW) {
+    int r = 0;
+    for (; r + QCHUNK <= nr; r += QCHUNK)
+      pv_column<QCHUNK, T>(acc + r * D + d, D, p + r * MAX_BS, v + d, vs, nt);
+    switch (nr - r) {
+      case 3: pv_column<3, T>(acc + r * D + d, D, p + r * MAX_BS, v + d, vs, nt); break;
+      case 2: pv_column<2, T>(acc + r * D + d, D, p + r * MAX_BS, v + d, vs, nt); break;
+      case 1: pv_column<1, T>(acc + r * D + d, D, p + r * MAX_BS, v + d, vs, nt); break;
+      default: break;
+    }
+  }
+  for (int d = DV; d < D; ++d)
+    for (int r = 0; r < nr; ++r) {
+      float x = acc[r * D + d];
+      for (int t = 0; t < nt; ++t) x += p[r * MAX_BS + t] * Ld<T>::one(v + t * vs + d);
+      acc[r * D + d] = x;
+    }
+}
+
+// Prefetches (into L2) the rows [t0, t1) of the given heads of a block: bytes per row
+// `rowb`, row stride `stride` bytes.
+inline void prefetch_rows(const char* p, int64_t t0, int64_t t1, int64_t rowb, int64_t stride) {
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t o = 0; o < rowb; o += 64) __builtin_prefetch(p + t * stride + o, 0, 1);
+}
+
+struct Geo {
+  int64_t num_blocks, bs, hkv, D, hq, group;
+};
+
+// Decode task: sequence with block table `table` and length len, KV heads [h0, h1), its
+// logical blocks [j0, j1). Writes the unnormalized state of query heads h0*G .. h1*G - 1
+// into pacc [Hq][D], pm [Hq], pl [Hq].
+// Each block is read twice in address order per head group: the K pass walks it token by
+// token (a token's heads are one contiguous row), the V pass head by head with the group's
+// accumulators in registers. While one block is computed the next one's K and V rows are
+// prefetched into L2, spread over the passes so the prefetches never come in one burst.
+template <typename T>
+void decode_task(const T* q, int64_t qs_h, const T* kc, const T* vc, const int32_t* table,
+                 int64_t len, const Geo& g, int h0, int h1, int64_t j0, int64_t j1, float scale,
+                 float* pacc, float* pm, float* pl, std::vector<float>& buf) {
+  const int D = int(g.D), G = int(g.group), nh = h1 - h0;
+  const int nrows = nh * G;
+  buf.resize(size_t(nrows) * D + size_t(nrows) * MAX_BS);
+  float* qf = buf.data();
+  float* s = qf + size_t(nrows) * D;  // [nrows][MAX_BS] scores, then probabilities
+  float* acc = pacc + size_t(h0) * G * D;
+  float* m = pm + h0 * G;
+  float* l = pl + h0 * G;
+  for (int r = 0; r < nrows; ++r) {
+    const T* qr = q + (h0 * G + r) * qs_h;
+    for (int d = 0; d < D; ++d) qf[r * D + d] = Ld<T>::one(qr + d);
+    m[r] = NEG_INF;
+    l[r] = 0.f;
+  }
+  std::memset(acc, 0, sizeof(float) * size_t(nrows) * D);
+  const int64_t tok = g.hkv * D;  // elements per token row
+  const int64_t blk = g.bs * tok;
+  const int64_t rowb = int64_t(nh) * D * sizeof(T);  // bytes of this task's heads in a row
+  const int64_t strideb = tok * sizeof(T);
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t pb = table[j];
+    const int nt = int(std::min<int64_t>(g.bs, len - j * g.bs));
+    const T* kb = kc + pb * blk + int64_t(h0) * D;
+    const T* vb = vc + pb * blk + int64_t(h0) * D;
+    const int64_t pn = j + 1 < j1 ? table[j + 1] : pb;
+    const char* kn = (const char*)(kc + pn * blk + int64_t(h0) * D);
+    const char* vn = (const char*)(vc + pn * blk + int64_t(h0) * D);
+    for (int t = 0; t < nt; ++t) {
+      if (j + 1 < j1) prefetch_rows(kn, t, t + 1, rowb, strideb);
+      for (int h = 0; h < nh; ++h)
+        scores<T>(qf + size_t(h) * G * D, G, D, kb + t * tok + int64_t(h) * D, 0, 1, scale,
+                  s + size_t(h) * G * MAX_BS + t);
+    }
+    if (j + 1 < j1 && nt < g.bs) prefetch_rows(kn, nt, g.bs, rowb, strideb);
+    for (int r = 0; r < nrows; ++r)
+      row_softmax(s + size_t(r) * MAX_BS, nt, nt, m[r], l[r], acc + size_t(r) * D, D);
+    for (int h = 0; h < nh; ++h) {
+      if (j + 1 < j1) prefetch_rows(vn, h * g.bs / nh, (h + 1) * g.bs / nh, rowb, strideb);
+      pv<T>(acc + size_t(h) * G * D, G, D, s + size_t(h) * G * MAX_BS, vb + int64_t(h) * D, tok,
+            nt);
+    }
+  }
+}
+
+template <typename T>
+void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
+                 const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                 const torch::Tensor& seq_lens, double scale, torch::Tensor& out,
+                 int64_t max_seq_len, int64_t partition_blocks, int64_t heads_per_task) {
+  const int64_t B = query.size(0);
+  Geo g{k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3), query.size(1), 0};
+  g.group = g.hq / g.hkv;
+  const int64_t used_blocks = (max_seq_len + g.bs - 1) / g.bs;
+  const int64_t P = std::max<int64_t>(1, (used_blocks + partition_blocks - 1) / partition_blocks);
+  const int64_t HT = (g.hkv + heads_per_task - 1) / heads_per_task;
+  const T* q = query.data_ptr<T>();
+  const T* kc = k_cache.data_ptr<T>();
+  const T* vc = v_cache.data_ptr<T>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int64_t tstride = block_tables.stride(0);
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int64_t qs_b = query.stride(0), qs_h = query.stride(1);
+  const int64_t D = g.D, Hq = g.hq;
+  T* o = out.data_ptr<T>();
+  const int64_t os_b = out.stride(0), os_h = out.stride(1);
+  // Partial states per (sequence, partition): acc [Hq][D], m and l [Hq].
+  std::vector<float> acc(size_t(B * P * Hq * D)), mm(size_t(B * P * Hq)), ll(size_t(B * P * Hq));
+  at::parallel_for(0, B * HT * P, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / (HT * P), ht = (task / P) % HT, p = task % P;
+      const int64_t len = lens[b];
+      const int64_t j0 = p * partition_blocks;
+      const int64_t j1 = std::min((len + g.bs - 1) / g.bs, j0 + partition_blocks);
+      const int h0 = int(ht * heads_per_task);
+      const int h1 = int(std::min(g.hkv, h0 + heads_per_task));
+      float* pm = mm.data() + (b * P + p) * Hq;
+      float* pl = ll.data() + (b * P + p) * Hq;
+      if (j0 >= j1) {  // a partition past this sequence's length contributes nothing
+        for (int64_t r = h0 * g.group; r < h1 * g.group; ++r) pm[r] = NEG_INF;
+        continue;
+      }
+      float* pacc = acc.data() + (b * P + p) * Hq * D;
+      decode_task<T>(q + b * qs_b, qs_h, kc, vc, tables + b * tstride, len, g, h0, h1, j0, j1,
+                     float(scale), pacc, pm, pl, buf);
+      if (P == 1) {  // one partition: normalize here, with no second parallel region
+        for (int64_t r = h0 * g.group; r < h1 * g.group; ++r) {
+          const float inv = 1.f / pl[r];
+          T* orow = o + b * os_b + r * os_h;
+          for (int64_t d = 0; d < D; ++d) Ld<T>::store(orow + d, pacc[r * D + d] * inv);
+        }
+      }
+    }
+  });
+  if (P == 1) return;
+  // Merge the partitions and normalize: sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
+  at::parallel_for(0, B * Hq, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(D);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / Hq, h = i % Hq;
+      float M = NEG_INF;
+      for (int64_t p = 0; p < P; ++p) M = std::max(M, mm[(b * P + p) * Hq + h]);
+      float L = 0.f;
+      std::fill(row.begin(), row.end(), 0.f);
+      for (int64_t p = 0; p < P; ++p) {
+        const float mp = mm[(b * P + p) * Hq + h];
+        if (mp == NEG_INF) continue;
+        const float w = std::exp(mp - M);
+        L += w * ll[(b * P + p) * Hq + h];
+        const float* a = acc.data() + ((b * P + p) * Hq + h) * D;
+        for (int64_t d = 0; d < D; ++d) row[d] += w * a[d];
+      }
+      const float inv = 1.f / L;
+      T* orow = o + b * os_b + h * os_h;
+      for (int64_t d = 0; d < D; ++d) Ld<T>::store(orow + d, row[d] * inv);
+    }
+  });
+}
+
+// Prefill / extend: task = (sequence b, KV head h, tile of up to `tile` query tokens); the
+// tile's G * tokens query rows walk the blocks up to the tile's last position, each row
+// masked causally at its own position.
+template <typename T>
+void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
+                  const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                  const torch::Tensor& cu_seqlens_q, const torch::Tensor& seq_lens, double scale,
+                  torch::Tensor& out, int64_t tile) {
+  const int64_t B = seq_lens.size(0);
+  Geo g{k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3), query.size(1), 0};
+  g.group = g.hq / g.hkv;
+  const int G = int(g.group), D = int(g.D);
+  const T* q = query.data_ptr<T>();
+  const T* kc = k_cache.data_ptr<T>();
+  const T* vc = v_cache.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int64_t tstride = block_tables.stride(0);
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* cu = cu_seqlens_q.data_ptr<int32_t>();
+  const int64_t qs_t = query.stride(0), qs_h = query.stride(1);
+  const int64_t os_t = out.stride(0), os_h = out.stride(1);
+  std::vector<int64_t> tile_seq, tile_start;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s0 = cu[b]; s0 < cu[b + 1]; s0 += tile) {
+      tile_seq.push_back(b);
+      tile_start.push_back(s0);
+    }
+  const int64_t ntiles = int64_t(tile_seq.size());
+  const int64_t tok = g.hkv * D;
+  const int64_t blk = g.bs * tok;
+  at::parallel_for(0, ntiles * g.hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf;
+    std::vector<int> lim;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t ti = task / g.hkv;
+      const int h = int(task % g.hkv);
+      const int64_t b = tile_seq[ti], start = tile_start[ti];
+      const int64_t nq = std::min<int64_t>(start + tile, cu[b + 1]) - start;
+      const int64_t pos0 = lens[b] - (cu[b + 1] - cu[b]) + (start - cu[b]);  // first row's position
+      const int nr = int(nq * G);
+      buf.assign(size_t(nr) * (2 * D + MAX_BS + 2), 0.f);
+      float* qf = buf.data();
+      float* acc = qf + size_t(nr) * D;
+      float* s = acc + size_t(nr) * D;
+      float* m = s + size_t(nr) * MAX_BS;
+      float* l = m + nr;
+      lim.assign(size_t(nr), 0);
+      for (int64_t i = 0; i < nq; ++i)
+        for (int gg = 0; gg < G; ++gg) {
+          const T* qr = q + (start + i) * qs_t + (int64_t(h) * G + gg) * qs_h;
+          float* dst = qf + (i * G + gg) * D;
+          for (int d = 0; d < D; ++d) dst[d] = Ld<T>::one(qr + d);
+          m[i * G + gg] = NEG_INF;
+        }
+      const int64_t last = pos0 + nq - 1;  // the tile sees keys 0 .. last
+      for (int64_t j = 0; j <= last / g.bs; ++j) {
+        const int64_t pb = tables[b * tstride + j];
+        const int64_t base = j * g.bs;
+        const int nt = int(std::min<int64_t>(g.bs, last + 1 - base));
+        for (int64_t i = 0; i < nq; ++i)
+          for (int gg = 0; gg < G; ++gg) lim[i * G + gg] = int(std::min<int64_t>(pos0 + i + 1 - base, nt));
+        int r0 = 0;  // rows are in position order: the first ones may see none of the block
+        while (r0 < nr && lim[r0] <= 0) ++r0;
+        if (r0 == nr) continue;
+        const T* kp = kc + pb * blk + int64_t(h) * D;
+        const T* vp = vc + pb * blk + int64_t(h) * D;
+        scores<T>(qf + size_t(r0) * D, nr - r0, D, kp, tok, nt, float(scale),
+                  s + size_t(r0) * MAX_BS);
+        for (int r = r0; r < nr; ++r)
+          row_softmax(s + size_t(r) * MAX_BS, lim[r], nt, m[r], l[r], acc + size_t(r) * D, D);
+        pv<T>(acc + size_t(r0) * D, nr - r0, D, s + size_t(r0) * MAX_BS, vp, tok, nt);
+      }
+      for (int64_t i = 0; i < nq; ++i)
+        for (int gg = 0; gg < G; ++gg) {
+          const int r = int(i * G + gg);
+          const float inv = 1.f / l[r];
+          T* orow = o + (start + i) * os_t + (int64_t(h) * G + gg) * os_h;
+          for (int d = 0; d < D; ++d) Ld<T>::store(orow + d, acc[size_t(r) * D + d] * inv);
+        }
+    }
+  });
+}
+
+// First (sequence, logical block) whose table entry lies outside [0, num_blocks) within the
+// sequence's length, as b * max_blocks + j; -1 when every used entry is in the pool.
+int64_t first_bad_entry(const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+                        int64_t block_size, int64_t num_blocks) {
+  const int32_t* t = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int64_t B = block_tables.size(0), W = block_tables.size(1), st = block_tables.stride(0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t used = std::min<int64_t>(W, (int64_t(lens[b]) + block_size - 1) / block_size);
+    for (int64_t j = 0; j < used; ++j) {
+      const int32_t x = t[b * st + j];
+      if (x < 0 || x >= num_blocks) return b * W + j;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+// Binds scalar_t to the C++ type of a float32 / float16 / bfloat16 tensor and runs BODY.
+#define KVB_DISPATCH(DT, ...)                                                 \
+  [&] {                                                                       \
+    switch (DT) {                                                             \
+      case at::kFloat: { using scalar_t = float; __VA_ARGS__ } break;         \
+      case at::kHalf: { using scalar_t = c10::Half; __VA_ARGS__ } break;      \
+      case at::kBFloat16: { using scalar_t = c10::BFloat16; __VA_ARGS__ } break; \
+      default: TORCH_CHECK(false, "unsupported dtype ", DT);                  \
+    }                                                                         \
+  }()
+
+void paged_decode(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
+                  torch::Tensor block_tables, torch::Tensor seq_lens, double scale,
+                  torch::Tensor out, int64_t max_seq_len, int64_t partition_blocks,
+                  int64_t heads_per_task) {
+  TORCH_CHECK(k_cache.size(1) <= MAX_BS, "block_size above ", MAX_BS);
+  TORCH_CHECK(partition_blocks >= 1 && heads_per_task >= 1, "bad task split");
+  KVB_DISPATCH(query.scalar_type(), {
+    decode_impl<scalar_t>(query, k_cache, v_cache, block_tables, seq_lens, scale, out,
+                          max_seq_len, partition_blocks, heads_per_task);
+  });
+}
+
+void paged_prefill(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
+                   torch::Tensor block_tables, torch::Tensor cu_seqlens_q, torch::Tensor seq_lens,
+                   double scale, torch::Tensor out, int64_t tile) {
+  TORCH_CHECK(k_cache.size(1) <= MAX_BS, "block_size above ", MAX_BS);
+  TORCH_CHECK(tile >= 1, "tile must be >= 1");
+  KVB_DISPATCH(query.scalar_type(), {
+    prefill_impl<scalar_t>(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
+                           out, tile);
+  });
+}
+
+int64_t vector_width() { return VW; }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "paged decode attention, blocks read in place");
+  m.def("paged_prefill", &paged_prefill, "paged prefill/extend attention, blocks read in place");
+  m.def("first_bad_entry", &first_bad_entry, "first block-table entry outside the pool, or -1");
+  m.def("vector_width", &vector_width, "floats per vector register the build uses");
+}
