@@ -428,16 +428,16 @@ def _yerr(g: pd.DataFrame) -> Any:
 
 
 def spread_note(frame: pd.DataFrame, spec: FigureSpec) -> str:
-    """What the figure's error bars show ('' when its values have no repeat statistics)."""
+    """What the figure's bands and error bars show ('' without repeat statistics)."""
     sub = _select(frame, spec)
     if sub.empty or "stats.q1" not in sub.columns or sub["stats.q1"].isna().all():
         return ""
     n = sub["stats.n"].dropna() if "stats.n" in sub.columns else pd.Series(dtype=float)
     if n.empty:
-        return "points are medians; bars span q1–q3 of the repeats"
+        return "points are medians; the shaded band (error bars on bar charts) spans q1–q3 of the repeats"
     lo, hi = int(n.min()), int(n.max())
     count = f"n = {lo}" if lo == hi else f"n = {lo}–{hi}"
-    return f"points are medians; bars span q1–q3 of the repeats ({count} per point)"
+    return f"points are medians; the shaded band (error bars on bar charts) spans q1–q3 of the repeats ({count} per point)"
 
 
 def _spread(ax: Any, g: pd.DataFrame, x: str, color: str) -> None:

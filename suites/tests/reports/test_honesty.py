@@ -127,7 +127,7 @@ def test_sweep_table_cells_carry_units_and_spread(site: Path) -> None:
         assert re.match(r"[\d.,]+ ms\|q1–q3 [\d.,]+ ms – [\d.,]+ ms, n=9\|", time), time
         assert r[col["paged_overhead"]].endswith("%")
         assert r[col["time_prefill"]].split("|")[0].endswith(" s")
-    assert "bars span q1–q3 of the repeats (n = 9 per point)" in page
+    assert "spans q1–q3 of the repeats (n = 9 per point)" in page
 
 
 def test_sweep_page_names_run_device_and_backend(site: Path) -> None:
