@@ -43,10 +43,12 @@ import torch
 from kvbench.kernels import ops
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.block_table import RequestState, block_table_tensor, slot_mapping
+from kvbench.paged.cache_inspect import PagedInspection, snapshots_equal
 from kvbench.paged.cache_serving import PagedServingAccounting
-from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, PrefixCacheStats, block_key
+from kvbench.paged.cache_swap import PagedSwap
+from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, block_key
 from kvbench.paged.swap import SwapSpace
-from kvbench.reference.contract import CacheStats, RequestId
+from kvbench.reference.contract import RequestId
 from kvbench.reference.validation import (
     allocate_zeros,
     token_id_count,
@@ -69,7 +71,7 @@ from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.torch_dtypes import torch_dtype
 
 
-class PagedKVCache(PagedServingAccounting):
+class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
     """A paged KV cache with prefix caching, copy-on-write, swap and watermark admission.
 
     Args:
@@ -530,116 +532,6 @@ class PagedKVCache(PagedServingAccounting):
             self.pool.release(req.blocks)
         del self._requests[request_id]
 
-    # ------------------------------------------------------------------ swap
-    def swap_out(self, request_id: RequestId) -> None:
-        """Copy all the request's blocks to CPU swap space and release them on the device."""
-        self.swap_out_group([request_id])
-
-    def swap_in(self, request_id: RequestId) -> None:
-        """Bring a swapped-out request back into fresh device blocks, bit for bit.
-
-        Admission-like: needs free - blocks >= watermark blocks (CapacityError otherwise).
-        """
-        self.swap_in_group([request_id])
-
-    def _group(self, request_ids: Sequence[RequestId], swapped: bool) -> list[RequestState]:
-        """The states of a swap group: distinct ids, all resident (or all swapped)."""
-        ids = list(request_ids)
-        if not ids:
-            raise ConfigError("a swap group needs at least one request id")
-        try:
-            repeated = len(set(ids)) != len(ids)
-        except TypeError:
-            raise ConfigError(f"request ids {ids!r} are not all hashable") from None
-        if repeated:
-            raise ConfigError(f"a swap group names a request twice: {ids!r}")
-        if not swapped:
-            return [self._resident(r, "swap out") for r in ids]
-        reqs = [self._get(r) for r in ids]
-        for r, req in zip(ids, reqs, strict=True):
-            if not req.swapped:
-                raise RequestStateError(f"cannot swap in request {r!r}: it is not swapped")
-        return reqs
-
-    def _copy_blocks_between(
-        self,
-        src: tuple[torch.Tensor, torch.Tensor],
-        dst: tuple[torch.Tensor, torch.Tensor],
-        pairs: Sequence[tuple[int, int]],
-    ) -> None:
-        mapping = torch.tensor(list(pairs), dtype=torch.int64)
-        for layer in range(self._geometry.num_layers):
-            for a, b in zip(src, dst, strict=True):
-                ops.swap_blocks(a[layer], b[layer], mapping, backend=self.kernel_backend)
-
-    def swap_out_group(self, request_ids: Sequence[RequestId]) -> None:
-        """Swap out several resident requests together, keeping what they share shared:
-        every distinct device block of theirs is copied once into one CPU block that
-        carries one reference per table entry. All or nothing: CapacityError (swap space
-        too small for the distinct blocks) or a bad id changes nothing."""
-        reqs = self._group(request_ids, swapped=False)
-        distinct = list(dict.fromkeys(b for req in reqs for b in req.blocks))
-        names = ", ".join(repr(r.request_id) for r in reqs)
-        cpu = self.swap.allocate_many(len(distinct), f"request(s) {names} ")
-        to_cpu = dict(zip(distinct, cpu, strict=True))
-        if self._k is not None and self._v is not None:
-            assert self.swap.k is not None and self.swap.v is not None
-            self._copy_blocks_between(
-                (self._k, self._v), (self.swap.k, self.swap.v), list(to_cpu.items())
-            )
-        taken = set()
-        for req in reqs:
-            table = [to_cpu[b] for b in req.blocks]
-            for c in table:
-                if c in taken:
-                    self.swap.incref(c)
-                taken.add(c)
-            self.pool.release(req.blocks)
-            req.blocks = table
-            req.swapped = True
-            self.swap_outs += 1
-
-    def swap_in_group(self, request_ids: Sequence[RequestId]) -> None:
-        """Bring several swapped requests back together, bit for bit, restoring the
-        sharing among them: one device block per distinct CPU block. Admission-like:
-        needs free - distinct blocks >= watermark blocks. All or nothing: CapacityError
-        or a bad id changes nothing."""
-        reqs = self._group(request_ids, swapped=True)
-        distinct = list(dict.fromkeys(c for req in reqs for c in req.blocks))
-        need, free = len(distinct), self.pool.num_free
-        if free - need < self.watermark_blocks:
-            names = ", ".join(repr(r.request_id) for r in reqs)
-            raise CapacityError(
-                f"cannot swap in request(s) {names}: needs {need} blocks, {free} free, "
-                f"watermark keeps {self.watermark_blocks}"
-            )
-        gpu = self.pool.allocate_many(need)
-        to_gpu = dict(zip(distinct, gpu, strict=True))
-        if self._k is not None and self._v is not None:
-            assert self.swap.k is not None and self.swap.v is not None
-            self._copy_blocks_between(
-                (self.swap.k, self.swap.v), (self._k, self._v), list(to_gpu.items())
-            )
-        bs, taken = self.block_size, set()
-        for req in reqs:
-            table = [to_gpu[c] for c in req.blocks]
-            for i, b in enumerate(table):
-                if b in taken:
-                    self.pool.incref(b)
-                else:  # sharers of a block agree on its fill: a write would have copied it
-                    self.pool.set_fill(b, min(bs, max(0, req.seq_len - i * bs)))
-                    taken.add(b)
-            self.swap.release(req.blocks)
-            req.blocks = table
-            req.swapped = False
-            if self.prefix is not None and req.tokens is not None:
-                for i, key in enumerate(req.keys):
-                    parent = req.keys[i - 1] if i else None
-                    chunk = req.tokens[i * bs : (i + 1) * bs]
-                    self.prefix.insert(table[i], key, parent, chunk, req.extra)  # type: ignore[arg-type]
-            self.swap_ins += 1
-
-    # ------------------------------------------------------------------ read
     def gather(self, request_id: RequestId) -> tuple[torch.Tensor, torch.Tensor]:
         """The request's K and V [num_layers, seq_len, num_kv_heads, head_dim] (copies)."""
         req = self._resident(request_id, "gather")
@@ -686,138 +578,5 @@ class PagedKVCache(PagedServingAccounting):
             max_seq_len=max(r.seq_len for r in reqs),
         )
 
-    # ------------------------------------------------------------------ stats
-    def _reservation_slots(self, req: RequestState) -> int:
-        """Pending prompt slots in blocks the request holds alone (a shared partial block's
-        free tail is nobody's reservation: the first write copies the block)."""
-        pending = req.pending_prompt
-        if not pending or req.swapped:
-            return 0
-        bs, s = self.block_size, req.seq_len
-        if s % bs and self.pool.ref[req.blocks[s // bs]] > 1:
-            pending -= min(req.prompt_len, (s // bs + 1) * bs) - s
-        return pending
 
-    def stats(self) -> CacheStats:
-        """Memory snapshot (O(requests + blocks)); see CacheStats for the slot accounting.
-
-        Paged specifics: reservation_slots are pending prompt slots in blocks a request
-        holds alone; internal fragmentation is the rest of the used blocks' empty slots;
-        free_slots include evictable cached blocks; logical_tokens counts running
-        requests (a slot shared by n requests counts n times there, once in live_slots);
-        num_requests includes swapped ones; cached_blocks are the prefix index's entries
-        (in use or evictable); shared_blocks have refcount > 1; swapped_blocks are CPU
-        blocks held now; cow_copies is cumulative.
-        """
-        bs, pool = self.block_size, self.pool
-        running = [r for r in self._requests.values() if not r.swapped]
-        reservation = sum(self._reservation_slots(r) for r in running)
-        used_slots = pool.num_used * bs
-        return CacheStats(
-            capacity_slots=self.num_blocks * bs,
-            live_slots=pool.live_slots,
-            reservation_slots=reservation,
-            internal_fragmentation_slots=used_slots - pool.live_slots - reservation,
-            free_slots=pool.num_free * bs,
-            external_fragmentation_slots=0,
-            logical_tokens=sum(r.seq_len for r in running),
-            num_requests=len(self._requests),
-            bytes_per_slot=self._geometry.bytes_per_token,
-            block_size=bs,
-            total_blocks=self.num_blocks,
-            free_blocks=pool.num_free,
-            used_blocks=pool.num_used,
-            cached_blocks=len(self.prefix) if self.prefix is not None else 0,
-            shared_blocks=sum(1 for c in pool.ref if c > 1),
-            cow_copies=self.cow_copies,
-            swapped_blocks=self.swap.num_used,
-        )
-
-    def prefix_stats(self) -> PrefixCacheStats:
-        """Prefix-cache counters (all zero when prefix caching is off)."""
-        p = self.prefix
-        if p is None:
-            return PrefixCacheStats(0, 0, 0, 0, 0, 0, 0)
-        return PrefixCacheStats(
-            p.lookups,
-            p.queried_tokens,
-            p.hit_blocks,
-            p.hit_tokens,
-            p.evictions,
-            len(p),
-            self.pool.num_evictable,
-        )
-
-    # ------------------------------------------------------------------ checking
-    def snapshot(self) -> dict[str, object]:
-        """The whole state as comparable values and tensor copies (for atomicity tests;
-        compare two with `snapshots_equal`). Expensive: copies the KV pools."""
-        snap: dict[str, object] = {
-            "pool": self.pool.snapshot(),
-            "prefix": self.prefix.snapshot() if self.prefix is not None else None,
-            "swap": self.swap.snapshot(),
-            "requests": [r.snapshot() for r in self._requests.values()],
-            "counters": (self._order, self.cow_copies, self.swap_outs, self.swap_ins),
-        }
-        for name, t in (
-            ("k", self._k),
-            ("v", self._v),
-            ("cpu_k", self.swap.k),
-            ("cpu_v", self.swap.v),
-        ):
-            snap[name] = None if t is None else t.clone()
-        return snap
-
-    def check(self) -> None:
-        """Assert every invariant: the pool's, the prefix index's, the swap space's, and
-        that request tables account for every reference (none from a freed request)."""
-        self.pool.check()
-        bs, pool = self.block_size, self.pool
-        refs = [0] * self.num_blocks
-        for rid, req in self._requests.items():
-            assert len(req.blocks) == max(-(-req.seq_len // bs), -(-req.prompt_len // bs)), (
-                f"request {rid!r} holds {len(req.blocks)} blocks for {req.seq_len} tokens"
-            )
-            assert req.seq_len <= self.max_seq_len
-            if req.tokens is not None:
-                assert len(req.tokens) + req.unknown_tail == req.seq_len, (
-                    f"request {rid!r} token ids out of step"
-                )
-            assert len(req.keys) <= req.seq_len // bs
-            if req.swapped:
-                continue
-            for i, b in enumerate(req.blocks):
-                refs[b] += 1
-                want = min(bs, max(0, req.seq_len - i * bs))
-                assert pool.fill[b] == want, (
-                    f"request {rid!r} block {i} (physical {b}) fill {pool.fill[b]} != {want}"
-                )
-                if i * bs >= req.seq_len:
-                    assert pool.ref[b] == 1, f"reserved block {b} of {rid!r} is shared"
-                key = self.prefix.key_of(b) if self.prefix is not None else None
-                if key is not None:
-                    assert i < len(req.keys) and req.keys[i] == key, (
-                        f"request {rid!r} holds cached block {b} of another prefix"
-                    )
-        assert refs == pool.ref, "refcounts differ from the block tables' references"
-        self.swap.check(r.blocks for r in self._requests.values() if r.swapped)
-        s = self.stats()
-        assert s.internal_fragmentation_slots >= 0 and s.reservation_slots >= 0
-        assert s.free_slots + s.reserved_slots == s.capacity_slots
-
-
-def snapshots_equal(a: dict[str, object], b: dict[str, object]) -> bool:
-    """Whether two `PagedKVCache.snapshot()` results are identical (tensors bitwise)."""
-    if a.keys() != b.keys():
-        return False
-    for name in a:
-        x, y = a[name], b[name]
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype:
-                return False
-            # bitwise: compare raw bytes so NaNs and -0.0 count as themselves
-            if not torch.equal(x.view(torch.uint8), y.view(torch.uint8)):
-                return False
-        elif x != y:
-            return False
-    return True
+__all__ = ["PagedKVCache", "snapshots_equal"]
