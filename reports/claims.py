@@ -19,151 +19,46 @@ does *better* than published: the page shows both numbers and a note on why they
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pandas as pd
 
-from kvbench.reports import serving as serving_tables
+from kvbench.reports.claims_model import (
+    FAILS,
+    HOLDS,
+    NOT_APPLICABLE,
+    NOT_MEASURED,
+    VLLM_PAPER,
+    Claim,
+    Verdict,
+    _missing,
+    _pct,
+    _range,
+    _rows,
+    _within,
+)
+from kvbench.reports.claims_serving import (
+    _calibration,
+    _cow_load,
+    _rate_paper,
+    _seed001_batch,
+    _throughput,
+)
 from kvbench.reports.tables import latest
 
-#: The publication most claims come from (cited by its authors, title and venue).
-VLLM_PAPER = (
-    "Kwon et al., “Efficient Memory Management for Large Language Model Serving with "
-    "PagedAttention”, SOSP 2023"
-)
-
-HOLDS = "holds"
-FAILS = "does not hold"
-NOT_MEASURED = "not measured"
-NOT_APPLICABLE = "not applicable here"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The outcome of one claim on one run."""
-
-    measured: str
-    verdict: str
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A published claim and how to check it (see the module docstring)."""
-
-    key: str
-    topic: str
-    statement: str
-    source: str
-    published: str
-    check: Callable[[pd.DataFrame], Verdict]
-
-
-def _rows(frame: pd.DataFrame, suite: str, metric: str, **where: object) -> pd.DataFrame:
-    sub = frame[(frame["suite"] == suite) & (frame["metric"] == metric)]
-    for key, val in where.items():
-        if key not in sub.columns:
-            return sub.iloc[0:0]
-        sub = sub[sub[key] == val]
-    return sub
-
-
-def _pct(v: float) -> str:
-    return f"{100 * v:.1f}%"
-
-
-def _range(values: pd.Series, fmt: Callable[[float], str] = _pct) -> str:
-    lo, hi = float(values.min()), float(values.max())
-    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}-{fmt(hi)}"
-
-
-def _within(values: pd.Series, lo: float, hi: float, tol: float) -> bool:
-    return bool(((values >= lo - tol) & (values <= hi + tol)).all())
-
-
-def _missing(what: str) -> Verdict:
-    return Verdict("-", NOT_MEASURED, what)
+__all__ = [
+    "CLAIMS",
+    "CLAIM_SUITES",
+    "FAILS",
+    "HOLDS",
+    "NOT_APPLICABLE",
+    "NOT_MEASURED",
+    "Claim",
+    "Verdict",
+    "evaluate",
+]
 
 
 # --------------------------------------------------------------------- checks
-
-
-def _seed001_batch(frame: pd.DataFrame) -> Verdict:
-    wide = serving_tables.batch_frame(frame)
-    if wide.empty or not set(serving_tables.BATCH_SYSTEMS) <= set(wide.columns):
-        return _missing("run the serving.batch_table sweep")
-    peaks = {s: float(wide[s].max()) for s in wide.columns}
-    contiguous = wide["contiguous-max"].dropna()
-    wall = int(contiguous.index.max())
-    paged_x = peaks["paged"] / peaks["contiguous-max"]
-    prefix_x = peaks["paged-prefix"] / peaks["contiguous-max"]
-    oom = _rows(frame, "serving.batch_table", "max_batch_that_fits", setup="llama-2-70b-a100-80gb")
-    fits = int(oom["value"].iloc[-1]) if not oom.empty else wall
-    ok = abs(paged_x - 4.2) <= 0.42 and abs(prefix_x - 6.5) <= 0.65 and fits < 32
-    return Verdict(
-        f"modeled: contiguous fits {fits} requests (largest batch run {wall}), peak "
-        f"{peaks['contiguous-max']:,.0f} tok/s; paged {peaks['paged']:,.0f} ({paged_x:.1f}x); "
-        f"paged + prefix cache {peaks['paged-prefix']:,.0f} ({prefix_x:.1f}x)",
-        HOLDS if ok else FAILS,
-        "time model of one A100-80GB (312 TFLOP/s, 2.0 TB/s) with the seed's 35 GB of weights "
-        "and 42 GB KV pool; contiguous requests reserve the 4,096-token context. Any 70B "
-        "model needs 2 x 70e9 FLOPs per token, so one A100 tops out at ~2,230 tok/s however "
-        "large the batch: the seed's 5,234 and 8,150 tok/s need 2.3x-3.7x its peak FLOP/s, "
-        "and its own budget (42 GB / 640 MB) fits ~65 max-length requests at 2,048 tokens. "
-        "Tolerance 10% on the ratios.",
-    )
-
-
-def _cow_load(
-    suite_static: str, sharing: str, lo: float, hi: float
-) -> Callable[[pd.DataFrame], Verdict]:
-    def check(frame: pd.DataFrame) -> Verdict:
-        rows = _rows(frame, "serving.cow_load", "saved_fraction", sharing=sharing)
-        if rows.empty:
-            return _missing("run the serving.cow_load sweep")
-        note = (
-            "modeled serving run: OPT-13B on A100-40GB (12 GB KV), Alpaca-like, Poisson "
-            f"arrivals at {_range(rows['rate'], lambda v: f'{v:g}')} requests/s; time-averaged "
-            "(blocks named by the sequences' tables - blocks held) / blocks named; tolerance 2 "
-            "points"
-        )
-        static = _rows(frame, suite_static, "saved_fraction", workload="alpaca")
-        if not static.empty:
-            note += (
-                f". Today's static replay ({suite_static}, Alpaca-like): {_range(static['value'])}"
-            )
-        by_width = ", ".join(
-            f"{int(k)}: {_pct(v)}" for k, v in rows.groupby("width")["value"].mean().items()
-        )
-        return Verdict(
-            f"{_range(rows['value'])} (by width: {by_width})",
-            HOLDS if _within(rows["value"], lo, hi, 0.02) else FAILS,
-            note,
-        )
-
-    return check
-
-
-def _calibration(frame: pd.DataFrame) -> Verdict:
-    err = _rows(frame, "serving.measured", "step_error_mean")
-    steps = _rows(frame, "serving.measured", "steps_timed")
-    fit = _rows(frame, "serving.measured", "fit_step_error_mean")
-    if err.empty or steps.empty:
-        return _missing("run the serving.measured sweep")
-    both = err.merge(steps[["case_key", "value"]], on="case_key", suffixes=("", "_steps"))
-    held = float((both["value"] * both["value_steps"]).sum() / both["value_steps"].sum())
-    worst = both.loc[both["value"].idxmax()]
-    what = f"held-out mean |error| {_pct(held)} over {int(both['value_steps'].sum()):,} steps"
-    if not fit.empty:
-        what += f" (fit set {_pct(float(fit['value'].iloc[-1]))})"
-    return Verdict(
-        what,
-        HOLDS if held <= 0.15 else FAILS,
-        "step-time model with the CPU coefficients fitted to separate measured runs, priced "
-        "on every step of the serving.measured cases (measured here); worst case "
-        f"{_pct(float(worst['value']))}. Modeled GPU figures use datasheet coefficients, not "
-        "fitted ones: this bounds the model's form, not the GPU figures' inputs.",
-    )
 
 
 def _util_paper(frame: pd.DataFrame) -> Verdict:
@@ -425,74 +320,6 @@ def _budget(frame: pd.DataFrame) -> Verdict:
         HOLDS if blocks == 8400 else FAILS,
         "42 GB read as 42,000 MiB, as the seed does; 5 MiB per 16-token block",
     )
-
-
-def _ratio_text(ratios: pd.DataFrame, column: str) -> str:
-    return ", ".join(
-        f"{setup.split('-')[0]}-{setup.split('-')[1]} {workload}: {v:.2f}x"
-        for (setup, workload), v in ratios[column].dropna().items()
-    )
-
-
-def _rate_paper(frame: pd.DataFrame) -> Verdict:
-    ratios = serving_tables.sustained_ratios(frame)
-    if ratios.empty:
-        return _missing("run the serving.rate sweep (sustained-rate knee cases)")
-    share = ratios[ratios.index.get_level_values("workload") == "sharegpt"]
-    need = {"contiguous-oracle", "contiguous-max", "static"}
-    if share.empty or not need <= set(share.columns):
-        return _missing("serving.rate lacks ShareGPT knee cases for paged and the baselines")
-    tol = 0.10
-    oracle, mx, ft = share["contiguous-oracle"], share["contiguous-max"], share["static"]
-    ok = (
-        _within(oracle, 1.7, 2.7, 1.7 * tol)
-        and _within(mx, 2.7, 8.0, 2.7 * tol)
-        and bool(((ft > 1) & (ft <= 22 * (1 + tol))).all())
-    )
-    measured = (
-        f"modeled: Oracle {_ratio_text(share, 'contiguous-oracle')}; "
-        f"Max {_ratio_text(share, 'contiguous-max')}; FT-like {_ratio_text(share, 'static')}"
-    )
-    return Verdict(
-        measured,
-        HOLDS if ok else FAILS,
-        "sustained request rate (highest Poisson rate with mean normalized latency under 10 x "
-        "the set-up's one-sequence decode step) of paged over each baseline, ShareGPT-like, "
-        "on the engine's time model of the paper's GPUs (modeled, not measured); tolerance "
-        "10% on the ranges. The paper's FasterTransformer has its own kernels and scheduler; "
-        "here 'static' is request-level batching over the same cache and time model.",
-    )
-
-
-def _throughput(frame: pd.DataFrame) -> Verdict:
-    ratios = serving_tables.sustained_ratios(frame)
-    if not ratios.empty and "contiguous-max" in ratios.columns:
-        mx = ratios["contiguous-max"].dropna()
-        ok = _within(mx, 2.0, 4.0, 0.2)
-        note = (
-            "sustained request rate (serving.rate knee, modeled) of paged over contiguous "
-            "with max reservation, same KV memory; tolerance 10%"
-        )
-        if "contiguous-oracle" in ratios.columns:
-            note += f". Over the oracle reservation: {_ratio_text(ratios, 'contiguous-oracle')}"
-        return Verdict(
-            f"modeled: {_ratio_text(ratios, 'contiguous-max')}", HOLDS if ok else FAILS, note
-        )
-    rows = _rows(frame, "serving.batch", "tokens_per_second")
-    if rows.empty or not {"contiguous-max", "paged"} <= set(rows["cache"]):
-        return _missing("needs the scheduler sweep serving.batch (paged and contiguous)")
-    parts, ratios = [], []
-    for workload, sub in rows.groupby("workload"):
-        paged = float(sub[sub["cache"] == "paged"]["value"].max())
-        contiguous = float(sub[sub["cache"] == "contiguous-max"]["value"].max())
-        ratios.append(paged / contiguous)
-        parts.append(f"{workload}: {paged / contiguous:.2f}x")
-    conc = _rows(frame, "serving.batch", "peak_concurrency", cache="contiguous-max")
-    note = "peak modeled throughput, paged over contiguous (max reservation), same KV budget"
-    if not conc.empty:
-        note += f"; the contiguous cache never runs more than {int(conc['value'].max())} requests"
-    ok = all(2 - 0.2 <= r <= 4 + 0.4 for r in ratios)
-    return Verdict(", ".join(parts), HOLDS if ok else FAILS, note + "; tolerance 10%")
 
 
 CLAIMS: tuple[Claim, ...] = (

@@ -1,0 +1,68 @@
+"""The vocabulary of the claims check: verdict values, `Verdict`, `Claim`, and the small
+helpers every check uses to slice a run's rows and to print measured ranges. The rule each
+verdict follows is in `reports.claims`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+
+#: The publication most claims come from (cited by its authors, title and venue).
+VLLM_PAPER = (
+    "Kwon et al., “Efficient Memory Management for Large Language Model Serving with "
+    "PagedAttention”, SOSP 2023"
+)
+
+HOLDS = "holds"
+FAILS = "does not hold"
+NOT_MEASURED = "not measured"
+NOT_APPLICABLE = "not applicable here"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one claim on one run."""
+
+    measured: str
+    verdict: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A published claim and how to check it (see the module docstring)."""
+
+    key: str
+    topic: str
+    statement: str
+    source: str
+    published: str
+    check: Callable[[pd.DataFrame], Verdict]
+
+
+def _rows(frame: pd.DataFrame, suite: str, metric: str, **where: object) -> pd.DataFrame:
+    sub = frame[(frame["suite"] == suite) & (frame["metric"] == metric)]
+    for key, val in where.items():
+        if key not in sub.columns:
+            return sub.iloc[0:0]
+        sub = sub[sub[key] == val]
+    return sub
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+def _range(values: pd.Series, fmt: Callable[[float], str] = _pct) -> str:
+    lo, hi = float(values.min()), float(values.max())
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}-{fmt(hi)}"
+
+
+def _within(values: pd.Series, lo: float, hi: float, tol: float) -> bool:
+    return bool(((values >= lo - tol) & (values <= hi + tol)).all())
+
+
+def _missing(what: str) -> Verdict:
+    return Verdict("-", NOT_MEASURED, what)
