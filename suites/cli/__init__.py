@@ -1,8 +1,9 @@
 """The `kvbench` command line.
 
-Subcommands live one per module in `suites/commands/`; each module defines
-`register(subparsers)` that adds its parser and sets `func` to a callable taking the parsed
-arguments and returning an exit code.
+The whole CLI is this package: `main` here, and one module per subcommand beside it
+(`capacity`, `simulate`, `bench`, ...), each defining `register(subparsers)` that adds its
+parser and sets `func` to a callable taking the parsed arguments and returning an exit
+code. Modules without `register` are helpers (`argtypes`: the ranged option types).
 
 Exit status and messages: bad arguments, kvbench errors (`KVBenchError`), files that
 cannot be read or written (`OSError`), undecodable input and a run that would not fit in
@@ -38,8 +39,6 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every discovered subcommand registered."""
-    import kvbench.suites.commands as commands_pkg
-
     parser = _Parser(
         prog="kvbench",
         description="Conformance and benchmark harness for paged KV caches.",
@@ -47,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for info in sorted(pkgutil.iter_modules(commands_pkg.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"kvbench.suites.commands.{info.name}")
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"kvbench.suites.cli.{info.name}")
         register = getattr(module, "register", None)
         if register is not None:
             register(sub)

@@ -22,7 +22,7 @@ from kvbench.reports.results import (
     summarize,
     to_frame,
 )
-from kvbench.suites.commands.argtypes import check_output_file, folder_arg
+from kvbench.suites.cli.argtypes import check_output_file, folder_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

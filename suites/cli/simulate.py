@@ -32,13 +32,13 @@ from tqdm import tqdm
 from kvbench.paged.latency import LATENCY_METRICS, LATENCY_STATS
 from kvbench.paged.scheduler_model import SchedulerConfig
 from kvbench.paged.scheduler_setup import CACHE_KINDS, CacheSpec, simulate, time_model_for
-from kvbench.suites.commands.argtypes import (
+from kvbench.suites.cli.argtypes import (
     check_input_file,
     check_output_dir,
     float_range,
     int_range,
 )
-from kvbench.suites.commands.workload import add_generator_args, trace_from_args
+from kvbench.suites.cli.workload import add_generator_args, trace_from_args
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.trace import Trace
 from kvbench.workloads.units import format_bytes

@@ -40,7 +40,7 @@ from kvbench.reports.gate import (
 )
 from kvbench.reports.gate.model import THRESHOLD_RANGES
 from kvbench.reports.results import DEFAULT_RESULTS_DIR, load_run, resolve_run, utc_now
-from kvbench.suites.commands.argtypes import (
+from kvbench.suites.cli.argtypes import (
     check_output_file,
     float_range,
     folder_arg,

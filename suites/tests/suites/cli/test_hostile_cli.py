@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbench.suites.cli import build_parser
-from kvbench.suites.commands import simulate as simulate_cmd
+from kvbench.suites.cli import simulate as simulate_cmd
 from kvbench.suites.conformance.hostile import TRIED, assert_refused, run_cli, tree_digest
 
 # ------------------------------------------------------------------ numeric options
@@ -97,7 +97,7 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
 
 def numeric_options() -> list[tuple[str, str, Callable[[str], object]]]:
     """(command, option, type) of every option whose type is int, float or a ranged
-    numeric type from suites/commands/argtypes.py."""
+    numeric type from suites/cli/argtypes.py."""
     out = []
     for name, p in _subparsers().items():
         for action in p._actions:

@@ -19,7 +19,7 @@ import sys
 
 from kvbench.reports.results import DEFAULT_RESULTS_DIR
 from kvbench.suites.bench.harness import TimingConfig
-from kvbench.suites.commands.argtypes import check_output_dir, int_range, run_id_arg
+from kvbench.suites.cli.argtypes import check_output_dir, int_range, run_id_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

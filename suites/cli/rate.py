@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvbench.suites.commands.argtypes import float_range, int_range
-from kvbench.suites.commands.workload import MAX_REQUESTS
+from kvbench.suites.cli.argtypes import float_range, int_range
+from kvbench.suites.cli.workload import MAX_REQUESTS
 from kvbench.workloads.errors import ConfigError
 
 _COLUMNS = ("system", "rate", "norm lat mean", "norm lat p99", "ttft p50", "req/s", "tok/s")

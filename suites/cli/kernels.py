@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from kvbench.kernels import aot
 from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultWriter, check_appendable
-from kvbench.suites.commands.argtypes import (
+from kvbench.suites.cli.argtypes import (
     check_output_dir,
     check_output_file,
     int_range,

@@ -21,7 +21,7 @@ from kvbench.paged.utilization import (
     seed002_lengths,
     shared_prompt_blocks,
 )
-from kvbench.suites.commands.argtypes import float_range, int_range, seed_int
+from kvbench.suites.cli.argtypes import float_range, int_range, seed_int
 from kvbench.workloads.errors import ConfigError
 
 SUITE = "paged.utilization"

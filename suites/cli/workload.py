@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvbench.suites.commands.argtypes import check_output_file, int_range
+from kvbench.suites.cli.argtypes import check_output_file, int_range
 from kvbench.workloads.arrivals import parse_arrivals
 from kvbench.workloads.distributions import parse_distribution
 from kvbench.workloads.sharing import SHARING_PATTERNS, WORKLOAD_NAMES, generate

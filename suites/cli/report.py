@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultsError, load_runs, resolve_run
-from kvbench.suites.commands.argtypes import check_output_dir, folder_arg
+from kvbench.suites.cli.argtypes import check_output_dir, folder_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from kvbench.reports.results import DEFAULT_RESULTS_DIR, load_runs, merge_runs
-from kvbench.suites.commands.argtypes import folder_arg, run_id_arg
+from kvbench.suites.cli.argtypes import folder_arg, run_id_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

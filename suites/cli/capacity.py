@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvbench.suites.commands.argtypes import float_range, int_range
+from kvbench.suites.cli.argtypes import float_range, int_range
 from kvbench.workloads.geometry import KVGeometry, parse_bytes
 from kvbench.workloads.planner import CapacityPlan, plan_capacity
 from kvbench.workloads.presets import PRESETS, get_preset

@@ -1,1 +1,0 @@
-"""One module per `kvbench` subcommand; each defines `register(subparsers)`."""

@@ -1,0 +1,1 @@
+"""Tests of kvbench.suites.cli."""
