@@ -1,2 +1,3 @@
 """Reports: results store -> pandas tables -> matplotlib figures -> HTML site, and the
-regression gate. Reads result files; never imports `paged` or `kernels`."""
+committed gate baselines (reports/baselines/, data only: the gate's code is
+`kvbench.suites.gate`). Reads result files; never imports `paged` or `kernels`."""

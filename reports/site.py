@@ -239,7 +239,7 @@ def build_site(
     """Write the site for `runs` into `out_dir` (replacing an earlier site there) and
     return the path of its index.html. Raises ResultsError when there is nothing to show.
 
-    `gates`: (name, HTML fragment) pairs from `reports.gate.render_html`, shown on
+    `gates`: (name, HTML fragment) pairs from `suites.gate.render_html`, shown on
     gate.html (the fragments are escaped by the gate's own template)."""
     if not runs:
         raise ResultsError("no runs to report; run `kvbench bench` first")

@@ -23,7 +23,14 @@ import logging
 import sys
 from pathlib import Path
 
-from kvbench.reports.gate import (
+from kvbench.reports.results import DEFAULT_RESULTS_DIR, load_run, resolve_run, utc_now
+from kvbench.suites.cli.argtypes import (
+    check_output_file,
+    float_range,
+    folder_arg,
+    int_range,
+)
+from kvbench.suites.gate import (
     Baseline,
     GateInputError,
     Thresholds,
@@ -38,14 +45,7 @@ from kvbench.reports.gate import (
     to_json,
     write_baseline,
 )
-from kvbench.reports.gate.model import THRESHOLD_RANGES
-from kvbench.reports.results import DEFAULT_RESULTS_DIR, load_run, resolve_run, utc_now
-from kvbench.suites.cli.argtypes import (
-    check_output_file,
-    float_range,
-    folder_arg,
-    int_range,
-)
+from kvbench.suites.gate.model import THRESHOLD_RANGES
 
 log = logging.getLogger(__name__)
 

@@ -91,7 +91,7 @@ def _gate_fragments(paths: list[str]) -> list[tuple[str, str]]:
     import json
     from pathlib import Path
 
-    from kvbench.reports import gate
+    from kvbench.suites import gate
 
     out = []
     for p in paths:

@@ -1,7 +1,7 @@
 """Measure a gate candidate: one results run holding the conformance check, the static
 kernel costs for the requested architectures, and the same-run timing ratios.
 
-Row layout (what `reports.gate.candidate_from_run` reads):
+Row layout (what `suites.gate.candidate_from_run` reads):
     gate.conformance  case {check, backend, dtype, ...}  metrics passed (1/0), relative_error
     gate.static       case {kernel, arch, config (canonical JSON), triton, source_hash,
                             reused}                       metrics registers, spills,
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from kvbench.reports.gate import (
+from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultWriter
+from kvbench.suites.gate import (
     CONFORMANCE_SUITE,
     STATIC_METRICS,
     STATIC_SUITE,
@@ -27,11 +28,12 @@ from kvbench.reports.gate import (
     Baseline,
     GateInputError,
     config_key,
+    conformance,
     normalize_arch,
     sha256_text,
+    static,
+    timing,
 )
-from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultWriter
-from kvbench.suites.gate import conformance, static, timing
 
 log = logging.getLogger(__name__)
 

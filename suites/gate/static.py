@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
-from kvbench.reports.gate import Baseline, StaticRecord, config_key, normalize_arch
+from kvbench.suites.gate import Baseline, StaticRecord, config_key, normalize_arch
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kvbench.reports.gate import GateInputError
+from kvbench.suites.gate import GateInputError
 from kvbench.workloads.errors import ConfigError
 
 log = logging.getLogger(__name__)

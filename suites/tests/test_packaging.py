@@ -254,7 +254,7 @@ def test_modernize_imports_rewrites_only_import_statements():
 
 def test_a_baseline_frozen_before_the_namespace_still_runs():
     """The committed CPU baseline froze torch_ops under the old names; loaded, it runs."""
-    from kvbench.reports.gate import load_baseline
+    from kvbench.suites.gate import load_baseline
     from kvbench.suites.gate.timing import load_frozen
 
     baseline = load_baseline(REPO / "reports" / "baselines" / "cpu.json")

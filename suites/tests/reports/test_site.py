@@ -245,7 +245,7 @@ def test_site_renders_in_headless_chromium(site: Path, tmp_path: Path) -> None:
 
 
 def test_gate_results_get_a_page(runs: Path, tmp_path: Path) -> None:
-    from kvbench.reports import gate
+    from kvbench.suites import gate
 
     result = gate.GateResult(
         candidate_run="cand", baselines=["cpu.json"], thresholds=gate.Thresholds(), notes=[EVIL]

@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvbench.reports.gate import (
+from kvbench.reports.results import ResultWriter
+from kvbench.suites.cli import main
+from kvbench.suites.gate import (
     CONFORMANCE_SUITE,
     STATIC_SUITE,
     TIMING_SUITE,
     config_key,
     sha256_text,
 )
-from kvbench.reports.results import ResultWriter
-from kvbench.suites.cli import main
 
 FROZEN = "def paged_decode_attention(*a):\n    return None\n"
 ENV = {

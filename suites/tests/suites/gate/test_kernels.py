@@ -20,7 +20,7 @@ from functools import partial
 import pytest
 import torch
 
-from kvbench.reports import gate
+from kvbench.suites import gate
 
 aot = pytest.importorskip("kvbench.kernels.aot")
 configs = pytest.importorskip("kvbench.kernels.configs")

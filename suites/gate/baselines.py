@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench._old_names import modernize_imports
-from kvbench.reports.gate.model import (
+from kvbench.suites.gate.model import (
     BASELINE_KIND,
     BASELINE_SCHEMA,
     CONFORMANCE_SUITE,

@@ -1,5 +1,5 @@
 """Judging a candidate against a baseline: static costs exactly (with slack), timing
-ratios by a one-sided Mann-Whitney U test and a minimum effect (see `reports.gate`)."""
+ratios by a one-sided Mann-Whitney U test and a minimum effect (see `suites.gate`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvbench.reports.gate.baselines import check_compatible
-from kvbench.reports.gate.model import (
+from kvbench.suites.gate.baselines import check_compatible
+from kvbench.suites.gate.model import (
     FAILED,
     FAILING,
     IMPROVED,

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvbench.reports import gate
-from kvbench.reports.gate import (
+from kvbench.suites import gate
+from kvbench.suites.gate import (
     FAILING,
     IMPROVED,
     MISSING,

@@ -8,14 +8,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvbench.reports.gate.baselines import (
+from kvbench.suites.gate.baselines import (
     check_compatible,
     load_baseline,
     make_baseline,
     write_baseline,
 )
-from kvbench.reports.gate.candidates import candidate_from_run
-from kvbench.reports.gate.judge import (
+from kvbench.suites.gate.candidates import candidate_from_run
+from kvbench.suites.gate.judge import (
     GateResult,
     GateRow,
     TimingJudgement,
@@ -24,7 +24,7 @@ from kvbench.reports.gate.judge import (
     evaluate,
     judge_timing,
 )
-from kvbench.reports.gate.model import (
+from kvbench.suites.gate.model import (
     CONFORMANCE_SUITE,
     FAILING,
     IMPROVED,

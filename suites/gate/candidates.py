@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvbench.reports.gate.model import (
+from kvbench.suites.gate.model import (
     CONFORMANCE_SUITE,
     STATIC_SUITE,
     TIMING_SUITE,
