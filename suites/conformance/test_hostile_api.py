@@ -133,6 +133,11 @@ def bad_calls(draw: st.DrawFn) -> BadCall:
             ]
         )
     )
+    return _request_call(draw, kind) or _tensor_call(draw, kind)
+
+
+def _request_call(draw: st.DrawFn, kind: str) -> BadCall | None:
+    """A bad call about ids, prompts and admission hints (None for the other kinds)."""
     if kind.startswith("unhashable id"):
         rid = draw(UNHASHABLE)
         if kind.endswith("(admit)"):
@@ -182,6 +187,11 @@ def bad_calls(draw: st.DrawFn) -> BadCall:
             )
         )
         return BadCall(kind, lambda c: c.admit("n", [1], salt=bad), ConfigError, repr(bad))
+    return None
+
+
+def _tensor_call(draw: st.DrawFn, kind: str) -> BadCall:
+    """A bad call about K/V, token ids of an append, queries, layers and capacity."""
     if kind == "K/V of the wrong shape":
         dims = draw(
             st.lists(st.integers(1, 5), min_size=1, max_size=5).filter(
