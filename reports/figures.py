@@ -33,6 +33,21 @@ plt.rcParams.update(
 )
 
 
+#: x-axis labels with units for the case parameters figures are drawn against (a
+#: parameter that is a name, such as `model` or `impl`, is shown as it is).
+X_LABELS: dict[str, str] = {
+    "rate": "request rate [requests/s]",
+    "batch": "batch size [requests]",
+    "block_size": "block size [tokens]",
+    "ctx_len": "context length [tokens]",
+    "context": "context length [tokens]",
+    "seq_len": "sequence length [tokens]",
+    "avg_len": "mean request length [tokens]",
+    "n": "samples per request (n)",
+    "width": "beam width",
+}
+
+
 @dataclass(frozen=True)
 class FigureSpec:
     """One figure of one suite (see the module docstring)."""
@@ -392,7 +407,7 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
             ax.set_yscale("log")
         if spec.percent:
             ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
-        ax.set_xlabel(spec.x)
+        ax.set_xlabel(X_LABELS.get(spec.x, spec.x))
         ax.set_ylabel(spec.ylabel or ", ".join(spec.metrics))
         ax.set_title(spec.title)
         if len(groups) > 1 or series_keys:
