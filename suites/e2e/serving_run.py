@@ -40,6 +40,7 @@ import torch
 
 from kvbench.reference.contract import KVCache
 from kvbench.suites.e2e.llama_forward import LlamaForward, PackedBatch, pack
+from kvbench.suites.e2e.tiny_llama import random_llama
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
 
@@ -70,28 +71,7 @@ class ServingModelSpec:
 
 def build_model(spec: ServingModelSpec, device: torch.device | str = "cpu"):  # type: ignore[no-untyped-def]
     """A random-weight LlamaForCausalLM of `spec` (float32, eval mode; nothing downloaded)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_q_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=spec.max_positions,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        tie_word_embeddings=False,
-        attn_implementation="eager",
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config)
-    model = model.to(device=device, dtype=torch.float32).eval()
-    model.requires_grad_(False)
-    return model
+    return random_llama(spec, seed=spec.seed, device=device)
 
 
 @contextmanager

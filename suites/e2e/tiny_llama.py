@@ -46,6 +46,17 @@ def build_tiny_llama(spec: TinyLlamaSpec = TinyLlamaSpec()):  # -> LlamaForCausa
 
     Cached: callers must not modify it.
     """
+    return random_llama(
+        spec,
+        seed=spec.seed,
+        config_overrides={"initializer_range": spec.init_std},
+    )
+
+
+def random_llama(spec, *, seed: int, device="cpu", config_overrides=None):  # type: ignore[no-untyped-def]
+    """A random-weight LlamaForCausalLM (float32, eval mode, no grad; nothing downloaded)
+    of a spec with vocab_size, hidden_size, intermediate_size, num_layers, num_q_heads,
+    num_kv_heads and max_positions; the same weights for the same spec and seed."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -56,17 +67,17 @@ def build_tiny_llama(spec: TinyLlamaSpec = TinyLlamaSpec()):  # -> LlamaForCausa
         num_attention_heads=spec.num_q_heads,
         num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_positions,
-        initializer_range=spec.init_std,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
         tie_word_embeddings=False,
         attn_implementation="eager",
+        **(config_overrides or {}),
     )
     with torch.random.fork_rng():
-        torch.manual_seed(spec.seed)
+        torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    model = model.to(dtype=torch.float32).eval()
+    model = model.to(device=device, dtype=torch.float32).eval()
     model.requires_grad_(False)
     return model
 
