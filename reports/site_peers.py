@@ -81,6 +81,7 @@ _PEER_COLUMNS: dict[str, list[tuple[str, str, str, bool]]] = {
         ("time", "time", "s", True),
         ("time / SDPA", "ratio_vs_sdpa", "ratio", True),
         ("time / kvbench", "ratio_vs_kvbench", "ratio", False),
+        ("of copy peak", "copy_peak_fraction", "fraction", True),
     ],
 }
 _PEER_KEYS = {

@@ -22,6 +22,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 // Vector width in floats, from what the compiler may use (-march=native).
@@ -36,12 +40,11 @@ typedef float vf __attribute__((vector_size(VW * 4)));
 typedef int32_t vi __attribute__((vector_size(VW * 4)));
 typedef uint16_t vh __attribute__((vector_size(VW * 2)));
 typedef uint32_t vu __attribute__((vector_size(VW * 4)));
-#if defined(__F16C__) || defined(__AVX512F__)
-#define KVB_F16_VEC 1
-typedef _Float16 vfp16 __attribute__((vector_size(VW * 2)));
-#endif
+
 
 constexpr int QCHUNK = 4;    // query rows whose dot products share one pass over a K row
+constexpr int KPAIR = 2;     // K rows (tokens) one pass scores at once: QCHUNK * KPAIR chains
+constexpr int VPAIR = 2;     // VW-wide columns of V one pass accumulates at once
 constexpr int MAX_BS = 256;  // tokens per block the score rows hold (multiple of VW)
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
@@ -91,11 +94,19 @@ struct Ld<c10::BFloat16> {
 
 template <>
 struct Ld<c10::Half> {
+  // F16C's vcvtph2ps converts a whole vector in one instruction; the generic _Float16
+  // conversion compiles to a slower sequence on CPUs without AVX512-FP16.
   static inline vf vec(const c10::Half* p) {
-#ifdef KVB_F16_VEC
-    vfp16 h;
-    std::memcpy(&h, p, sizeof(h));
-    return __builtin_convertvector(h, vf);
+#if VW == 16 && defined(__AVX512F__)
+    const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    vf v;
+    std::memcpy(&v, &f, sizeof(v));
+    return v;
+#elif VW == 8 && defined(__F16C__)
+    const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    vf v;
+    std::memcpy(&v, &f, sizeof(v));
+    return v;
 #else
     vf v;
     for (int i = 0; i < VW; ++i) v[i] = float(p[i]);
@@ -122,6 +133,47 @@ inline float hsum(vf v) {
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
+#define KVB_INLINE inline __attribute__((always_inline))
+
+// Keeps v in a register: GCC otherwise folds a loaded K or V vector into every FMA that
+// uses it as a memory operand, loading it once per query row (12 loads per 8 FMAs instead
+// of 6), and the loads, not the FMAs, then bound the loop.
+#if defined(__x86_64__) || defined(__i386__)
+#define KVB_IN_REGISTER(v) asm("" : "+x"(v))
+#else
+#define KVB_IN_REGISTER(v) ((void)0)
+#endif
+
+#if VW >= 8
+typedef float v8f __attribute__((vector_size(32)));
+
+// Pairwise sums of neighbouring lanes, AVX's hadd: [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, ...].
+KVB_INLINE v8f hadd8(v8f a, v8f b) {
+  return __builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) +
+         __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
+}
+
+// out[i] = the sum of a[i]'s lanes for i < 8, in one tree of 7 vector additions (8 separate
+// hsums cost about ten times the instructions, a third of a K pass at head dim 128).
+KVB_INLINE void hsum8(const vf* a, float* out) {
+  v8f x[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+#if VW == 16
+    x[i] = __builtin_shufflevector(a[i], a[i], 0, 1, 2, 3, 4, 5, 6, 7) +
+           __builtin_shufflevector(a[i], a[i], 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    x[i] = a[i];
+#endif
+  }
+  const v8f u0 = hadd8(hadd8(x[0], x[1]), hadd8(x[2], x[3]));
+  const v8f u1 = hadd8(hadd8(x[4], x[5]), hadd8(x[6], x[7]));
+  const v8f r = __builtin_shufflevector(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) +
+                __builtin_shufflevector(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15);
+  std::memcpy(out, &r, sizeof(r));
+}
+#endif
+
 // e^x lane by lane for x <= 0 (scores minus their running max): Cody-Waite range reduction
 // and a degree-6 polynomial (relative error ~2e-7); inputs below -87 give ~1e-38.
 inline vf vexp(vf x) {
@@ -147,46 +199,76 @@ inline vf vexp(vf x) {
   return p * scale;
 }
 
-// Dot products of RN query rows (fp32, row stride D) with one K row, times scale, written
-// to s[r * MAX_BS]. RN is a compile-time count so the sums stay in registers.
-template <int RN, typename T>
-inline void dots(const float* q, int D, const T* kr, float scale, float* s) {
+// Dot products of RN query rows (fp32, row stride D) with TN K rows (kr, kr + ks, ...),
+// times scale, written to s[r * MAX_BS + u] for token u. RN and TN are compile-time counts so
+// the RN * TN sums stay in registers: that many independent FMA chains hide the FMA latency,
+// and each query vector loaded serves TN tokens.
+template <int RN, int TN, typename T>
+KVB_INLINE void dots(const float* q, int D, const T* kr, int64_t ks, float scale, float* s) {
   const int DV = D / VW * VW;
-  vf a[RN] = {};
+  vf a[RN][TN] = {};
   for (int d = 0; d < DV; d += VW) {
-    const vf kv = Ld<T>::vec(kr + d);
+    vf kv[TN];
+#pragma GCC unroll 4
+    for (int u = 0; u < TN; ++u) {
+      kv[u] = Ld<T>::vec(kr + u * ks + d);
+      KVB_IN_REGISTER(kv[u]);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < RN; ++r) {
       vf qv;
       std::memcpy(&qv, q + r * D + d, sizeof(qv));
-      a[r] += qv * kv;
+      KVB_IN_REGISTER(qv);
+#pragma GCC unroll 4
+      for (int u = 0; u < TN; ++u) a[r][u] += qv * kv[u];
     }
   }
+  float sums[8];
+#if VW >= 8
+  if constexpr (RN * TN <= 8) {
+    vf all[8] = {};
 #pragma GCC unroll 8
-  for (int r = 0; r < RN; ++r) {
-    float x = hsum(a[r]);
-    for (int d = DV; d < D; ++d) x += q[r * D + d] * Ld<T>::one(kr + d);
-    s[r * MAX_BS] = x * scale;
+    for (int i = 0; i < RN * TN; ++i) all[i] = a[i / TN][i % TN];
+    hsum8(all, sums);
+  } else
+#endif
+  {
+#pragma GCC unroll 8
+    for (int i = 0; i < RN * TN && i < 8; ++i) sums[i] = hsum(a[i / TN][i % TN]);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RN; ++r)
+#pragma GCC unroll 4
+    for (int u = 0; u < TN; ++u) {
+      float x = sums[r * TN + u];
+      for (int d = DV; d < D; ++d) x += q[r * D + d] * Ld<T>::one(kr + u * ks + d);
+      s[r * MAX_BS + u] = x * scale;
+    }
+}
+
+// dots<RN, TN> for a row count known only at run time (nr - r0 < QCHUNK rows left).
+template <int TN, typename T>
+inline void dots_rows(const float* q, int nr, int D, const T* kr, int64_t ks, float scale,
+                      float* s) {
+  int r = 0;
+  for (; r + QCHUNK <= nr; r += QCHUNK)
+    dots<QCHUNK, TN, T>(q + r * D, D, kr, ks, scale, s + r * MAX_BS);
+  switch (nr - r) {
+    case 3: dots<3, TN, T>(q + r * D, D, kr, ks, scale, s + r * MAX_BS); break;
+    case 2: dots<2, TN, T>(q + r * D, D, kr, ks, scale, s + r * MAX_BS); break;
+    case 1: dots<1, TN, T>(q + r * D, D, kr, ks, scale, s + r * MAX_BS); break;
+    default: break;
   }
 }
 
 // Scores of nr query rows against the nt K rows at k (token stride ks):
-// s[r * MAX_BS + t] for r < nr, t < nt.
+// s[r * MAX_BS + t] for r < nr, t < nt. Tokens go KPAIR at a time.
 template <typename T>
 inline void scores(const float* q, int nr, int D, const T* k, int64_t ks, int nt, float scale,
                    float* s) {
-  for (int t = 0; t < nt; ++t) {
-    const T* kr = k + t * ks;
-    int r = 0;
-    for (; r + QCHUNK <= nr; r += QCHUNK)
-      dots<QCHUNK, T>(q + r * D, D, kr, scale, s + r * MAX_BS + t);
-    switch (nr - r) {
-      case 3: dots<3, T>(q + r * D, D, kr, scale, s + r * MAX_BS + t); break;
-      case 2: dots<2, T>(q + r * D, D, kr, scale, s + r * MAX_BS + t); break;
-      case 1: dots<1, T>(q + r * D, D, kr, scale, s + r * MAX_BS + t); break;
-      default: break;
-    }
-  }
+  int t = 0;
+  for (; t + KPAIR <= nt; t += KPAIR) dots_rows<KPAIR, T>(q, nr, D, k + t * ks, ks, scale, s + t);
+  for (; t < nt; ++t) dots_rows<1, T>(q, nr, D, k + t * ks, ks, scale, s + t);
 }
 
 // One row's online-softmax step over one block: scores sr[0, n) (tokens n .. nt - 1 are
@@ -218,49 +300,100 @@ inline void row_softmax(float* sr, int n, int nt, float& m, float& l, float* acc
     for (int d = 0; d < D; ++d) acc[d] *= corr;
 }
 
-// acc[r][d0 .. d0 + VW) += sum_{t < nt} p[r][t] * v[t][d0 ..) for RN rows held in registers.
-template <int RN, typename T>
-inline void pv_column(float* acc, int D, const float* p, const T* v, int64_t vs, int nt) {
-  vf a[RN];
+// Requests (into L2) a strided byte range line by line, a few lines per call: `rows` rows of
+// `rowb` bytes, `stride` bytes apart. Issuing a whole block's prefetches at once stalls on
+// the core's queue of outstanding misses; spread over the arithmetic they overlap with it.
+struct Prefetcher {
+  const char* base = nullptr;
+  int64_t rows = 0, rowb = 0, stride = 0, row = 0, off = 0;
+
+  Prefetcher() = default;
+  Prefetcher(const char* b, int64_t r, int64_t rb, int64_t st) : base(b), rows(r), rowb(rb), stride(st) {}
+
+  int64_t lines() const { return rows * ((rowb + 63) / 64); }
+
+  inline void step(int64_t n) {
+    for (; n > 0 && row < rows; --n) {
+      __builtin_prefetch(base + row * stride + off, 0, 1);
+      off += 64;
+      if (off >= rowb) {
+        off = 0;
+        ++row;
+      }
+    }
+  }
+};
+
+// Lines per step for `calls` evenly spaced steps over `lines` lines (at least one).
+inline int64_t per_call(int64_t lines, int64_t calls) { return (lines + calls - 1) / std::max<int64_t>(1, calls); }
+
+// acc[r][d0 .. d0 + CW * VW) += sum_{t < nt} p[r][t] * v[t][d0 ..) for RN rows and CW
+// vector columns held in registers (RN * CW independent FMA chains; each probability
+// broadcast serves CW columns).
+template <int RN, int CW, typename T>
+KVB_INLINE void pv_column(float* acc, int D, const float* p, const T* v, int64_t vs, int nt) {
+  vf a[RN][CW];
 #pragma GCC unroll 8
-  for (int r = 0; r < RN; ++r) std::memcpy(&a[r], acc + r * D, sizeof(vf));
+  for (int r = 0; r < RN; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < CW; ++c) std::memcpy(&a[r][c], acc + r * D + c * VW, sizeof(vf));
   for (int t = 0; t < nt; ++t) {
-    const vf vv = Ld<T>::vec(v + t * vs);
+    vf vv[CW];
+#pragma GCC unroll 4
+    for (int c = 0; c < CW; ++c) {
+      vv[c] = Ld<T>::vec(v + t * vs + c * VW);
+      KVB_IN_REGISTER(vv[c]);
+    }
 #pragma GCC unroll 8
-    for (int r = 0; r < RN; ++r) a[r] += p[r * MAX_BS + t] * vv;
+    for (int r = 0; r < RN; ++r) {
+      const float pr = p[r * MAX_BS + t];
+#pragma GCC unroll 4
+      for (int c = 0; c < CW; ++c) a[r][c] += pr * vv[c];
+    }
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < RN; ++r) std::memcpy(acc + r * D, &a[r], sizeof(vf));
+  for (int r = 0; r < RN; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < CW; ++c) std::memcpy(acc + r * D + c * VW, &a[r][c], sizeof(vf));
+}
+
+// pv_column<RN, CW> for a row count known only at run time.
+template <int CW, typename T>
+inline void pv_rows(float* acc, int nr, int D, const float* p, const T* v, int64_t vs, int nt) {
+  int r = 0;
+  for (; r + QCHUNK <= nr; r += QCHUNK)
+    pv_column<QCHUNK, CW, T>(acc + r * D, D, p + r * MAX_BS, v, vs, nt);
+  switch (nr - r) {
+    case 3: pv_column<3, CW, T>(acc + r * D, D, p + r * MAX_BS, v, vs, nt); break;
+    case 2: pv_column<2, CW, T>(acc + r * D, D, p + r * MAX_BS, v, vs, nt); break;
+    case 1: pv_column<1, CW, T>(acc + r * D, D, p + r * MAX_BS, v, vs, nt); break;
+    default: break;
+  }
 }
 
 // acc[r] += sum_t p[r][t] * V[t] for rows [0, nr) over the nt V rows at v (token stride vs).
+// Columns go VPAIR vectors at a time, then one vector, then lane by lane (D % VW).
+// With a prefetcher, `per_step` of its lines are requested before each column group, so
+// the next block streams in at the pace of the arithmetic.
 template <typename T>
-inline void pv(float* acc, int nr, int D, const float* p, const T* v, int64_t vs, int nt) {
+inline void pv(float* acc, int nr, int D, const float* p, const T* v, int64_t vs, int nt,
+               Prefetcher* pf = nullptr, int64_t per_step = 0) {
   const int DV = D / VW * VW;
-  for (int d = 0; d < DV; d += VW) {
-    int r = 0;
-    for (; r + QCHUNK <= nr; r += QCHUNK)
-      pv_column<QCHUNK, T>(acc + r * D + d, D, p + r * MAX_BS, v + d, vs, nt);
-    switch (nr - r) {
-      case 3: pv_column<3, T>(acc + r * D + d, D, p + r * MAX_BS, v + d, vs, nt); break;
-      case 2: pv_column<2, T>(acc + r * D + d, D, p + r * MAX_BS, v + d, vs, nt); break;
-      case 1: pv_column<1, T>(acc + r * D + d, D, p + r * MAX_BS, v + d, vs, nt); break;
-      default: break;
-    }
+  int d = 0;
+  for (; d + VPAIR * VW <= DV; d += VPAIR * VW) {
+    if (pf) pf->step(per_step);
+    pv_rows<VPAIR, T>(acc + d, nr, D, p, v + d, vs, nt);
   }
-  for (int d = DV; d < D; ++d)
+  for (; d < DV; d += VW) {
+    if (pf) pf->step(per_step);
+    pv_rows<1, T>(acc + d, nr, D, p, v + d, vs, nt);
+  }
+  for (d = DV; d < D; ++d)
     for (int r = 0; r < nr; ++r) {
       float x = acc[r * D + d];
       for (int t = 0; t < nt; ++t) x += p[r * MAX_BS + t] * Ld<T>::one(v + t * vs + d);
       acc[r * D + d] = x;
     }
-}
-
-// Prefetches (into L2) the rows [t0, t1) of the given heads of a block: bytes per row
-// `rowb`, row stride `stride` bytes.
-inline void prefetch_rows(const char* p, int64_t t0, int64_t t1, int64_t rowb, int64_t stride) {
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t o = 0; o < rowb; o += 64) __builtin_prefetch(p + t * stride + o, 0, 1);
 }
 
 struct Geo {
@@ -302,23 +435,32 @@ void decode_task(const T* q, int64_t qs_h, const T* kc, const T* vc, const int32
     const int nt = int(std::min<int64_t>(g.bs, len - j * g.bs));
     const T* kb = kc + pb * blk + int64_t(h0) * D;
     const T* vb = vc + pb * blk + int64_t(h0) * D;
-    const int64_t pn = j + 1 < j1 ? table[j + 1] : pb;
-    const char* kn = (const char*)(kc + pn * blk + int64_t(h0) * D);
-    const char* vn = (const char*)(vc + pn * blk + int64_t(h0) * D);
-    for (int t = 0; t < nt; ++t) {
-      if (j + 1 < j1) prefetch_rows(kn, t, t + 1, rowb, strideb);
-      for (int h = 0; h < nh; ++h)
-        scores<T>(qf + size_t(h) * G * D, G, D, kb + t * tok + int64_t(h) * D, 0, 1, scale,
+    // The next block of this sequence streams in while this one is computed: its K rows
+    // during the K pass (a share before each (token pair, head) call), its V rows during
+    // the V pass (a share before each (head, column group) call).
+    const bool more = j + 1 < j1;
+    const int64_t pn = more ? table[j + 1] : pb;
+    const int64_t nn = more ? std::min<int64_t>(g.bs, len - (j + 1) * g.bs) : 0;
+    Prefetcher kpf((const char*)(kc + pn * blk + int64_t(h0) * D), nn, rowb, strideb);
+    Prefetcher vpf((const char*)(vc + pn * blk + int64_t(h0) * D), nn, rowb, strideb);
+    const int64_t kstep = per_call(kpf.lines(), int64_t((nt + KPAIR - 1) / KPAIR) * nh);
+    const int64_t vstep = per_call(vpf.lines(), int64_t(nh) * ((D / VW + VPAIR - 1) / VPAIR));
+    for (int t = 0; t < nt; t += KPAIR) {
+      const int tn = std::min(KPAIR, nt - t);
+      for (int h = 0; h < nh; ++h) {
+        kpf.step(kstep);
+        scores<T>(qf + size_t(h) * G * D, G, D, kb + t * tok + int64_t(h) * D, tok, tn, scale,
                   s + size_t(h) * G * MAX_BS + t);
+      }
     }
-    if (j + 1 < j1 && nt < g.bs) prefetch_rows(kn, nt, g.bs, rowb, strideb);
+    kpf.step(kpf.lines());
     for (int r = 0; r < nrows; ++r)
       row_softmax(s + size_t(r) * MAX_BS, nt, nt, m[r], l[r], acc + size_t(r) * D, D);
     for (int h = 0; h < nh; ++h) {
-      if (j + 1 < j1) prefetch_rows(vn, h * g.bs / nh, (h + 1) * g.bs / nh, rowb, strideb);
       pv<T>(acc + size_t(h) * G * D, G, D, s + size_t(h) * G * MAX_BS, vb + int64_t(h) * D, tok,
-            nt);
+            nt, &vpf, vstep);
     }
+    vpf.step(vpf.lines());
   }
 }
 

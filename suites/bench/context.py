@@ -1,6 +1,7 @@
 """What a sweep's `measure` gets besides its case: the device, timing settings, the
 run's copy-bandwidth peak (measured once per process, on first use, and recorded as a
-row of its own), and a seeded RNG."""
+row of its own), a copy probe to time beside a kernel (its buffers allocated once), and a
+seeded RNG."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 
 from kvbench.reports.results import ResultWriter
-from kvbench.suites.bench.harness import TimingConfig, copy_peak, time_fn
+from kvbench.suites.bench.harness import CopyProbe, TimingConfig, copy_peak, time_fn
 
 log = logging.getLogger(__name__)
 
@@ -63,3 +64,10 @@ class BenchContext:
                 self.writer.record("copy_peak", case, "bandwidth", peak, "B/s")
                 self.writer.record("copy_peak", case, "time", stats["median"], "s", stats)
         return self._peak
+
+    def copy_probe(self) -> CopyProbe:
+        """The process's CopyProbe on this device (buffers allocated on first use)."""
+        probe = self.cache.get("copy_probe")
+        if probe is None:
+            probe = self.cache["copy_probe"] = CopyProbe(self.device)
+        return probe

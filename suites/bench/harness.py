@@ -1,6 +1,7 @@
 """Timing: a warm-up + repeats + median harness on CPU, `triton.testing.do_bench` on GPU
 (statistics over every call it timed), and a copy-bandwidth peak to judge achieved
-bandwidth against.
+bandwidth against: once per run (`copy_peak`), or paired with a kernel repeat by repeat
+(`CopyProbe`, `paired_fraction`) where the machine is noisy.
 
 Timings are in seconds. Statistics are over repeats: median, q1, q3 (25th / 75th
 percentiles), min, max, mean and n. Very short calls are batched (`inner` calls per
@@ -122,3 +123,48 @@ def copy_peak(
     dst = torch.empty_like(src)
     stats = time_fn(lambda: dst.copy_(src), device, config)
     return 2 * n * 4 / stats["median"], stats
+
+
+#: Bytes of the copy-peak buffer: twice the largest last-level cache kvbench expects
+#: (A 2-socket host's L3, an H100's 50 MB L2), so the copy streams from memory.
+COPY_PEAK_BYTES = 64 * 2**20
+
+
+class CopyProbe:
+    """A `COPY_PEAK_BYTES` copy on `device`, to time beside a kernel in the same repeats.
+
+    On a shared CPU the copy bandwidth moves 1.5x within minutes, so a kernel's fraction
+    of "the" copy peak measured once per run mixes two moments. Timed alternately with the
+    kernel (`suites.bench.sweeps.peers._paired_times`), each repeat gives one kernel time
+    and one copy time taken side by side, and `paired_fraction` divides them repeat by
+    repeat. `bytes_moved` counts bytes read plus bytes written, as `copy_peak` does.
+    """
+
+    def __init__(self, device: torch.device, nbytes: int = COPY_PEAK_BYTES) -> None:
+        n = max(1, nbytes // 4)
+        self.src = torch.rand(n, device=device)
+        self.dst = torch.empty_like(self.src)
+        self.bytes_moved = 2 * n * 4
+
+    def __call__(self) -> torch.Tensor:
+        return self.dst.copy_(self.src)
+
+    def bandwidths(self, seconds: list[float]) -> list[float]:
+        """Copy bandwidth (B/s) of each timed copy."""
+        return [self.bytes_moved / t for t in seconds]
+
+
+def paired_fraction(
+    kernel_seconds: list[float], copy_seconds: list[float], kernel_bytes: int, copy_bytes: int
+) -> float:
+    """Median over repeats of (kernel_bytes / kernel time) / (copy_bytes / copy time): the
+    fraction of the copy peak a kernel reached, with both taken in the same repeat."""
+    if len(kernel_seconds) != len(copy_seconds) or not kernel_seconds:
+        raise ConfigError(
+            f"paired_fraction needs one copy time per kernel time, got "
+            f"{len(kernel_seconds)} and {len(copy_seconds)}"
+        )
+    return statistics.median(
+        (kernel_bytes / k) / (copy_bytes / c)
+        for k, c in zip(kernel_seconds, copy_seconds, strict=True)
+    )

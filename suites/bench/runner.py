@@ -195,9 +195,12 @@ def run_bench(
             "waiting": the_plan.waiting,
             "descriptions": {
                 "copy_peak": "copy bandwidth of the device (a 64 MiB buffer copied into "
-                "another; bytes read plus bytes written per second), measured once per "
-                "process; kernel.decode divides each kernel's achieved bandwidth by it "
-                "(bandwidth_fraction), so 100% means as fast as a plain copy.",
+                "another; bytes read plus bytes written per second). The kernel sweeps "
+                "divide each kernel's achieved bandwidth by it (bandwidth_fraction), so "
+                "100% means as fast as a plain copy: on a CPU with the copy timed in the "
+                "same repeats as the kernel (copy_peak_paired, a median of per-repeat "
+                "fractions), on a GPU with the copy measured once per process (this "
+                "suite's rows).",
                 **{sw.name: sw.description for sw in _selected(names)},
             },
         },

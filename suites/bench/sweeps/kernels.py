@@ -7,8 +7,9 @@ harness. The paged calls are told the longest context and query run (known here
 without reading the device) and skip index checks, so a timed call reads nothing back
 from the GPU. Each case records both times, the paged overhead (paged / contiguous - 1), the
 bytes one call must move (K and V of every cached token, the queries and the outputs, the
-block tables), the achieved bandwidth and its fraction of the copy peak measured in the
-same run, and the relative difference between the two outputs (proof they did the same
+block tables), the achieved bandwidth and its fraction of the copy peak (on a CPU a 64
+MiB copy timed in the same repeats as the kernel, so the fraction is paired; on a GPU the
+run's peak), and the relative difference between the two outputs (proof they did the same
 work). A case whose paged output differs from SDPA's by more than twice the dtype's
 oracle tolerance (each side may be that far from the exact result) fails before it is
 timed, so a miscompiled kernel yields a failed case, never a timing.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +32,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from kvbench.reference.oracle import tolerance
 from kvbench.suites.bench.context import BenchContext
-from kvbench.suites.bench.harness import summarize
+from kvbench.suites.bench.harness import paired_fraction, summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.suites.bench.sdpa_baseline import decode_forms, fastest
 from kvbench.suites.bench.sweeps.peers import _paired_ratio, _paired_times
@@ -75,10 +77,14 @@ def _decode_cases(full: bool) -> list[Case]:
     goals = (
         []
         if gpu
-        else [  # the CPU goal shapes of issue 16 (fp32, 32 q / 8 KV heads)
+        else [  # the CPU goal shapes (fp32, 32 q / 8 KV heads), then 16-bit at the longest
             {"block_size": bs, "ctx_len": L, "batch": b, "dtype": "float32", "gqa": 4}
             for b, L in ((8, 4096), (32, 1024), (8, 128))
             for bs in (16, 32)
+        ]
+        + [
+            {"block_size": 16, "ctx_len": 4096, "batch": 8, "dtype": dt, "gqa": 4}
+            for dt in ("bfloat16", "float16")
         ]
     )
     cases = seq + blocks + batches
@@ -166,14 +172,6 @@ def agreement(paged: torch.Tensor, sdpa: torch.Tensor, case: Case) -> float:
     return diff
 
 
-def _bandwidth(ctx: BenchContext, nbytes: int, seconds: float) -> list[Measurement]:
-    bw = nbytes / seconds
-    return [
-        Measurement("achieved_bandwidth", bw, "B/s"),
-        Measurement("bandwidth_fraction", bw / ctx.copy_peak(), "fraction"),
-    ]
-
-
 @sweep(
     "kernel.decode",
     "paged decode attention vs SDPA on contiguous KV: time, overhead, bandwidth",
@@ -214,21 +212,19 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
     form, contiguous = fastest(decode_forms(query, keys, values, scale), _sync(dev))
     first = _first_call_seconds(paged, dev)
     diff = agreement(paged().clone(), contiguous(), case)
-    t_paged, t_contig, ratio = _timed_pair(ctx, paged, contiguous)
     esize = keys.element_size()
     nbytes = 2 * b * length * h * d * esize + 2 * b * h * g * d * esize + tables.numel() * 4
+    timed = _timed_trio(ctx, paged, contiguous, nbytes)
     backend = _backend(dev)
     return [
-        Measurement("time_paged", t_paged["median"], "s", t_paged),
-        Measurement("time_contiguous", t_contig["median"], "s", t_contig),
-        Measurement("paged_overhead", ratio - 1, "fraction"),
+        Measurement("time_paged", timed.paged["median"], "s", timed.paged),
+        Measurement("time_contiguous", timed.contiguous["median"], "s", timed.contiguous),
+        Measurement("paged_overhead", timed.ratio - 1, "fraction"),
         Measurement("bytes_per_call", nbytes, "B"),
-        *_bandwidth(ctx, nbytes, t_paged["median"]),
-        Measurement(
-            "contiguous_bandwidth_fraction",
-            nbytes / t_contig["median"] / ctx.copy_peak(),
-            "fraction",
-        ),
+        Measurement("achieved_bandwidth", nbytes / timed.paged["median"], "B/s"),
+        Measurement("bandwidth_fraction", timed.fraction_paged, "fraction"),
+        Measurement("contiguous_bandwidth_fraction", timed.fraction_contiguous, "fraction"),
+        *timed.copy_rows(),
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement("backend_is_triton", float(backend == "triton"), "bool"),
         Measurement("contiguous_form_is_gqa", float(form == "gqa"), "bool"),
@@ -249,17 +245,65 @@ def _first_call_seconds(fn, dev: torch.device) -> float:  # type: ignore[no-unty
     return time.perf_counter() - t0
 
 
-def _timed_pair(ctx: BenchContext, paged, contiguous):  # type: ignore[no-untyped-def]
-    """(paged stats, contiguous stats, median paired paged/contiguous ratio). On a CPU the
-    two are timed alternately repeat by repeat, so load from other processes hits both
-    sides of the ratio alike; where the Triton kernels run (a GPU) each is timed by the
-    context (do_bench)."""
+@dataclass(frozen=True)
+class TimedTrio:
+    """Paged and contiguous timings of one case and their fractions of the copy peak.
+
+    Attributes:
+        paged, contiguous: per-call time statistics (s).
+        ratio: median paired paged / contiguous time.
+        fraction_paged, fraction_contiguous: bytes per call over time, as a fraction of
+            the copy peak (bytes read plus written per second); paired with a copy timed in
+            the same repeats on a CPU, the run's once-measured peak on a GPU.
+        copy: time statistics of the paired copy (s), None where the run's peak was used.
+        copy_bytes: bytes one paired copy moves (read plus written).
+    """
+
+    paged: dict[str, float | int]
+    contiguous: dict[str, float | int]
+    ratio: float
+    fraction_paged: float
+    fraction_contiguous: float
+    copy: dict[str, float | int] | None = None
+    copy_bytes: int = 0
+
+    def copy_rows(self) -> list[Measurement]:
+        """The paired copy's own rows (none on a GPU, where the run-level peak is used)."""
+        if self.copy is None:
+            return []
+        bw = self.copy_bytes / float(self.copy["median"])
+        return [
+            Measurement("copy_peak_paired", bw, "B/s"),
+            Measurement("copy_time_paired", self.copy["median"], "s", self.copy),
+        ]
+
+
+def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int) -> TimedTrio:  # type: ignore[no-untyped-def]
+    """Time the paged call and its contiguous baseline, and judge both against the copy peak.
+
+    On a CPU the paged call, the contiguous call and a 64 MiB copy are timed alternately
+    repeat by repeat (load from other processes hits all three alike) and every ratio and
+    fraction is a median of per-repeat values. Where the Triton kernels run (a GPU) each is
+    timed by the context (do_bench) against the run's copy peak.
+    """
     if _backend(ctx.device) == "triton":
         a, c = ctx.time(paged), ctx.time(contiguous)
-        return a, c, a["median"] / c["median"]
-    samples = _paired_times({"paged": paged, "contiguous": contiguous}, ctx.timing)
-    ratio = _paired_ratio(samples, "paged", "contiguous")
-    return summarize(samples["paged"]), summarize(samples["contiguous"]), ratio
+        peak = ctx.copy_peak()
+        return TimedTrio(
+            a, c, a["median"] / c["median"], nbytes / a["median"] / peak,
+            nbytes / c["median"] / peak,
+        )  # fmt: skip
+    probe = ctx.copy_probe()
+    samples = _paired_times({"paged": paged, "contiguous": contiguous, "copy": probe}, ctx.timing)
+    return TimedTrio(
+        summarize(samples["paged"]),
+        summarize(samples["contiguous"]),
+        _paired_ratio(samples, "paged", "contiguous"),
+        paired_fraction(samples["paged"], samples["copy"], nbytes, probe.bytes_moved),
+        paired_fraction(samples["contiguous"], samples["copy"], nbytes, probe.bytes_moved),
+        summarize(samples["copy"]),
+        probe.bytes_moved,
+    )
 
 
 def _path_rows(dev: torch.device, first_call: float) -> list[Measurement]:
@@ -354,19 +398,20 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
     sdpa_backend, contiguous = fastest_sdpa(sdpa)
     ref = contiguous().transpose(1, 2).reshape(b * n, h * g, d)
     diff = agreement(paged().clone(), ref, case)
-    t_paged = ctx.time(paged)
-    t_contig = ctx.time(contiguous)
     esize = keys.element_size()
     nbytes = 2 * b * length * h * d * esize + 2 * b * n * h * g * d * esize + tables.numel() * 4
     flops = 4 * b * h * g * d * (n * (length - n) + n * (n + 1) // 2)
+    timed = _timed_trio(ctx, paged, contiguous, nbytes)
     return [
-        Measurement("time_paged", t_paged["median"], "s", t_paged),
-        Measurement("time_contiguous", t_contig["median"], "s", t_contig),
-        Measurement("paged_overhead", t_paged["median"] / t_contig["median"] - 1, "fraction"),
+        Measurement("time_paged", timed.paged["median"], "s", timed.paged),
+        Measurement("time_contiguous", timed.contiguous["median"], "s", timed.contiguous),
+        Measurement("paged_overhead", timed.ratio - 1, "fraction"),
         Measurement("bytes_per_call", nbytes, "B"),
         Measurement("flops_per_call", flops, "FLOP"),
-        Measurement("achieved_flops", flops / t_paged["median"], "FLOP/s"),
-        *_bandwidth(ctx, nbytes, t_paged["median"]),
+        Measurement("achieved_flops", flops / timed.paged["median"], "FLOP/s"),
+        Measurement("achieved_bandwidth", nbytes / timed.paged["median"], "B/s"),
+        Measurement("bandwidth_fraction", timed.fraction_paged, "fraction"),
+        *timed.copy_rows(),
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement(f"contiguous_sdpa_backend_{sdpa_backend}", 1.0, "bool"),
     ]

@@ -18,16 +18,17 @@ from other processes hits both sides of a ratio alike.
   100,000 as well under --full. Metrics: time, requests_per_s, hit_tokens,
   capacity_retries, time_kvbench, ratio_vs_kvbench.
 * peers.cpu_decode: one decode step on the CPU (also on a GPU machine), float32, 32
-  query / 8 KV heads, head dim 128, every sequence at the full context, batch 8 x
-  context 512 / 2048 by default, batch 8-32 x context 512-4096 under --full: kvbench's
-  torch path (kernels.ops), vLLM's native
-  cpu_attention_with_kv_cache, and SDPA over contiguous K/V (impl "sdpa_contiguous").
+  query / 8 KV heads, head dim 128, every sequence at the full context, batch x context
+  8 x 128 / 512 / 2048 / 4096 and 32 x 1024 by default (the CPU goal shapes among them),
+  batch 8-32 x context 128-4096 under --full: kvbench's CPU path (kernels.ops), vLLM's
+  native cpu_attention_with_kv_cache, and SDPA over contiguous K/V (impl "sdpa_contiguous").
   Paged peers run at the same block sizes (16 and 32: vLLM's CPU op supports 16 through
   its "vec16" ISA and picks "vec" at 32), so every comparison is like for like. Metrics:
   time, time_sdpa (SDPA on the same K/V, same case), ratio_vs_sdpa, time_kvbench and
   ratio_vs_kvbench (peers other than kvbench), kv_bandwidth (K and V bytes read per
-  second), rel_diff_vs_sdpa (a peer that disagrees with SDPA beyond 1e-4 fails its case
-  instead of being timed).
+  second), copy_peak_fraction (kv_bandwidth over a 64 MiB copy's bandwidth, bytes read
+  plus written, the copy timed in the same repeats: copy_peak_paired), rel_diff_vs_sdpa
+  (a peer that disagrees with SDPA beyond 1e-4 fails its case instead of being timed).
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ import statistics
 import time
 from collections.abc import Callable
 
+import torch
+
 from kvbench.suites.bench.context import BenchContext
-from kvbench.suites.bench.harness import TimingConfig, summarize, time_cpu
+from kvbench.suites.bench.harness import CopyProbe, TimingConfig, paired_fraction, summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads.errors import KVBenchError
 
@@ -47,6 +50,8 @@ log = logging.getLogger(__name__)
 #: The peer every ratio is taken against, and the contiguous decode baseline's impl name.
 BASELINE = "kvbench"
 SDPA = "sdpa_contiguous"
+#: The 64 MiB copy timed beside every decode case (its name among the paired callables).
+COPY = "copy"
 #: Decode geometry (Llama-class GQA head layout).
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 DECODE_BLOCK_SIZES = (16, 32)
@@ -242,9 +247,17 @@ def trace_replay(case: Case, ctx: BenchContext) -> list[Measurement]:
 
 
 # ---------------------------------------------------------------- CPU decode
+#: (batch, context) shapes of the default grid: the CPU goal shapes (8 x 4096 and 32 x 1024
+#: for bandwidth, 8 x 128 for the fixed cost of a short step) and two in between.
+DEFAULT_DECODE_SHAPES = ((8, 128), (8, 512), (8, 2048), (8, 4096), (32, 1024))
+
+
 def _decode_cases(full: bool) -> list[Case]:
-    batches = (8, 16, 32) if full else (8,)
-    contexts = (512, 1024, 2048, 4096) if full else (512, 2048)
+    shapes = (
+        [(b, n) for b in (8, 16, 32) for n in (128, 512, 1024, 2048, 4096)]
+        if full
+        else list(DEFAULT_DECODE_SHAPES)
+    )
     peers = _available("attention")
     common = {
         "dtype": "float32",
@@ -253,21 +266,14 @@ def _decode_cases(full: bool) -> list[Case]:
         "head_dim": HEAD_DIM,
     }
     out: list[Case] = []
-    for b in batches:
-        for length in contexts:
-            out.append({"impl": SDPA, "batch": b, "context": length, **common})
-            for bs in DECODE_BLOCK_SIZES:
-                for name, version in peers:
-                    out.append(
-                        {
-                            "impl": name,
-                            "version": version,
-                            "batch": b,
-                            "context": length,
-                            "block_size": bs,
-                            **common,
-                        }
-                    )
+    for b, length in shapes:
+        out.append({"impl": SDPA, "batch": b, "context": length, **common})
+        out += [
+            {"impl": name, "version": version, "batch": b, "context": length, "block_size": bs,
+             **common}
+            for bs in DECODE_BLOCK_SIZES
+            for name, version in peers
+        ]  # fmt: skip
     return out
 
 
@@ -296,7 +302,7 @@ def _decode_inputs(case: Case, ctx: BenchContext):  # type: ignore[no-untyped-de
 
 @sweep(
     "peers.cpu_decode",
-    "CPU paged decode step: kvbench torch path vs vLLM's native op vs SDPA on contiguous "
+    "CPU paged decode step: kvbench (kernels.ops, the in-place C++ kernel) vs vLLM's native op vs SDPA on contiguous "
     "K/V, same block sizes; ratio_vs_sdpa and ratio_vs_kvbench paired in the same case",
     _decode_cases,
     requires=("kvbench.kernels.ops", "kvbench.suites.peers.base"),
@@ -310,12 +316,15 @@ def cpu_decode(case: Case, ctx: BenchContext) -> list[Measurement]:
 
     q, k, v, sdpa, expect = _decode_inputs(case, ctx)  # CPU tensors, whatever ctx.device
     kv_bytes = 2 * k.numel() * k.element_size()
+    copy = _cpu_copy_probe(ctx)
     if case["impl"] == SDPA:
-        stats = time_cpu(sdpa, ctx.timing)
+        alone = _paired_times({SDPA: sdpa, COPY: copy}, ctx.timing)
+        stats = summarize(alone[SDPA])
         t = float(stats["median"])
         return [
             Measurement("time", t, "s", stats),
             Measurement("kv_bandwidth", kv_bytes / t, "B/s"),
+            *_copy_rows(alone, SDPA, kv_bytes, copy),
         ]
     fns: dict[str, Callable[[], object]] = {}
     diffs: dict[str, float] = {}
@@ -335,6 +344,7 @@ def cpu_decode(case: Case, ctx: BenchContext) -> list[Measurement]:
             )
         fns[name] = fn
     fns[SDPA] = sdpa
+    fns[COPY] = copy
     samples = _paired_times(fns, ctx.timing)
     stats, sdpa_stats = summarize(samples[case["impl"]]), summarize(samples[SDPA])
     t = float(stats["median"])
@@ -345,5 +355,34 @@ def cpu_decode(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("kv_bandwidth", kv_bytes / t, "B/s"),
         Measurement("rel_diff_vs_sdpa", diffs[case["impl"]], "ratio"),
         Measurement("sdpa_form_is_gqa", float(getattr(sdpa, "form", "") == "gqa"), "bool"),
+        *_copy_rows(samples, case["impl"], kv_bytes, copy),
         *_vs_kvbench(case, samples),
+    ]
+
+
+def _cpu_copy_probe(ctx: BenchContext) -> CopyProbe:
+    """A CPU copy probe (the decode peers run on the CPU whatever the run's device)."""
+    if ctx.device.type == "cpu":
+        return ctx.copy_probe()
+    probe = ctx.cache.get("copy_probe_cpu")
+    if probe is None:
+        probe = ctx.cache["copy_probe_cpu"] = CopyProbe(torch.device("cpu"))
+    return probe
+
+
+def _copy_rows(
+    samples: dict[str, list[float]], impl: str, kv_bytes: int, copy: CopyProbe
+) -> list[Measurement]:
+    """The impl's K/V read bandwidth as a fraction of a 64 MiB copy timed in the same
+    repeats (median of per-repeat fractions; the copy counts bytes read plus written), and
+    the copy's own bandwidth."""
+    copy_stats = summarize(samples[COPY])
+    return [
+        Measurement(
+            "copy_peak_fraction",
+            paired_fraction(samples[impl], samples[COPY], kv_bytes, copy.bytes_moved),
+            "fraction",
+        ),
+        Measurement("copy_peak_paired", copy.bytes_moved / float(copy_stats["median"]), "B/s"),
+        Measurement("copy_time_paired", float(copy_stats["median"]), "s", copy_stats),
     ]

@@ -190,6 +190,20 @@ def test_cpu_decode_rows_agree_with_sdpa() -> None:
     assert got["time_sdpa"] > 0 and got["ratio_vs_sdpa"] > 0
     assert got["kv_bandwidth"] == pytest.approx(2 * 2 * 40 * 2 * 64 * 4 / got["time"])
     assert "ratio_vs_kvbench" not in got
+    # both rows carry their fraction of a 64 MiB copy timed in the same repeats
+    for row in (sdpa, got):
+        assert row["copy_peak_paired"] > 0 and row["copy_time_paired"] > 0
+        assert 0 < row["copy_peak_fraction"] < 1e3
+        # the paired median sits near (not exactly at) the ratio of the two medians
+        unpaired = row["kv_bandwidth"] / row["copy_peak_paired"]
+        assert row["copy_peak_fraction"] == pytest.approx(unpaired, rel=1.0)
+
+
+def test_cpu_decode_default_grid_holds_the_goal_shapes() -> None:
+    cases = sweeps._decode_cases(full=False)
+    shapes = {(c["batch"], c["context"]) for c in cases}
+    assert {(8, 4096), (32, 1024), (8, 128)} <= shapes
+    assert {c["block_size"] for c in cases if "block_size" in c} == {16, 32}
 
 
 def test_cpu_decode_peer_case_times_kvbench_and_sdpa_beside_it(plugins: None) -> None:
@@ -249,6 +263,7 @@ def write_peer_rows(folder: Path, run_id: str, peers: tuple[str, ...]) -> None:
                             "block_size": bs, **common}  # fmt: skip
                     w.record("peers.cpu_decode", case, "time", 0.02 / (i + 1), "s")
                     w.record("peers.cpu_decode", case, "ratio_vs_sdpa", 2.0 / (i + 1), "ratio")
+                    w.record("peers.cpu_decode", case, "copy_peak_fraction", 0.625, "fraction")
                     if i:
                         w.record("peers.cpu_decode", case, "ratio_vs_kvbench", 0.5, "ratio")
 
@@ -272,6 +287,8 @@ def test_peers_page_puts_peers_side_by_side(tmp_path: Path) -> None:
         "vllm time / SDPA",
         "SDPA contiguous time",
         "0.5×",  # decode vllm / kvbench
+        "kvbench of copy peak",
+        "62.5%",  # decode fraction of the paired copy peak
         "v1",  # vllm's version
         "null block",
         "de-duplicates",

@@ -204,7 +204,15 @@ def test_kernel_decode_measures_the_same_attention_both_ways() -> None:
     paged, contig = got["time_paged"].stats, got["time_contiguous"].stats
     ratio = got["paged_overhead"].value + 1
     assert paged["min"] / contig["max"] <= ratio <= paged["max"] / contig["min"]
-    assert got["bandwidth_fraction"].value > 0
+    # the fraction of the copy peak is paired: a median of per-repeat fractions, each
+    # (bytes / paged time) / (copy bytes / copy time), so it lies within their extremes
+    copy = got["copy_time_paired"].stats
+    moved = got["copy_peak_paired"].value * got["copy_time_paired"].value
+    assert moved == pytest.approx(2 * 64 * 2**20)
+    per_call = got["bytes_per_call"].value
+    lo = (per_call / paged["max"]) / (moved / copy["min"])
+    hi = (per_call / paged["min"]) / (moved / copy["max"])
+    assert lo <= got["bandwidth_fraction"].value <= hi
     assert got["contiguous_form_is_gqa"].value in (0.0, 1.0)
     assert got["kernel_path_is_cpp"].value in (0.0, 1.0)
     assert got["first_call_time"].value > 0
@@ -410,3 +418,28 @@ def test_opt_in_sweeps_run_only_when_named_or_full() -> None:
     assert not default & set(opt_in)
     assert "kernel.static" in {s.name for s in registry.select(None, full=True)}
     assert {s.name for s in registry.select(["kernel.static"], full=False)} == {"kernel.static"}
+
+
+def test_paired_fraction_divides_repeat_by_repeat_and_refuses_unpaired_samples() -> None:
+    from kvbench.suites.bench.harness import paired_fraction
+    from kvbench.workloads.errors import ConfigError
+
+    # kernel: 100 B in 1, 2, 4 s; copy: 200 B in 1, 4, 2 s -> per-repeat 0.5, 1.0, 0.25
+    assert paired_fraction([1.0, 2.0, 4.0], [1.0, 4.0, 2.0], 100, 200) == 0.5
+    # a once-per-run division would give median(100/t) / median(200/c) = 50 / 100 = 0.5 here
+    # too; a load spike that slows both sides in one repeat cancels only when paired
+    assert paired_fraction([1.0, 10.0, 1.0], [1.0, 10.0, 1.0], 100, 200) == 0.5
+    with pytest.raises(ConfigError, match="one copy time per kernel time"):
+        paired_fraction([1.0, 2.0], [1.0], 100, 200)
+    with pytest.raises(ConfigError):
+        paired_fraction([], [], 100, 200)
+
+
+def test_copy_probe_counts_bytes_read_and_written() -> None:
+    from kvbench.suites.bench.harness import CopyProbe
+
+    probe = CopyProbe(torch.device("cpu"), nbytes=4096)
+    assert probe.bytes_moved == 2 * 4096
+    probe()
+    assert torch.equal(probe.dst, probe.src)
+    assert probe.bandwidths([1e-6, 2e-6]) == pytest.approx([8192e6, 4096e6])
