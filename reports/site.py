@@ -304,7 +304,18 @@ def build_site(
 
     first = per_run_claims[runs[0].run_id]
     for page in pages:
-        related = [(c, v) for c, v in first if page.name in claims_mod.CLAIM_SUITES.get(c.key, ())]
+        # a page's claims are judged on the runs that measured its sweep (another run's
+        # "not measured" would contradict the page's own figures), each named when several
+        measured_by = [
+            r.run_id for r in runs
+            if ((frame["run_id"] == r.run_id) & (frame["suite"] == page.name)).any()
+        ]  # fmt: skip
+        related = [
+            (c, v, run_id if len(measured_by) > 1 else "")
+            for run_id in measured_by
+            for c, v in per_run_claims[run_id]
+            if page.name in claims_mod.CLAIM_SUITES.get(c.key, ())
+        ]
         write(page.href, "site_sweep.html.j2", title=page.name, sweep=page, claims=related)
     counts: dict[str, int] = {}
     for _, v in first:

@@ -127,6 +127,23 @@ def test_claims_fail_when_the_numbers_say_so(tmp_path: Path) -> None:
     assert verdicts["kv-footprint"].verdict == claims.FAILS
 
 
+def test_sweep_page_judges_claims_on_the_run_that_measured_it(tmp_path: Path) -> None:
+    """Built from a run without the sweep and one with it, the sweep page shows the
+    verdict of the run that measured it, not "not measured" from the first run."""
+    fast = TimingConfig(warmup=0, repeats=2, min_sample_s=0.0)
+    run_bench(["utilization.static"], out_dir=tmp_path, run_id="without", progress=False,
+              timing=fast)  # fmt: skip
+    run_bench(["capacity.footprint"], out_dir=tmp_path, run_id="with", progress=False,
+              timing=fast)  # fmt: skip
+    out = tmp_path / "site"
+    assert kvbench(["report", "without", "with", "--dir", str(tmp_path), "--out", str(out)]) == 0
+    html = (out / "sweep-capacity.footprint.html").read_text(encoding="utf-8")
+    judged = re.findall(r"measured here[^:]*: (.*?)</p>", html, flags=re.S)
+    assert judged, "the capacity page shows no claim"
+    assert not any("not measured" in j for j in judged), judged
+    assert "(run with)" not in html  # one run measured it: no run name needed
+
+
 def test_compare_page_pairs_the_same_cases(site: Path) -> None:
     text = (site / "compare.html").read_text()
     assert "<code>a</code> (A)" in text and "<code>b</code> (B)" in text
