@@ -223,19 +223,17 @@ KVB_INLINE void dots(const float* q, int D, const T* kr, int64_t ks, float scale
       for (int u = 0; u < TN; ++u) a[r][u] += qv * kv[u];
     }
   }
+  static_assert(RN * TN <= 8, "the sums of one pass fit one 8-lane reduction");
   float sums[8];
 #if VW >= 8
-  if constexpr (RN * TN <= 8) {
-    vf all[8] = {};
+  vf all[8] = {};
 #pragma GCC unroll 8
-    for (int i = 0; i < RN * TN; ++i) all[i] = a[i / TN][i % TN];
-    hsum8(all, sums);
-  } else
+  for (int i = 0; i < RN * TN; ++i) all[i] = a[i / TN][i % TN];
+  hsum8(all, sums);
+#else
+#pragma GCC unroll 8
+  for (int i = 0; i < RN * TN; ++i) sums[i] = hsum(a[i / TN][i % TN]);
 #endif
-  {
-#pragma GCC unroll 8
-    for (int i = 0; i < RN * TN && i < 8; ++i) sums[i] = hsum(a[i / TN][i % TN]);
-  }
 #pragma GCC unroll 8
   for (int r = 0; r < RN; ++r)
 #pragma GCC unroll 4
@@ -307,8 +305,8 @@ struct Prefetcher {
   const char* base = nullptr;
   int64_t rows = 0, rowb = 0, stride = 0, row = 0, off = 0;
 
-  Prefetcher() = default;
-  Prefetcher(const char* b, int64_t r, int64_t rb, int64_t st) : base(b), rows(r), rowb(rb), stride(st) {}
+  Prefetcher(const char* b, int64_t r, int64_t rb, int64_t st)
+      : base(b), rows(r), rowb(rb), stride(st) {}
 
   int64_t lines() const { return rows * ((rowb + 63) / 64); }
 

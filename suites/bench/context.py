@@ -13,7 +13,13 @@ import numpy as np
 import torch
 
 from kvbench.reports.results import ResultWriter
-from kvbench.suites.bench.harness import CopyProbe, TimingConfig, copy_peak, time_fn
+from kvbench.suites.bench.harness import (
+    COPY_PEAK_BYTES,
+    CopyProbe,
+    TimingConfig,
+    copy_peak,
+    time_fn,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +66,21 @@ class BenchContext:
             self._peak = peak
             log.info("copy peak on %s: %.2f GB/s", self.device, peak / 1e9)
             if self.writer is not None:
-                case = {"device": str(self.device), "session": self.session, "bytes": 64 * 2**20}
+                case = {
+                    "device": str(self.device),
+                    "session": self.session,
+                    "bytes": COPY_PEAK_BYTES,
+                }
                 self.writer.record("copy_peak", case, "bandwidth", peak, "B/s")
                 self.writer.record("copy_peak", case, "time", stats["median"], "s", stats)
         return self._peak
 
-    def copy_probe(self) -> CopyProbe:
-        """The process's CopyProbe on this device (buffers allocated on first use)."""
-        probe = self.cache.get("copy_probe")
+    def copy_probe(self, device: torch.device | None = None) -> CopyProbe:
+        """The process's CopyProbe on `device` (default: this context's), its buffers
+        allocated on first use; the CPU decode peers ask for the CPU's on a GPU machine."""
+        dev = torch.device(device) if device is not None else self.device
+        key = f"copy_probe:{dev}"
+        probe = self.cache.get(key)
         if probe is None:
-            probe = self.cache["copy_probe"] = CopyProbe(self.device)
+            probe = self.cache[key] = CopyProbe(dev)
         return probe

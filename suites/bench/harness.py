@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.suites.bench.registry import Measurement
 from kvbench.workloads.errors import ConfigError
 
 
@@ -113,20 +114,9 @@ def time_fn(
     return time_cpu(fn, config, str(device))
 
 
-def copy_peak(
-    device: torch.device, nbytes: int = 64 * 2**20, config: TimingConfig = TimingConfig()
-) -> tuple[float, dict[str, float | int]]:
-    """Achievable copy bandwidth (bytes per second) of `device`: a `nbytes` buffer copied
-    into another, counting bytes read plus bytes written. Returns (B/s, timing stats)."""
-    n = max(1, nbytes // 4)
-    src = torch.rand(n, device=device)
-    dst = torch.empty_like(src)
-    stats = time_fn(lambda: dst.copy_(src), device, config)
-    return 2 * n * 4 / stats["median"], stats
-
-
-#: Bytes of the copy-peak buffer: twice the largest last-level cache kvbench expects
-#: (A 2-socket host's L3, an H100's 50 MB L2), so the copy streams from memory.
+#: Bytes of the copy-peak source buffer. Source and destination together (128 MiB) exceed
+#: the last-level cache of the machines kvbench targets (32 MiB of L3 on the 2-core build
+#: machine, 50 MB of L2 on an H100), so the copy streams from memory.
 COPY_PEAK_BYTES = 64 * 2**20
 
 
@@ -149,9 +139,14 @@ class CopyProbe:
     def __call__(self) -> torch.Tensor:
         return self.dst.copy_(self.src)
 
-    def bandwidths(self, seconds: list[float]) -> list[float]:
-        """Copy bandwidth (B/s) of each timed copy."""
-        return [self.bytes_moved / t for t in seconds]
+    def rows(self, copy_seconds: list[float]) -> list[Measurement]:
+        """The paired copy's own rows: its bandwidth (B/s) at the median time, and the time
+        statistics of the copies timed beside the kernel."""
+        stats = summarize(copy_seconds)
+        return [
+            Measurement("copy_peak_paired", self.bytes_moved / float(stats["median"]), "B/s"),
+            Measurement("copy_time_paired", float(stats["median"]), "s", stats),
+        ]
 
 
 def paired_fraction(
@@ -168,3 +163,13 @@ def paired_fraction(
         (kernel_bytes / k) / (copy_bytes / c)
         for k, c in zip(kernel_seconds, copy_seconds, strict=True)
     )
+
+
+def copy_peak(
+    device: torch.device, nbytes: int = COPY_PEAK_BYTES, config: TimingConfig = TimingConfig()
+) -> tuple[float, dict[str, float | int]]:
+    """Achievable copy bandwidth (bytes per second) of `device`: a `nbytes` buffer copied
+    into another, counting bytes read plus bytes written. Returns (B/s, timing stats)."""
+    probe = CopyProbe(device, nbytes)
+    stats = time_fn(probe, device, config)
+    return probe.bytes_moved / stats["median"], stats

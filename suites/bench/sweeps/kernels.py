@@ -224,7 +224,7 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("achieved_bandwidth", nbytes / timed.paged["median"], "B/s"),
         Measurement("bandwidth_fraction", timed.fraction_paged, "fraction"),
         Measurement("contiguous_bandwidth_fraction", timed.fraction_contiguous, "fraction"),
-        *timed.copy_rows(),
+        *timed.copy_rows,
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement("backend_is_triton", float(backend == "triton"), "bool"),
         Measurement("contiguous_form_is_gqa", float(form == "gqa"), "bool"),
@@ -255,8 +255,8 @@ class TimedTrio:
         fraction_paged, fraction_contiguous: bytes per call over time, as a fraction of
             the copy peak (bytes read plus written per second); paired with a copy timed in
             the same repeats on a CPU, the run's once-measured peak on a GPU.
-        copy: time statistics of the paired copy (s), None where the run's peak was used.
-        copy_bytes: bytes one paired copy moves (read plus written).
+        copy_rows: the paired copy's own rows (bandwidth, time); none on a GPU, where the
+            run-level peak is used.
     """
 
     paged: dict[str, float | int]
@@ -264,18 +264,7 @@ class TimedTrio:
     ratio: float
     fraction_paged: float
     fraction_contiguous: float
-    copy: dict[str, float | int] | None = None
-    copy_bytes: int = 0
-
-    def copy_rows(self) -> list[Measurement]:
-        """The paired copy's own rows (none on a GPU, where the run-level peak is used)."""
-        if self.copy is None:
-            return []
-        bw = self.copy_bytes / float(self.copy["median"])
-        return [
-            Measurement("copy_peak_paired", bw, "B/s"),
-            Measurement("copy_time_paired", self.copy["median"], "s", self.copy),
-        ]
+    copy_rows: tuple[Measurement, ...] = ()
 
 
 def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int) -> TimedTrio:  # type: ignore[no-untyped-def]
@@ -301,8 +290,7 @@ def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int) -> TimedTrio:
         _paired_ratio(samples, "paged", "contiguous"),
         paired_fraction(samples["paged"], samples["copy"], nbytes, probe.bytes_moved),
         paired_fraction(samples["contiguous"], samples["copy"], nbytes, probe.bytes_moved),
-        summarize(samples["copy"]),
-        probe.bytes_moved,
+        tuple(probe.rows(samples["copy"])),
     )
 
 
@@ -411,7 +399,7 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("achieved_flops", flops / timed.paged["median"], "FLOP/s"),
         Measurement("achieved_bandwidth", nbytes / timed.paged["median"], "B/s"),
         Measurement("bandwidth_fraction", timed.fraction_paged, "fraction"),
-        *timed.copy_rows(),
+        *timed.copy_rows,
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement(f"contiguous_sdpa_backend_{sdpa_backend}", 1.0, "bool"),
     ]

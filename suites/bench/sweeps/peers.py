@@ -302,8 +302,9 @@ def _decode_inputs(case: Case, ctx: BenchContext):  # type: ignore[no-untyped-de
 
 @sweep(
     "peers.cpu_decode",
-    "CPU paged decode step: kvbench (kernels.ops, the in-place C++ kernel) vs vLLM's native op vs SDPA on contiguous "
-    "K/V, same block sizes; ratio_vs_sdpa and ratio_vs_kvbench paired in the same case",
+    "CPU paged decode step: kvbench (kernels.ops, the in-place C++ kernel) vs vLLM's "
+    "native op vs SDPA on contiguous K/V, same block sizes; ratio_vs_sdpa, ratio_vs_kvbench "
+    "and copy_peak_fraction paired in the same case",
     _decode_cases,
     requires=("kvbench.kernels.ops", "kvbench.suites.peers.base"),
     tags=("peers",),
@@ -316,7 +317,7 @@ def cpu_decode(case: Case, ctx: BenchContext) -> list[Measurement]:
 
     q, k, v, sdpa, expect = _decode_inputs(case, ctx)  # CPU tensors, whatever ctx.device
     kv_bytes = 2 * k.numel() * k.element_size()
-    copy = _cpu_copy_probe(ctx)
+    copy = ctx.copy_probe(torch.device("cpu"))  # the decode peers run on the CPU
     if case["impl"] == SDPA:
         alone = _paired_times({SDPA: sdpa, COPY: copy}, ctx.timing)
         stats = summarize(alone[SDPA])
@@ -360,29 +361,11 @@ def cpu_decode(case: Case, ctx: BenchContext) -> list[Measurement]:
     ]
 
 
-def _cpu_copy_probe(ctx: BenchContext) -> CopyProbe:
-    """A CPU copy probe (the decode peers run on the CPU whatever the run's device)."""
-    if ctx.device.type == "cpu":
-        return ctx.copy_probe()
-    probe = ctx.cache.get("copy_probe_cpu")
-    if probe is None:
-        probe = ctx.cache["copy_probe_cpu"] = CopyProbe(torch.device("cpu"))
-    return probe
-
-
 def _copy_rows(
     samples: dict[str, list[float]], impl: str, kv_bytes: int, copy: CopyProbe
 ) -> list[Measurement]:
     """The impl's K/V read bandwidth as a fraction of a 64 MiB copy timed in the same
     repeats (median of per-repeat fractions; the copy counts bytes read plus written), and
-    the copy's own bandwidth."""
-    copy_stats = summarize(samples[COPY])
-    return [
-        Measurement(
-            "copy_peak_fraction",
-            paired_fraction(samples[impl], samples[COPY], kv_bytes, copy.bytes_moved),
-            "fraction",
-        ),
-        Measurement("copy_peak_paired", copy.bytes_moved / float(copy_stats["median"]), "B/s"),
-        Measurement("copy_time_paired", float(copy_stats["median"]), "s", copy_stats),
-    ]
+    the copy's own rows."""
+    fraction = paired_fraction(samples[impl], samples[COPY], kv_bytes, copy.bytes_moved)
+    return [Measurement("copy_peak_fraction", fraction, "fraction"), *copy.rows(samples[COPY])]

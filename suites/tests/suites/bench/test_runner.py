@@ -442,4 +442,7 @@ def test_copy_probe_counts_bytes_read_and_written() -> None:
     assert probe.bytes_moved == 2 * 4096
     probe()
     assert torch.equal(probe.dst, probe.src)
-    assert probe.bandwidths([1e-6, 2e-6]) == pytest.approx([8192e6, 4096e6])
+    rows = {m.metric: m for m in probe.rows([1e-6, 2e-6, 4e-6])}
+    assert rows["copy_time_paired"].value == pytest.approx(2e-6)  # the median copy
+    assert rows["copy_peak_paired"].value == pytest.approx(8192 / 2e-6)
+    assert rows["copy_time_paired"].stats["n"] == 3
