@@ -385,6 +385,7 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
 
     sdpa_backend, contiguous = fastest_sdpa(sdpa)
     ref = contiguous().transpose(1, 2).reshape(b * n, h * g, d)
+    first = _first_call_seconds(paged, dev)
     diff = agreement(paged().clone(), ref, case)
     esize = keys.element_size()
     nbytes = 2 * b * length * h * d * esize + 2 * b * n * h * g * d * esize + tables.numel() * 4
@@ -402,4 +403,6 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
         *timed.copy_rows,
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement(f"contiguous_sdpa_backend_{sdpa_backend}", 1.0, "bool"),
+        Measurement("backend_is_triton", float(_backend(dev) == "triton"), "bool"),
+        *_path_rows(dev, first),
     ]

@@ -228,6 +228,11 @@ def test_kernel_prefill_matches_causal_sdpa(q_len: int) -> None:
     assert got["rel_diff_vs_sdpa"] < 1e-5
     chosen = [k for k in got if k.startswith("contiguous_sdpa_backend_")]
     assert len(chosen) == 1 and got[chosen[0]] == 1.0
+    # the rows name the path that ran, as decode's do (the page's provenance line reads them)
+    from kvbench.kernels import cpu_paged
+
+    assert got["kernel_path_is_cpp"] == float(cpu_paged.status().path == "cpp")
+    assert got["backend_is_triton"] == 0.0 and got["first_call_time"] > 0
 
 
 def test_gpu_timing_reports_what_do_bench_ran(monkeypatch: pytest.MonkeyPatch) -> None:
