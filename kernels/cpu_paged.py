@@ -14,8 +14,15 @@ a different CPU never loads a stale or illegal binary. Later processes load the 
 library in well under a second. The folder is `$KVBENCH_CPU_EXT_DIR` or
 `~/.cache/kvbench/cpu_ext/<key>`. Nothing here is a build-time requirement of the package.
 
-Fallback: when there is no compiler, the build fails, or `KVBENCH_CPU_KERNEL=torch` is
-set, `status()` says so (path "torch" and the reason) and `kernels.ops` keeps using the
+Concurrency: torch's loader guards the folder with a `lock` file that a process killed
+mid-build leaves behind, after which every later loader would wait on it forever. kvbench
+therefore builds and loads under an advisory lock of its own (`kvbench.lock`, flock: the
+kernel releases it when its holder dies), so a `lock` file found while holding it is stale
+and is removed with a warning. Waiting for another process's build gives up after
+`$KVBENCH_CPU_EXT_LOCK_TIMEOUT` seconds (default 900) and falls back, saying why.
+
+Fallback: when there is no compiler, the build fails, the build lock times out, or
+`KVBENCH_CPU_KERNEL=torch` is set, `status()` says so (path "torch" and the reason) and `kernels.ops` keeps using the
 gather + SDPA torch version; nothing raises. Rows and pages name the path that ran.
 
 Callers go through `kernels.ops`, which validates every argument first; the functions here
@@ -26,6 +33,7 @@ reading outside the pool.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -33,6 +41,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -53,6 +62,9 @@ MAX_BLOCK_SIZE = 256
 PREFILL_TILE = 16
 #: Fewest blocks in a decode KV partition (the split that gives small batches work).
 MIN_PARTITION_BLOCKS = 8
+#: Longest wait (s) for another process's build before falling back (a cold build takes
+#: about a minute on a 2-core machine); `$KVBENCH_CPU_EXT_LOCK_TIMEOUT` overrides it.
+BUILD_LOCK_TIMEOUT = 900.0
 
 
 @dataclass(frozen=True)
@@ -117,17 +129,15 @@ def _load() -> tuple[KernelStatus, ModuleType | None]:
 
     folder = _build_dir()
     start = time.perf_counter()
-    cached = any(folder.glob("*.so"))
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        module = cpp_extension.load(
-            name="kvbench_cpu_paged",
-            sources=[str(_SOURCE)],
-            extra_cflags=list(_CFLAGS),
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(folder),
-            verbose=False,
-        )
+        with _build_lock(folder, _lock_timeout()):
+            cached = any(folder.glob("*.so"))
+            module = _load_locked(cpp_extension, folder)
+    except TimeoutError as exc:
+        reason = f"C++ kernel not loaded: {exc}"
+        log.warning("kvbench CPU attention falls back to gather + SDPA: %s", reason)
+        return KernelStatus("torch", reason), None
     except Exception as exc:  # a compiler error, a missing header, a read-only folder
         reason = f"C++ kernel build failed ({type(exc).__name__}: {str(exc).strip()[:300]})"
         log.warning("kvbench CPU attention falls back to gather + SDPA: %s", reason)
@@ -138,6 +148,86 @@ def _load() -> tuple[KernelStatus, ModuleType | None]:
     return (
         KernelStatus("cpp", "", seconds, not cached, int(module.vector_width()), str(folder)),
         module,
+    )
+
+
+def _lock_timeout() -> float:
+    raw = os.environ.get("KVBENCH_CPU_EXT_LOCK_TIMEOUT")
+    if raw is None:
+        return BUILD_LOCK_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses nan
+        log.warning("KVBENCH_CPU_EXT_LOCK_TIMEOUT=%r is not a number of seconds >= 0; "
+                    "using %.0f s", raw, BUILD_LOCK_TIMEOUT)  # fmt: skip
+        return BUILD_LOCK_TIMEOUT
+    return value
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path, timeout: float) -> Iterator[None]:
+    """Hold `folder/kvbench.lock` exclusively (flock), waiting at most `timeout` seconds.
+
+    While it is held no other kvbench process is inside torch's loader for this folder, so
+    torch's own `lock` file, if present, was left by a process that died mid-build: it is
+    removed (with a warning) instead of being waited on forever. Where flock does not exist
+    (not POSIX) the lock is a no-op and a `lock` file older than `timeout` counts as stale.
+
+    Raises:
+        TimeoutError: another process held the lock for longer than `timeout` seconds.
+    """
+    stale = folder / "lock"
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        if stale.exists() and time.time() - stale.stat().st_mtime > timeout:
+            _remove_stale(stale)
+        yield
+        return
+    with open(folder / "kvbench.lock", "a+b") as handle:
+        deadline = time.monotonic() + timeout
+        told = False
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"another process held the build lock {folder / 'kvbench.lock'} "
+                        f"for more than {timeout:g} s (KVBENCH_CPU_EXT_LOCK_TIMEOUT)"
+                    ) from None
+                if not told:
+                    log.info("waiting for another process building the CPU kernel in %s",
+                             folder)  # fmt: skip
+                    told = True
+                time.sleep(0.2)
+        try:
+            if stale.exists():
+                _remove_stale(stale)
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _remove_stale(lock_file: Path) -> None:
+    age = time.time() - lock_file.stat().st_mtime
+    log.warning("removing a stale build lock %s (%.0f s old) left by a process that "
+                "stopped while building or loading the CPU kernel", lock_file, age)  # fmt: skip
+    lock_file.unlink(missing_ok=True)
+
+
+def _load_locked(cpp_extension: ModuleType, folder: Path) -> ModuleType:
+    """torch's loader: compile into `folder` (or find it up to date there) and import."""
+    return cpp_extension.load(
+        name="kvbench_cpu_paged",
+        sources=[str(_SOURCE)],
+        extra_cflags=list(_CFLAGS),
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(folder),
+        verbose=False,
     )
 
 

@@ -10,9 +10,13 @@ gather + SDPA fallback, called directly). Bad input is refused before any kernel
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,10 +32,15 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PATHS = ("cpp", "gather")
 
 
-def _need_cpp() -> None:
+def _need_cpp_status() -> cpu_paged.KernelStatus:
     status = cpu_paged.status()
     if status.path != "cpp":
         pytest.skip(f"C++ CPU kernel unavailable here: {status.reason}")
+    return status
+
+
+def _need_cpp() -> None:
+    _need_cpp_status()
 
 
 def _pool(lens, hkv, d, bs, dtype, gen):  # type: ignore[no-untyped-def]
@@ -254,3 +263,47 @@ def test_fallback_when_disabled() -> None:
     env = {**os.environ, "KVBENCH_CPU_KERNEL": "torch"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+_STATUS = (
+    "import json; from kvbench.kernels import cpu_paged; s = cpu_paged.status()\n"
+    "print(json.dumps({'path': s.path, 'reason': s.reason, 'built': s.built}))\n"
+)
+
+
+def _status_in_child(env: dict[str, str], timeout: float = 600) -> dict:
+    res = subprocess.run(
+        [sys.executable, "-c", _STATUS], env={**os.environ, **env},
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    return {**json.loads(res.stdout.strip().splitlines()[-1]), "stderr": res.stderr}
+
+
+def test_stale_build_lock_is_removed(tmp_path: Path) -> None:
+    """A `lock` file left by a process killed inside torch's loader does not hang the next
+    one: it is removed with a warning and the cached kernel loads (not rebuilt)."""
+    here = Path(_need_cpp_status().build_dir)
+    copy = tmp_path / here.name
+    shutil.copytree(here, copy, ignore=shutil.ignore_patterns("lock", "kvbench.lock"))
+    (copy / "lock").touch()
+    got = _status_in_child({"KVBENCH_CPU_EXT_DIR": str(tmp_path)}, timeout=120)
+    assert got["path"] == "cpp" and not got["built"], got
+    assert not (copy / "lock").exists()
+    assert "stale build lock" in got["stderr"]
+
+
+def test_build_lock_held_elsewhere_times_out_to_fallback(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Another process's build that outlasts the timeout: status falls back and says why."""
+    _need_cpp_status()
+    monkeypatch.setenv("KVBENCH_CPU_EXT_DIR", str(tmp_path))
+    folder = cpu_paged._build_dir()
+    folder.mkdir(parents=True)
+    with open(folder / "kvbench.lock", "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        got = _status_in_child(
+            {"KVBENCH_CPU_EXT_DIR": str(tmp_path), "KVBENCH_CPU_EXT_LOCK_TIMEOUT": "0.5"}
+        )
+    assert got["path"] == "torch", got
+    assert "build lock" in got["reason"] and "0.5 s" in got["reason"], got
+    assert not any(folder.glob("*.so"))
