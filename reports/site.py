@@ -221,14 +221,16 @@ def _provenance(frame: pd.DataFrame) -> str:
         v = frame[frame["metric"] == metric]["value"]
         return None if v.empty else bool((v > 0).all())
 
+    baseline = (
+        "the faster of the two contiguous SDPA calls (enable_gqa or grouped rows)"
+        if suite == "kernel.decode"
+        else "contiguous SDPA on the first backend torch accepts for it (the rows name it)"
+    )
     if flag("backend_is_triton"):
-        return "Measured on a GPU: Triton kernels vs SDPA on contiguous K/V."
+        return f"Measured on a GPU: Triton kernels vs {baseline}."
     if flag("kernel_path_is_cpp"):
-        return (
-            "Measured on a CPU: kvbench's C++ kernel reading blocks in place vs the faster "
-            "contiguous SDPA call."
-        )
-    return "Measured on a CPU: the torch path (gather + SDPA) vs contiguous SDPA."
+        return f"Measured on a CPU: kvbench's C++ kernel reading blocks in place vs {baseline}."
+    return f"Measured on a CPU: the torch path (gather + SDPA) vs {baseline}."
 
 
 def build_site(

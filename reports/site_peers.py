@@ -161,8 +161,11 @@ def _peer_table(suite: str, sub: pd.DataFrame, impls: list[str]) -> tuple[list, 
 
 def _peer_figures(suite: str, sub: pd.DataFrame, fig_dir: Path) -> list[dict[str, str]]:
     specs = [s for s in figures.specs_for(suite) if not s.fixed]
-    if suite == "peers.cpu_decode":  # one pair of figures per batch size measured
-        for b in sorted(sub["batch"].dropna().unique()):
+    if suite == "peers.cpu_decode":
+        # One pair of figures per batch size measured at two or more context lengths; a
+        # batch with one context would draw lone points, which its table rows show better.
+        contexts = sub.dropna(subset=["batch"]).groupby("batch")["context"].nunique()
+        for b in sorted(contexts[contexts >= 2].index):
             b = int(b)
             for metric, title, ylabel, logy in (
                 ("time", "Decode time vs context", "seconds per decode step", True),

@@ -117,6 +117,13 @@ struct Ld<c10::Half> {
   static inline void store(c10::Half* p, float x) { *p = c10::Half(x); }
 };
 
+// Largest of a vector's lanes.
+inline float hmax(vf v) {
+  float x = v[0];
+  for (int i = 1; i < VW; ++i) x = std::max(x, v[i]);
+  return x;
+}
+
 // Sum of a vector's lanes by halving.
 inline float hsum(vf v) {
   typedef float v4 __attribute__((vector_size(16)));
@@ -278,10 +285,18 @@ inline void row_softmax(float* sr, int n, int nt, float& m, float& l, float* acc
     std::fill(sr, sr + ntv, 0.f);
     return;
   }
-  float bm = sr[0];
-  for (int t = 1; t < n; ++t) bm = std::max(bm, sr[t]);
+  const int nv = n / VW * VW;
+  vf vm = vf{} + NEG_INF;
+  for (int t = 0; t < nv; t += VW) {
+    vf x;
+    std::memcpy(&x, sr + t, sizeof(x));
+    vm = x > vm ? x : vm;
+  }
+  float bm = hmax(vm);
+  for (int t = nv; t < n; ++t) bm = std::max(bm, sr[t]);
   const float mn = std::max(m, bm);
-  const float corr = std::exp(m - mn);  // 0 on the row's first block (m = -inf)
+  // exp only when the running max moved (0 on the row's first block, where m = -inf).
+  const float corr = mn == m ? 1.f : std::exp(m - mn);
   for (int t = n; t < ntv; ++t) sr[t] = -1e30f;
   vf vs = {};
   for (int t = 0; t < ntv; t += VW) {
@@ -311,9 +326,12 @@ struct Prefetcher {
   int64_t lines() const { return rows * ((rowb + 63) / 64); }
 
   inline void step(int64_t n) {
-    for (; n > 0 && row < rows; --n) {
-      __builtin_prefetch(base + row * stride + off, 0, 1);
-      off += 64;
+    while (n > 0 && row < rows) {
+      const char* p = base + row * stride + off;
+      const int64_t here = std::min(n, (rowb - off + 63) / 64);
+      for (int64_t i = 0; i < here; ++i) __builtin_prefetch(p + i * 64, 0, 1);
+      n -= here;
+      off += here * 64;
       if (off >= rowb) {
         off = 0;
         ++row;

@@ -76,6 +76,10 @@ def test_kernel_tables_carry_the_spread_and_pages_name_the_path() -> None:
     assert metrics[-1] == "time_paged q1-q3"
     assert rows[0][-1] == (1.5, 2.5)
     assert "C++ kernel reading blocks in place" in site._provenance(frame)
+    assert "faster of the two contiguous SDPA calls" in site._provenance(frame)
+    prefill = frame.assign(suite="kernel.prefill")
+    assert "first backend torch accepts" in site._provenance(prefill)
+    assert "faster of the two" not in site._provenance(prefill)
     frame.loc[1, "metric"] = "backend_is_triton"
     assert "on a GPU" in site._provenance(frame)
     pred = frame.assign(suite="kernel.predicted")

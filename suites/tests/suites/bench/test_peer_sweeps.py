@@ -271,6 +271,9 @@ def write_peer_rows(folder: Path, run_id: str, peers: tuple[str, ...]) -> None:
                     w.record("peers.cpu_decode", case, "copy_peak_fraction", 0.625, "fraction")
                     if i:
                         w.record("peers.cpu_decode", case, "ratio_vs_kvbench", 0.5, "ratio")
+        lone = {"impl": "kvbench", "version": "v0", "batch": 32, "context": 1024,
+                "block_size": 16, **common}  # fmt: skip
+        w.record("peers.cpu_decode", lone, "time", 0.04, "s")
 
 
 def page(site: Path) -> str:
@@ -303,6 +306,9 @@ def test_peers_page_puts_peers_side_by_side(tmp_path: Path) -> None:
     assert "No peer rows" not in html and "Only kvbench" not in html
     figs = list((out / "figures").glob("peers-*.svg"))
     assert len(figs) >= 4  # pool ops, trace replay, decode time and ratio (batch 8)
+    assert "(batch 8)" in html
+    assert "(batch 32)" not in html  # one context length: its table row, no lone points
+    assert "<td>32</td><td>1,024</td>" in html
     for f in figs:
         assert f.read_text(encoding="utf-8").startswith("<svg")
         assert EVIL not in f.read_text(encoding="utf-8")
