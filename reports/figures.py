@@ -373,6 +373,27 @@ def _label(parts: list[tuple[str, Any]]) -> str:
     return ", ".join(out) or "value"
 
 
+def _series_colors(frame: pd.DataFrame, spec: FigureSpec, keys: list[str]) -> dict[str, Any]:
+    """Series label -> line color, the same in every figure of `spec.suite`: colors follow
+    the sorted labels of all the suite's series, not the order a figure happens to draw
+    them in, so one implementation keeps its color on a page ({} where the series are
+    told apart by metric, whose labels differ from figure to figure)."""
+    if not keys or "metric" in keys:
+        return {}
+    full = latest(frame[frame["suite"] == spec.suite])
+    full = full[~full["metric"].isin(BOOKKEEPING_METRICS)]
+    if any(k not in full.columns for k in keys):
+        return {}
+    labels = sorted(
+        {
+            _label(list(zip(keys, k if isinstance(k, tuple) else (k,), strict=True)))
+            for k, _ in full.groupby(keys, dropna=False, sort=False)
+        }
+    )
+    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+
+
 def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
     """The figure as SVG text, or None when the frame holds nothing for it."""
     sub = _select(frame, spec)
@@ -390,23 +411,29 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
         if spec.kind == "bar":
             _bars(ax, groups, series_keys, spec)
         else:
+            colors = _series_colors(frame, spec, series_keys)
+            if not colors and len(groups) > 10:  # more series than the default ten colors
+                cmap = plt.get_cmap("tab20")
+                labels = [_label(list(zip(series_keys, k if isinstance(k, tuple) else (k,),
+                                          strict=True))) for k, _ in groups]  # fmt: skip
+                colors = {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
             for key, g in groups:
                 key = key if isinstance(key, tuple) else (key,)
                 g = g.sort_values(spec.x)
+                label = _label(list(zip(series_keys, key, strict=True)))
                 (line,) = ax.plot(
-                    g[spec.x],
-                    g["value"],
-                    marker="o",
-                    ms=3,
-                    label=_label(list(zip(series_keys, key, strict=True))),
+                    g[spec.x], g["value"], marker="o", ms=3, label=label, color=colors.get(label)
                 )
                 _spread(ax, g, spec.x, line.get_color())
         if spec.logx and spec.kind != "bar":
             ax.set_xscale("log", base=2)
         if spec.logy:
             ax.set_yscale("log")
-        if spec.percent:
+        if spec.percent:  # minor ticks too: a log axis labels them, in 10^x form otherwise
             ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=0))
+            if spec.logy:  # 2, 3 and 5 per decade: labels that never crowd the major ones
+                ax.yaxis.set_minor_locator(matplotlib.ticker.LogLocator(subs=(2.0, 3.0, 5.0)))
         ax.set_xlabel(X_LABELS.get(spec.x, spec.x))
         ax.set_ylabel(spec.ylabel or ", ".join(spec.metrics))
         ax.set_title(spec.title)
