@@ -354,8 +354,13 @@ def specs_for(suite: str) -> list[FigureSpec]:
     return [s for s in SPECS if s.suite == suite]
 
 
-def _select(frame: pd.DataFrame, spec: FigureSpec) -> pd.DataFrame:
-    sub = latest(frame[frame["suite"] == spec.suite])
+def _suite_rows(frame: pd.DataFrame, spec: FigureSpec) -> pd.DataFrame:
+    return latest(frame[frame["suite"] == spec.suite])
+
+
+def _select(suite_rows: pd.DataFrame, spec: FigureSpec) -> pd.DataFrame:
+    """The rows `spec` draws, out of its suite's (`_suite_rows`)."""
+    sub = suite_rows
     for key, val in spec.fixed.items():
         if key in sub.columns:
             sub = sub[sub[key] == val]
@@ -373,30 +378,30 @@ def _label(parts: list[tuple[str, Any]]) -> str:
     return ", ".join(out) or "value"
 
 
-def _series_colors(frame: pd.DataFrame, spec: FigureSpec, keys: list[str]) -> dict[str, Any]:
-    """Series label -> line color, the same in every figure of `spec.suite`: colors follow
-    the sorted labels of all the suite's series, not the order a figure happens to draw
-    them in, so one implementation keeps its color on a page ({} where the series are
-    told apart by metric, whose labels differ from figure to figure)."""
-    if not keys or "metric" in keys:
-        return {}
-    full = latest(frame[frame["suite"] == spec.suite])
-    full = full[~full["metric"].isin(BOOKKEEPING_METRICS)]
-    if any(k not in full.columns for k in keys):
-        return {}
-    labels = sorted(
-        {
-            _label(list(zip(keys, k if isinstance(k, tuple) else (k,), strict=True)))
-            for k, _ in full.groupby(keys, dropna=False, sort=False)
-        }
-    )
+def _key_label(keys: list[str], key: Any) -> str:
+    """The legend label of one groupby key over `keys`."""
+    return _label(list(zip(keys, key if isinstance(key, tuple) else (key,), strict=True)))
+
+
+def _series_colors(suite_rows: pd.DataFrame, keys: list[str], drawn: list[str]) -> dict[str, Any]:
+    """Series label -> line color. Colors follow the sorted labels of all the suite's series,
+    not the order one figure draws them in, so a series keeps its color in every figure of
+    a page; where series are told apart by metric (labels that differ from figure to
+    figure) they follow the `drawn` order. tab10, or tab20 past ten series."""
+    if keys and "metric" not in keys and all(k in suite_rows.columns for k in keys):
+        rows = suite_rows[~suite_rows["metric"].isin(BOOKKEEPING_METRICS)]
+        groups = rows.groupby(keys, dropna=False, sort=False)
+        labels = sorted({_key_label(keys, k) for k, _ in groups})
+    else:
+        labels = drawn
     cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
 
 
 def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
     """The figure as SVG text, or None when the frame holds nothing for it."""
-    sub = _select(frame, spec)
+    suite_rows = _suite_rows(frame, spec)
+    sub = _select(suite_rows, spec)
     if sub.empty or spec.x not in sub.columns or sub[spec.x].isna().all():
         return None
     params = [c for c in case_columns(sub) if c != spec.x and c not in spec.ignore]
@@ -411,16 +416,10 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
         if spec.kind == "bar":
             _bars(ax, groups, series_keys, spec)
         else:
-            colors = _series_colors(frame, spec, series_keys)
-            if not colors and len(groups) > 10:  # more series than the default ten colors
-                cmap = plt.get_cmap("tab20")
-                labels = [_label(list(zip(series_keys, k if isinstance(k, tuple) else (k,),
-                                          strict=True))) for k, _ in groups]  # fmt: skip
-                colors = {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
-            for key, g in groups:
-                key = key if isinstance(key, tuple) else (key,)
+            labels = [_key_label(series_keys, key) for key, _ in groups]
+            colors = _series_colors(suite_rows, series_keys, labels)
+            for label, (_, g) in zip(labels, groups, strict=True):
                 g = g.sort_values(spec.x)
-                label = _label(list(zip(series_keys, key, strict=True)))
                 (line,) = ax.plot(
                     g[spec.x], g["value"], marker="o", ms=3, label=label, color=colors.get(label)
                 )
@@ -471,7 +470,7 @@ def _yerr(g: pd.DataFrame) -> Any:
 
 def spread_note(frame: pd.DataFrame, spec: FigureSpec) -> str:
     """What the figure's bands and error bars show ('' without repeat statistics)."""
-    sub = _select(frame, spec)
+    sub = _select(_suite_rows(frame, spec), spec)
     if sub.empty or "stats.q1" not in sub.columns or sub["stats.q1"].isna().all():
         return ""
     n = sub["stats.n"].dropna() if "stats.n" in sub.columns else pd.Series(dtype=float)
@@ -495,7 +494,6 @@ def _bars(ax: Any, groups: list, series_keys: list[str], spec: FigureSpec) -> No
     cats = list(dict.fromkeys(str(v) for g in groups for v in g[1][spec.x]))
     width = 0.8 / max(1, len(groups))
     for i, (key, g) in enumerate(groups):
-        key = key if isinstance(key, tuple) else (key,)
         vals = {str(x): v for x, v in zip(g[spec.x], g["value"], strict=True)}
         err = _yerr(g)
         lows = dict(zip(map(str, g[spec.x]), err[0], strict=True)) if err is not None else {}
@@ -509,7 +507,7 @@ def _bars(ax: Any, groups: list, series_keys: list[str], spec: FigureSpec) -> No
             if err is not None
             else None,
             capsize=2,
-            label=_label(list(zip(series_keys, key, strict=True))),
+            label=_key_label(series_keys, key),
         )
     ax.set_xticks([j + width * (len(groups) - 1) / 2 for j in range(len(cats))])
     ax.set_xticklabels(

@@ -58,9 +58,9 @@ _PEER_TEXT = {
         "vLLM's native cpu_attention_with_kv_cache and torch SDPA over the same K/V laid out "
         "contiguously. 'of copy peak' is K and V bytes read per second over the bandwidth "
         "of a 64 MiB copy (bytes read plus written) timed in the same repeats. Both paged "
-        "peers run at the same block size in every row (vLLM's CPU op takes block 16 through its vec16 ISA and picks vec "
-        "at multiples of 32; its engine defaults to 128 on CPU), so each comparison is like "
-        "for like. A peer whose output differs from SDPA's by more than 1e-4 is not timed.",
+        "peers run at the same block size in every row (vLLM's CPU op takes block 16 "
+        "through its vec16 ISA and picks vec at multiples of 32; its engine defaults to 128 "
+        "on CPU), so each comparison is like for like. A peer whose output differs from SDPA's by more than 1e-4 is not timed.",
     ),
 }
 

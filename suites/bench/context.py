@@ -13,13 +13,7 @@ import numpy as np
 import torch
 
 from kvbench.reports.results import ResultWriter
-from kvbench.suites.bench.harness import (
-    COPY_PEAK_BYTES,
-    CopyProbe,
-    TimingConfig,
-    copy_peak,
-    time_fn,
-)
+from kvbench.suites.bench.harness import COPY_PEAK_BYTES, CopyProbe, TimingConfig, time_fn
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +56,9 @@ class BenchContext:
     def copy_peak(self) -> float:
         """Copy bandwidth of the device in B/s, measured in this process on first use."""
         if self._peak is None:
-            peak, stats = copy_peak(self.device, config=self.timing)
-            self._peak = peak
+            probe = self.copy_probe()  # the same buffers the paired copies use
+            stats = self.time(probe)
+            peak = self._peak = probe.bytes_moved / float(stats["median"])
             log.info("copy peak on %s: %.2f GB/s", self.device, peak / 1e9)
             if self.writer is not None:
                 case = {

@@ -1,7 +1,7 @@
 """Timing: a warm-up + repeats + median harness on CPU, `triton.testing.do_bench` on GPU
 (statistics over every call it timed), and a copy-bandwidth peak to judge achieved
-bandwidth against: once per run (`copy_peak`), or paired with a kernel repeat by repeat
-(`CopyProbe`, `paired_fraction`) where the machine is noisy.
+bandwidth against (`CopyProbe`): timed once per run (`BenchContext.copy_peak`), or paired
+with a kernel repeat by repeat (`paired_fraction`) where the machine is noisy.
 
 Timings are in seconds. Statistics are over repeats: median, q1, q3 (25th / 75th
 percentiles), min, max, mean and n. Very short calls are batched (`inner` calls per
@@ -127,7 +127,7 @@ class CopyProbe:
     of "the" copy peak measured once per run mixes two moments. Timed alternately with the
     kernel (`suites.bench.sweeps.peers._paired_times`), each repeat gives one kernel time
     and one copy time taken side by side, and `paired_fraction` divides them repeat by
-    repeat. `bytes_moved` counts bytes read plus bytes written, as `copy_peak` does.
+    repeat. `bytes_moved` counts bytes read plus bytes written.
     """
 
     def __init__(self, device: torch.device, nbytes: int = COPY_PEAK_BYTES) -> None:
@@ -163,13 +163,3 @@ def paired_fraction(
         (kernel_bytes / k) / (copy_bytes / c)
         for k, c in zip(kernel_seconds, copy_seconds, strict=True)
     )
-
-
-def copy_peak(
-    device: torch.device, nbytes: int = COPY_PEAK_BYTES, config: TimingConfig = TimingConfig()
-) -> tuple[float, dict[str, float | int]]:
-    """Achievable copy bandwidth (bytes per second) of `device`: a `nbytes` buffer copied
-    into another, counting bytes read plus bytes written. Returns (B/s, timing stats)."""
-    probe = CopyProbe(device, nbytes)
-    stats = time_fn(probe, device, config)
-    return probe.bytes_moved / stats["median"], stats
