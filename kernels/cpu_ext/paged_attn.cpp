@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -117,11 +118,27 @@ struct Ld<c10::Half> {
   static inline void store(c10::Half* p, float x) { *p = c10::Half(x); }
 };
 
-// Largest of a vector's lanes.
+// Largest of a vector's lanes, by halving.
 inline float hmax(vf v) {
-  float x = v[0];
-  for (int i = 1; i < VW; ++i) x = std::max(x, v[i]);
-  return x;
+  typedef float v4 __attribute__((vector_size(16)));
+#if VW == 16
+  typedef float v8 __attribute__((vector_size(32)));
+  const v8 lo8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const v8 hi8 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v8 a = lo8 > hi8 ? lo8 : hi8;
+  const v4 lo = __builtin_shufflevector(a, a, 0, 1, 2, 3);
+  const v4 hi = __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  v4 c = lo > hi ? lo : hi;
+#elif VW == 8
+  const v4 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3);
+  const v4 hi = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  v4 c = lo > hi ? lo : hi;
+#else
+  v4 c = v;
+#endif
+  const v4 d = __builtin_shufflevector(c, c, 2, 3, 0, 1);
+  c = c > d ? c : d;
+  return std::max(c[0], c[1]);
 }
 
 // Sum of a vector's lanes by halving.
@@ -162,7 +179,7 @@ KVB_INLINE v8f hadd8(v8f a, v8f b) {
 
 // out[i] = the sum of a[i]'s lanes for i < 8, in one tree of 7 vector additions (8 separate
 // hsums cost about ten times the instructions, a third of a K pass at head dim 128).
-KVB_INLINE void hsum8(const vf* a, float* out) {
+KVB_INLINE void hsum8(const vf* a, float scale, float* out) {
   v8f x[8];
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {
@@ -175,8 +192,9 @@ KVB_INLINE void hsum8(const vf* a, float* out) {
   }
   const v8f u0 = hadd8(hadd8(x[0], x[1]), hadd8(x[2], x[3]));
   const v8f u1 = hadd8(hadd8(x[4], x[5]), hadd8(x[6], x[7]));
-  const v8f r = __builtin_shufflevector(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) +
-                __builtin_shufflevector(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15);
+  const v8f r = (__builtin_shufflevector(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) +
+                 __builtin_shufflevector(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15)) *
+                scale;
   std::memcpy(out, &r, sizeof(r));
 }
 #endif
@@ -236,18 +254,18 @@ KVB_INLINE void dots(const float* q, int D, const T* kr, int64_t ks, float scale
   vf all[8] = {};
 #pragma GCC unroll 8
   for (int i = 0; i < RN * TN; ++i) all[i] = a[i / TN][i % TN];
-  hsum8(all, sums);
+  hsum8(all, scale, sums);
 #else
 #pragma GCC unroll 8
-  for (int i = 0; i < RN * TN; ++i) sums[i] = hsum(a[i / TN][i % TN]);
+  for (int i = 0; i < RN * TN; ++i) sums[i] = hsum(a[i / TN][i % TN]) * scale;
 #endif
 #pragma GCC unroll 8
   for (int r = 0; r < RN; ++r)
 #pragma GCC unroll 4
     for (int u = 0; u < TN; ++u) {
-      float x = sums[r * TN + u];
-      for (int d = DV; d < D; ++d) x += q[r * D + d] * Ld<T>::one(kr + u * ks + d);
-      s[r * MAX_BS + u] = x * scale;
+      float tail = 0.f;  // lanes past the last whole vector (D % VW of them)
+      for (int d = DV; d < D; ++d) tail += q[r * D + d] * Ld<T>::one(kr + u * ks + d);
+      s[r * MAX_BS + u] = sums[r * TN + u] + tail * scale;
     }
 }
 
@@ -423,11 +441,12 @@ struct Geo {
 // token (a token's heads are one contiguous row), the V pass head by head with the group's
 // accumulators in registers. While one block is computed the next one's K and V rows are
 // prefetched into L2, spread over the passes so the prefetches never come in one burst.
-template <typename T>
+// DC: the head dim when fixed at compile time (see with_head_dim), 0 when read from g.D.
+template <typename T, int DC>
 void decode_task(const T* q, int64_t qs_h, const T* kc, const T* vc, const int32_t* table,
                  int64_t len, const Geo& g, int h0, int h1, int64_t j0, int64_t j1, float scale,
                  float* pacc, float* pm, float* pl, std::vector<float>& buf) {
-  const int D = int(g.D), G = int(g.group), nh = h1 - h0;
+  const int D = DC > 0 ? DC : int(g.D), G = int(g.group), nh = h1 - h0;
   const int nrows = nh * G;
   buf.resize(size_t(nrows) * D + size_t(nrows) * MAX_BS);
   float* qf = buf.data();
@@ -480,7 +499,7 @@ void decode_task(const T* q, int64_t qs_h, const T* kc, const T* vc, const int32
   }
 }
 
-template <typename T>
+template <typename T, int DC>
 void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                  const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                  const torch::Tensor& seq_lens, double scale, torch::Tensor& out,
@@ -498,7 +517,7 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   const int64_t tstride = block_tables.stride(0);
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int64_t qs_b = query.stride(0), qs_h = query.stride(1);
-  const int64_t D = g.D, Hq = g.hq;
+  const int64_t D = DC > 0 ? DC : g.D, Hq = g.hq;
   T* o = out.data_ptr<T>();
   const int64_t os_b = out.stride(0), os_h = out.stride(1);
   // Partial states per (sequence, partition): acc [Hq][D], m and l [Hq].
@@ -519,8 +538,8 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
         continue;
       }
       float* pacc = acc.data() + (b * P + p) * Hq * D;
-      decode_task<T>(q + b * qs_b, qs_h, kc, vc, tables + b * tstride, len, g, h0, h1, j0, j1,
-                     float(scale), pacc, pm, pl, buf);
+      decode_task<T, DC>(q + b * qs_b, qs_h, kc, vc, tables + b * tstride, len, g, h0, h1, j0, j1,
+                         float(scale), pacc, pm, pl, buf);
       if (P == 1) {  // one partition: normalize here, with no second parallel region
         for (int64_t r = h0 * g.group; r < h1 * g.group; ++r) {
           const float inv = 1.f / pl[r];
@@ -557,8 +576,8 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
 
 // Prefill / extend: task = (sequence b, KV head h, tile of up to `tile` query tokens); the
 // tile's G * tokens query rows walk the blocks up to the tile's last position, each row
-// masked causally at its own position.
-template <typename T>
+// masked causally at its own position. DC as for decode_task.
+template <typename T, int DC>
 void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                   const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                   const torch::Tensor& cu_seqlens_q, const torch::Tensor& seq_lens, double scale,
@@ -566,7 +585,7 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   const int64_t B = seq_lens.size(0);
   Geo g{k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3), query.size(1), 0};
   g.group = g.hq / g.hkv;
-  const int G = int(g.group), D = int(g.D);
+  const int G = int(g.group), D = DC > 0 ? DC : int(g.D);
   const T* q = query.data_ptr<T>();
   const T* kc = k_cache.data_ptr<T>();
   const T* vc = v_cache.data_ptr<T>();
@@ -669,6 +688,19 @@ int64_t first_bad_entry(const torch::Tensor& block_tables, const torch::Tensor& 
     }                                                                         \
   }()
 
+// Calls f(std::integral_constant<int, DC>) with DC = D for the common head dims 64, 128 and
+// 256, else DC = 0 (D read at run time). A compile-time head dim lets the loops over D
+// unroll fully: fp32 decode at D = 128 ran 8-15% faster with L2-resident blocks.
+template <typename F>
+void with_head_dim(int64_t D, F&& f) {
+  switch (D) {
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    case 256: f(std::integral_constant<int, 256>{}); break;
+    default: f(std::integral_constant<int, 0>{}); break;
+  }
+}
+
 void paged_decode(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                   torch::Tensor block_tables, torch::Tensor seq_lens, double scale,
                   torch::Tensor out, int64_t max_seq_len, int64_t partition_blocks,
@@ -676,8 +708,11 @@ void paged_decode(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_ca
   TORCH_CHECK(k_cache.size(1) <= MAX_BS, "block_size above ", MAX_BS);
   TORCH_CHECK(partition_blocks >= 1 && heads_per_task >= 1, "bad task split");
   KVB_DISPATCH(query.scalar_type(), {
-    decode_impl<scalar_t>(query, k_cache, v_cache, block_tables, seq_lens, scale, out,
-                          max_seq_len, partition_blocks, heads_per_task);
+    with_head_dim(k_cache.size(3), [&](auto dc) {
+      decode_impl<scalar_t, decltype(dc)::value>(query, k_cache, v_cache, block_tables, seq_lens,
+                                                 scale, out, max_seq_len, partition_blocks,
+                                                 heads_per_task);
+    });
   });
 }
 
@@ -687,8 +722,10 @@ void paged_prefill(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_c
   TORCH_CHECK(k_cache.size(1) <= MAX_BS, "block_size above ", MAX_BS);
   TORCH_CHECK(tile >= 1, "tile must be >= 1");
   KVB_DISPATCH(query.scalar_type(), {
-    prefill_impl<scalar_t>(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
-                           out, tile);
+    with_head_dim(k_cache.size(3), [&](auto dc) {
+      prefill_impl<scalar_t, decltype(dc)::value>(query, k_cache, v_cache, block_tables,
+                                                  cu_seqlens_q, seq_lens, scale, out, tile);
+    });
   });
 }
 
