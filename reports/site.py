@@ -133,13 +133,19 @@ def _sweep_page(
 
 def backends(frame: pd.DataFrame) -> list[str]:
     """The kernel backends a suite's rows name: a `backend` case parameter, or the
-    `backend_is_triton` metric kernel sweeps record; [] when the rows name none."""
+    `backend_is_triton` metric kernel sweeps record; [] when the rows name none. The torch
+    backend names the CPU path its rows record (`kernel_path_is_cpp`): "torch" alone read
+    as the gather + SDPA version on pages where the C++ in-place kernel ran."""
     out: list[str] = []
     if "backend" in frame.columns:
         out += sorted({str(b) for b in frame["backend"].dropna()})
     flags = frame[frame["metric"] == "backend_is_triton"]["value"]
     if not flags.empty:
         out += sorted({"triton" if v > 0 else "torch" for v in flags})
+    paths = frame[frame["metric"] == "kernel_path_is_cpp"]["value"]
+    if "torch" in out and not paths.empty:
+        named = sorted({"C++ in-place kernel" if v > 0 else "gather + SDPA" for v in paths})
+        out[out.index("torch")] = f"torch ({' and '.join(named)})"
     return list(dict.fromkeys(out))
 
 

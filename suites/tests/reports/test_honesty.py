@@ -14,7 +14,7 @@ import pytest
 
 from kvbench.reports import claims
 from kvbench.reports import results as R
-from kvbench.reports.site import build_site
+from kvbench.reports.site import backends, build_site
 from kvbench.suites.cli import main as kvbench
 from kvbench.suites.conformance.hostile import run_cli
 from kvbench.workloads.units import format_quantity
@@ -136,6 +136,31 @@ def test_sweep_page_names_run_device_and_backend(site: Path) -> None:
         assert f"run {run}; started" in page
     assert "device cpu (Test CPU, 2 cores)" in page and "torch 9.9, triton 8.8" in page
     assert "kernel backend torch" in page
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ([("backend_is_triton", 0.0)], ["torch"]),
+        (
+            [("backend_is_triton", 0.0), ("kernel_path_is_cpp", 1.0)],
+            ["torch (C++ in-place kernel)"],
+        ),
+        ([("backend_is_triton", 0.0), ("kernel_path_is_cpp", 0.0)], ["torch (gather + SDPA)"]),
+        (
+            [("backend_is_triton", 0.0), ("kernel_path_is_cpp", 1.0), ("kernel_path_is_cpp", 0.0)],
+            ["torch (C++ in-place kernel and gather + SDPA)"],
+        ),
+        ([("backend_is_triton", 1.0), ("kernel_path_is_cpp", 0.0)], ["triton"]),
+    ],
+)
+def test_backend_names_the_cpu_path_that_ran(rows: list, expected: list[str]) -> None:
+    """A page where the C++ kernel ran said "kernel backend torch", which read as the
+    gather + SDPA version; the CPU path the rows record is named beside the backend."""
+    import pandas as pd
+
+    frame = pd.DataFrame([{"metric": m, "value": v} for m, v in rows])
+    assert backends(frame) == expected
 
 
 def test_compare_page_leads_with_the_largest_significant_change(site: Path) -> None:
