@@ -56,8 +56,12 @@ def _pct(v: float) -> str:
 
 
 def _range(values: pd.Series, fmt: Callable[[float], str] = _pct) -> str:
+    """ "lo-hi" of the values, or "lo to hi" when an end is negative ("-91.7%--20.4%" read
+    as a typo)."""
     lo, hi = float(values.min()), float(values.max())
-    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}-{fmt(hi)}"
+    if fmt(lo) == fmt(hi):
+        return fmt(lo)
+    return f"{fmt(lo)} to {fmt(hi)}" if min(lo, hi) < 0 else f"{fmt(lo)}-{fmt(hi)}"
 
 
 def _within(values: pd.Series, lo: float, hi: float, tol: float) -> bool:

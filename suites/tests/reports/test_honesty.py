@@ -235,6 +235,18 @@ def test_overhead_claim_range_agrees_with_its_per_case_list() -> None:
     assert verdict.verdict == claims.FAILS  # 30% is past 15% + 5% noise
 
 
+def test_measured_ranges_with_negative_ends_read_as_ranges() -> None:
+    """A paged kernel faster than its baseline gave "-91.7%--20.4%" on the claims page."""
+    import pandas as pd
+
+    from kvbench.reports.claims_model import _range
+
+    assert _range(pd.Series([-0.917, -0.204])) == "-91.7% to -20.4%"
+    assert _range(pd.Series([-0.1, 0.2])) == "-10.0% to 20.0%"
+    assert _range(pd.Series([0.05, 0.3])) == "5.0%-30.0%"
+    assert _range(pd.Series([-0.05, -0.05])) == "-5.0%"
+
+
 def test_claim_sources_cite_publications_not_issues() -> None:
     for c in claims.CLAIMS:
         assert not re.search(r"\bissue\b", c.source, flags=re.I), c.source
