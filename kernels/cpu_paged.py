@@ -22,8 +22,9 @@ and is removed with a warning. Waiting for another process's build gives up afte
 `$KVBENCH_CPU_EXT_LOCK_TIMEOUT` seconds (default 900) and falls back, saying why.
 
 Fallback: when there is no compiler, the build fails, the build lock times out, or
-`KVBENCH_CPU_KERNEL=torch` is set, `status()` says so (path "torch" and the reason) and `kernels.ops` keeps using the
-gather + SDPA torch version; nothing raises. Rows and pages name the path that ran.
+`KVBENCH_CPU_KERNEL=torch` is set, `status()` says so (path "torch" and the reason) and
+`kernels.ops` keeps using the gather + SDPA torch version; nothing raises. Rows and pages
+name the path that ran.
 
 Callers go through `kernels.ops`, which validates every argument first; the functions here
 assume validated input except for block-table entries, which they check (cheaply, in C++)

@@ -56,8 +56,8 @@ def _pct(v: float) -> str:
 
 
 def _range(values: pd.Series, fmt: Callable[[float], str] = _pct) -> str:
-    """ "lo-hi" of the values, or "lo to hi" when an end is negative ("-91.7%--20.4%" read
-    as a typo)."""
+    """The values' span as "lo-hi", or as "lo to hi" when an end is negative
+    ("-91.7%--20.4%" read as a typo); one value when both ends format alike."""
     lo, hi = float(values.min()), float(values.max())
     if fmt(lo) == fmt(hi):
         return fmt(lo)

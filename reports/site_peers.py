@@ -60,7 +60,8 @@ _PEER_TEXT = {
         "of a 64 MiB copy (bytes read plus written) timed in the same repeats. Both paged "
         "peers run at the same block size in every row (vLLM's CPU op takes block 16 "
         "through its vec16 ISA and picks vec at multiples of 32; its engine defaults to 128 "
-        "on CPU), so each comparison is like for like. A peer whose output differs from SDPA's by more than 1e-4 is not timed.",
+        "on CPU), so each comparison is like for like. A peer whose output differs from "
+        "SDPA's by more than 1e-4 is not timed.",
     ),
 }
 

@@ -32,15 +32,12 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PATHS = ("cpp", "gather")
 
 
-def _need_cpp_status() -> cpu_paged.KernelStatus:
+def _need_cpp() -> cpu_paged.KernelStatus:
+    """The C++ kernel's status; skips the test where only the fallback runs."""
     status = cpu_paged.status()
     if status.path != "cpp":
         pytest.skip(f"C++ CPU kernel unavailable here: {status.reason}")
     return status
-
-
-def _need_cpp() -> None:
-    _need_cpp_status()
 
 
 def _pool(lens, hkv, d, bs, dtype, gen):  # type: ignore[no-untyped-def]
@@ -283,7 +280,7 @@ def _status_in_child(env: dict[str, str], timeout: float = 600) -> dict:
 def test_stale_build_lock_is_removed(tmp_path: Path) -> None:
     """A `lock` file left by a process killed inside torch's loader does not hang the next
     one: it is removed with a warning and the cached kernel loads (not rebuilt)."""
-    here = Path(_need_cpp_status().build_dir)
+    here = Path(_need_cpp().build_dir)
     copy = tmp_path / here.name
     shutil.copytree(here, copy, ignore=shutil.ignore_patterns("lock", "kvbench.lock"))
     (copy / "lock").touch()
@@ -295,7 +292,7 @@ def test_stale_build_lock_is_removed(tmp_path: Path) -> None:
 
 def test_build_lock_held_elsewhere_times_out_to_fallback(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Another process's build that outlasts the timeout: status falls back and says why."""
-    _need_cpp_status()
+    _need_cpp()
     monkeypatch.setenv("KVBENCH_CPU_EXT_DIR", str(tmp_path))
     folder = cpu_paged._build_dir()
     folder.mkdir(parents=True)
