@@ -101,7 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _record(
     run_id: str, rows: list[UtilizationRow], sharing: dict, args: argparse.Namespace
 ) -> None:
-    from kvbench.reports.results import ResultWriter
+    from kvbench.reports.store.writer import ResultWriter
 
     with ResultWriter(run_id) as writer:
         for row in rows:
@@ -130,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     if args.min_len > args.max_len:
         raise ConfigError(f"--min-len {args.min_len} is above --max-len {args.max_len}")
     if args.results:
-        from kvbench.reports.results import DEFAULT_RESULTS_DIR, check_appendable, check_run_id
+        from kvbench.reports.store.files import DEFAULT_RESULTS_DIR
+        from kvbench.reports.store.writer import check_appendable, check_run_id
 
         check_appendable(Path(DEFAULT_RESULTS_DIR) / f"{check_run_id(args.results)}.jsonl")
     batches = seed002_lengths(

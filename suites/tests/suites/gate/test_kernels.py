@@ -82,7 +82,7 @@ def test_unchanged_kernel_recompiled_passes(baseline, decode_cfg, empty_triton_c
     assert fresh.spills == 0
     result = gate.evaluate([baseline], candidate([fresh]))
     assert result.exit_code == 0, gate.format_table(result, show_all=True)
-    assert {r.verdict for r in result.rows} == {gate.PASS}
+    assert {r.verdict for r in result.rows} == {gate.GateVerdict.PASS}
 
 
 def test_decode_kernel_loading_k_twice_fails(baseline, decode_cfg, tmp_path, empty_triton_cache):
