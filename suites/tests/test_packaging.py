@@ -35,6 +35,9 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 STANDIN_MARKER = "the stand-in kernel hub"
 #: The repository's package folders, each installed as `kvbench.<folder>`.
 FOLDERS = ("kernels", "paged", "reference", "reports", "suites", "workloads")
+#: The tooling tests: run from a checkout, kept out of the wheel (the conformance suite,
+#: which plug-ins run against their own implementations, ships in it).
+TOOLING_TESTS = Path("suites", "tests")
 
 
 def _package_folders() -> set[str]:
@@ -45,13 +48,18 @@ def _package_folders() -> set[str]:
             rel = init.parent.relative_to(REPO)
             if "_kvbench" in rel.parts or any(p.startswith(".") for p in rel.parts):
                 continue
+            if rel == TOOLING_TESTS or TOOLING_TESTS in rel.parents:
+                continue
             names.add("kvbench." + ".".join(rel.parts))
     return names
 
 
 def test_every_package_folder_is_listed_in_pyproject():
-    """pyproject lists packages explicitly (the mapping needs it): a new folder must be added."""
+    """pyproject lists packages explicitly (the mapping needs it): a new folder must be added.
+    The tooling tests are not listed: they stay out of the wheel."""
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    assert not [p for p in listed if p.startswith("kvbench.suites.tests")], listed
+    assert "kvbench.suites.conformance" in listed
     missing = _package_folders() - listed
     assert not missing, (
         f"add these packages to pyproject.toml [tool.setuptools] packages: {missing}"
@@ -121,7 +129,11 @@ def test_wheel_has_one_top_level_package(kvbench_wheel):
         "kvbench",
         f"{kvbench_wheel.name.split('-')[0]}-{kvbench.__version__}.dist-info",
     }
+    assert not [n for n in names if n.startswith("kvbench/suites/tests/")], "tooling tests"
     for expected in (
+        "kvbench/suites/conftest.py",
+        "kvbench/suites/conformance/__init__.py",
+        "kvbench/suites/conformance/test_kernels_ops.py",
         "kvbench/__init__.py",
         "kvbench/__main__.py",
         "kvbench/kernels/ops.py",
@@ -146,7 +158,11 @@ def _fresh_env(path: Path) -> Path:
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
-    (Path(purelib) / "zz_outer.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # this environment's site folders, including ones its own .pth files added (a venv
+    # layered over another one): a .pth line is not itself searched for further .pth files
+    outer = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    lines = dict.fromkeys([sysconfig.get_path("purelib"), *outer])
+    (Path(purelib) / "zz_outer.pth").write_text("\n".join(lines) + "\n")
     return python
 
 

@@ -27,7 +27,8 @@ configs = pytest.importorskip("kvbench.kernels.configs")
 triton_kernels = pytest.importorskip("kvbench.kernels.triton_kernels")
 
 from kvbench.suites.gate.static import to_static  # noqa: E402
-from kvbench.suites.tests.suites.gate.variants import heavier_decode  # noqa: E402
+
+from .variants import heavier_decode  # noqa: E402
 
 ARCH = 90
 
