@@ -1,4 +1,4 @@
-"""Sustained-rate ratios, seed 001's batch table and the serving claims, from hand-written
+"""Sustained-rate ratios, [PA-deep-dive]'s batch table and the serving claims, from hand-written
 rows: the ratio is paged's knee over each baseline's, verdicts follow the published
 ranges, and the pages show the derived tables."""
 
