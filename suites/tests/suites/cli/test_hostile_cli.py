@@ -314,7 +314,7 @@ def test_folders_and_runs_given_wrongly_are_refused(workdir: Path) -> None:
 
 def _results_file(path: Path, **bench: object) -> Path:
     """A small valid bench results file (header + one finished case)."""
-    from kvbench.reports.results import ResultWriter
+    from kvbench.reports.store.writer import ResultWriter
 
     header = {"bench": {"sweeps": ["s"], "full": False, "seed": 0, "shard": None, **bench}}
     with ResultWriter(
