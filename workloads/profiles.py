@@ -1,6 +1,6 @@
 """Device profiles for modeled serving time.
 
-A scheduler step is priced with a roofline-style model (`paged.scheduler_model.TimeModel`
+A scheduler step is priced with a roofline-style model (`paged.serving.time_model.TimeModel`
 applies it; these are its per-device inputs):
 
     step    = fixed per-step cost + max(memory time, compute time) + all-reduce time

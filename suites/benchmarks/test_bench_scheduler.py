@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.paged.scheduler_setup import CacheSpec, simulate
+from kvbench.paged.cache_spec import CacheSpec
+from kvbench.paged.serving.simulation import simulate
 from kvbench.workloads.sharing import generate
 
 SPEC = CacheSpec(kind="paged", model="llama-2-70b", kv_budget="42GB", block_size=16)

@@ -16,9 +16,16 @@ import random
 import numpy as np
 import pytest
 
-from kvbench.paged.rate import RateTrace, check_bound, check_rate, check_system, sustained_rate
-from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
-from kvbench.paged.scheduler_setup import CacheSpec, setup_time_model, simulate
+from kvbench.paged.cache_spec import CacheSpec
+from kvbench.paged.serving.rate import (
+    RateTrace,
+    check_bound,
+    check_rate,
+    check_system,
+    sustained_rate,
+)
+from kvbench.paged.serving.simulation import setup_time_model, simulate
+from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.profiles import DeviceProfile, get_profile

@@ -54,12 +54,12 @@ def _system_prompt_trace(requests: int, seed: int):  # type: ignore[no-untyped-d
     "A100-80GB (35 GB weights, 42 GB KV), ShareGPT-like requests behind a shared 500-token "
     "system prompt; contiguous (4,096-token reservations), paged, paged + prefix cache",
     _batch_cases,
-    requires=("kvbench.paged.scheduler_setup",),
+    requires=("kvbench.paged.serving.simulation",),
     tags=("serving", "modeled"),
 )
 def batch_table(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kvbench.paged.scheduler_model import SchedulerConfig
-    from kvbench.paged.scheduler_setup import setup_spec, setup_time_model, simulate
+    from kvbench.paged.serving.simulation import setup_spec, setup_time_model, simulate
+    from kvbench.paged.serving.time_model import SchedulerConfig
     from kvbench.workloads.setups import get_setup
 
     setup = get_setup(case["setup"])
@@ -128,14 +128,14 @@ class _SharingProbe:
     "KV), Alpaca-like parallel sampling / beam search at a Poisson request rate; "
     "time-averaged (blocks named by the sequences' tables - blocks held) / blocks named",
     _cow_cases,
-    requires=("kvbench.paged.scheduler_setup", "kvbench.paged.beams"),
+    requires=("kvbench.paged.serving.simulation", "kvbench.paged.serving.beams"),
     tags=("serving", "cow", "modeled"),
 )
 def cow_load(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kvbench.paged.rate import RateTrace
-    from kvbench.paged.scheduler import Engine
-    from kvbench.paged.scheduler_model import SchedulerConfig
-    from kvbench.paged.scheduler_setup import setup_spec, setup_time_model
+    from kvbench.paged.serving.engine import Engine
+    from kvbench.paged.serving.rate import RateTrace
+    from kvbench.paged.serving.simulation import setup_spec, setup_time_model
+    from kvbench.paged.serving.time_model import SchedulerConfig
     from kvbench.workloads.setups import get_setup
     from kvbench.workloads.sharing import generate
 
