@@ -81,16 +81,76 @@ BLOCK_ID_BASE = 1 << 56
 MAX_BLOCK_SPAN = (1 << 63) - BLOCK_ID_BASE
 
 
-def block_token_ids(blocks: Sequence[int], block_tokens: int, length: int) -> list[int]:
-    """The `length` prompt ids described by `blocks` of `block_tokens` tokens each: id
-    BLOCK_ID_BASE + block * block_tokens + position (injective in (block, position));
-    the last block keeps only the ids up to `length`."""
-    ids: list[int] = []
-    for block in blocks:
-        start = BLOCK_ID_BASE + block * block_tokens
-        take = min(block_tokens, length - len(ids))
-        ids.extend(range(start, start + take))
-    return ids
+class BlockTokenIds(Sequence[int]):
+    """The prompt ids a list of block ids describes, without building them: id
+    BLOCK_ID_BASE + block * block_tokens + position (injective in (block, position)),
+    `length` ids in all (the last block keeps only the ids up to `length`).
+
+    Immutable; a slice is a tuple of ints, built from ranges at C speed (a prefix-cache
+    lookup slices one block at a time), so a 10^4-token prompt costs nothing until read.
+    Every id is an int >= BLOCK_ID_BASE (`nonnegative_ids`: `validate_prompt` trusts it).
+    """
+
+    __slots__ = ("_blocks", "_bt", "_len")
+    nonnegative_ids = True
+
+    def __init__(self, blocks: Sequence[int], block_tokens: int, length: int) -> None:
+        self._blocks = tuple(blocks)
+        self._bt = block_tokens
+        self._len = length
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _spans(self, start: int, stop: int) -> Iterator[range]:
+        bt, blocks = self._bt, self._blocks
+        pos = start
+        while pos < stop:
+            k, off = divmod(pos, bt)
+            base = BLOCK_ID_BASE + blocks[k] * bt
+            take = min(bt - off, stop - pos)
+            yield range(base + off, base + off + take)
+            pos += take
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            if step != 1:
+                return tuple(self)[index]
+            if stop - start <= self._bt - start % self._bt:  # inside one block
+                k, off = divmod(start, self._bt)
+                base = BLOCK_ID_BASE + self._blocks[k] * self._bt + off
+                return tuple(range(base, base + max(0, stop - start)))
+            out: list[int] = []
+            for span in self._spans(start, stop):
+                out.extend(span)
+            return tuple(out)
+        i = range(self._len)[index]  # IndexError / TypeError like a tuple
+        k, off = divmod(i, self._bt)
+        return BLOCK_ID_BASE + self._blocks[k] * self._bt + off
+
+    def __iter__(self) -> Iterator[int]:
+        for span in self._spans(0, self._len):
+            yield from span
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockTokenIds):
+            return (self._blocks, self._bt, self._len) == (other._blocks, other._bt, other._len)
+        if isinstance(other, (tuple, list)):
+            return len(other) == self._len and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self._blocks, self._bt, self._len))
+
+    def __repr__(self) -> str:
+        return f"BlockTokenIds({len(self._blocks)} blocks of {self._bt}, {self._len} ids)"
+
+
+def block_token_ids(blocks: Sequence[int], block_tokens: int, length: int) -> BlockTokenIds:
+    """The `length` prompt ids described by `blocks` of `block_tokens` tokens each
+    (`BlockTokenIds`)."""
+    return BlockTokenIds(blocks, block_tokens, length)
 
 
 class TraceError(ConfigError):
