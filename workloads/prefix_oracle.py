@@ -53,7 +53,7 @@ class BlockAccesses:
         return int(self.prompt_lens.sum())
 
     def distinct_blocks(self) -> int:
-        return int(len(np.unique(self.keys))) if len(self.keys) else 0
+        return len(np.unique(self.keys)) if len(self.keys) else 0
 
     def footprint_blocks(self) -> int:
         """Blocks past which a pool never evicts in the replay: every distinct full
