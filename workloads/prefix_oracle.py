@@ -132,6 +132,8 @@ def _next_uses(acc: BlockAccesses) -> np.ndarray:
     req_of = np.repeat(np.arange(acc.num_requests), np.diff(acc.starts))
     pos = np.arange(n) - acc.starts[req_of]
     usable = pos < acc.hittable[req_of]
+    if not usable.any():
+        return np.full(n, never, dtype=np.int64)  # no block can ever hit
     span = acc.num_requests + 2
     uses = np.sort(acc.keys[usable] * span + req_of[usable])
     query = acc.keys * span + req_of

@@ -439,6 +439,8 @@ def _request_from_obj(obj: dict[str, Any], lineno: int) -> TraceRequest:
     blocks = None
     if "prompt_blocks" in obj:
         blocks = _token_list(obj["prompt_blocks"], lineno, "prompt_blocks")
+        if "prompt" in obj:
+            raise TraceError("give 'prompt' or 'prompt_blocks', not both", lineno, "prompt_blocks")
         if "prompt_block_tokens" not in obj:
             raise TraceError("missing: 'prompt_blocks' needs it", lineno, "prompt_block_tokens")
         if "prompt_len" not in obj:

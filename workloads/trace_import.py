@@ -101,6 +101,8 @@ def _mooncake_request(raw: str, lineno: int, index: int, last: float, speed: flo
         raise TraceError(
             f"malformed or truncated JSON ({exc.msg} at column {exc.colno})", lineno
         ) from None
+    except RecursionError:
+        raise TraceError("malformed JSON (nested too deeply)", lineno) from None
     if not isinstance(obj, dict):
         raise TraceError(f"expected a JSON object, got {type(obj).__name__}", lineno)
     for name in MOONCAKE_FIELDS:
