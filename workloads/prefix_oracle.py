@@ -164,7 +164,10 @@ def belady_hit_tokens(acc: BlockAccesses, capacity_tokens: int) -> int:
     lens = acc.prompt_lens.tolist()
     bs = acc.block_size
     cached: dict[int, int] = {}  # key -> its next use (the heap's live entry)
-    heap: list[tuple[int, int]] = []  # (-next use, key), lazily deleted
+    # (-next use, -key), lazily deleted: farthest next use first; on a tie the larger key,
+    # which is the deeper block (a child is numbered after its parent), so the cached set
+    # stays closed under prefixes
+    heap: list[tuple[int, int]] = []
     hits = 0
     for i, length in enumerate(lens):
         use = min(length, cap * bs)
@@ -182,11 +185,12 @@ def belady_hit_tokens(acc: BlockAccesses, capacity_tokens: int) -> int:
         others = len(cached) - run
         held: list[tuple[int, int]] = []
         while others > keep:
-            neg, key = heapq.heappop(heap)
+            neg, negkey = heapq.heappop(heap)
+            key = -negkey
             if cached.get(key) != -neg:
                 continue
             if key in pinned:
-                held.append((neg, key))
+                held.append((neg, negkey))
                 continue
             del cached[key]
             others -= 1
@@ -196,9 +200,9 @@ def belady_hit_tokens(acc: BlockAccesses, capacity_tokens: int) -> int:
             nu = nxt_l[lo + j]
             if cached.get(key) != nu:
                 cached[key] = nu
-                heapq.heappush(heap, (-nu, key))
+                heapq.heappush(heap, (-nu, -key))
         if len(heap) > 4 * len(cached) + 1024:
-            heap = [(-nu, k) for k, nu in cached.items()]
+            heap = [(-nu, -k) for k, nu in cached.items()]
             heapq.heapify(heap)
     return hits
 

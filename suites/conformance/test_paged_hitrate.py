@@ -100,7 +100,7 @@ def _exhaustive_best(prompts: list[tuple[int, ...]], cap: int) -> int:
     return max(best_at.values())
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     prompts=st.lists(
         st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple), min_size=1, max_size=6
