@@ -207,8 +207,8 @@ def read_azure(path: str | Path, speed: float = 1.0) -> Trace:
     """An Azure-format CSV file as a kvbench trace (module docstring)."""
     speed = check_speed(speed)
     rows: list[tuple[int, float, int, int]] = []
-    last, first = 0.0, None
-    first: int | None
+    last = 0.0
+    first: int | None = None
     with _naming(path):
         lines = read_text_lines(path)
         header = tuple(h.strip() for h in lines[0].split(","))
@@ -263,9 +263,8 @@ class _naming:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind, exc, tb) -> bool:  # type: ignore[no-untyped-def]
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         if isinstance(exc, TraceError) and not str(exc).startswith("trace file"):
             err = TraceError(f"trace file {self.path!r}: {exc}")
             err.line, err.field = exc.line, exc.field
             raise err from None
-        return False

@@ -8,8 +8,9 @@ from pathlib import Path
 import pandas as pd
 
 from kvbench.reports import claims
-from kvbench.reports import results as R
 from kvbench.reports.site import build_site
+from kvbench.reports.store.reader import load_run, load_runs
+from kvbench.reports.store.writer import ResultWriter
 from kvbench.suites.bench import catalog  # noqa: F401  (registers the sweeps)
 from kvbench.suites.bench.registry import get_sweep
 from kvbench.suites.bench.sweeps import trace_capacity as tc
@@ -84,7 +85,7 @@ def test_the_capacity_claim_is_judged_on_both_points() -> None:
 
 
 def test_the_sweep_page_draws_the_capacity_curve(tmp_path: Path) -> None:
-    with R.ResultWriter("c", tmp_path) as w:
+    with ResultWriter("c", tmp_path) as w:
         for policy, scale in (("lru", 0.5), ("optimal", 0.9)):
             for cap in (10_000, 3_000_000, 50_000_000, 10**9):
                 case = {"trace": tc.TRACE, "capacity_tokens": cap, "block_size": 512}
@@ -94,7 +95,7 @@ def test_the_sweep_page_draws_the_capacity_curve(tmp_path: Path) -> None:
                 w.record(SWEEP, case, "hit_rate_ceiling", 0.37, "fraction")
                 w.record(SWEEP, case, "fraction_of_ceiling", rate / 0.37, "fraction")
     out = tmp_path / "site"
-    build_site(R.load_runs(["c"], tmp_path), out)
+    build_site(load_runs(["c"], tmp_path), out)
     pages = list(out.glob("*prefix_capacity*.html")) + list(out.glob("*prefix-capacity*.html"))
     assert pages, sorted(p.name for p in out.iterdir())
     html = pages[0].read_text(encoding="utf-8")
@@ -117,7 +118,7 @@ def test_bench_writes_the_rows(tmp_path: Path, monkeypatch) -> None:  # type: ig
     monkeypatch.setitem(registry._REGISTRY, SWEEP, small)
     res = run_bench([SWEEP], out_dir=tmp_path, run_id="t", progress=False)
     assert not res.failures and res.measured == 1
-    rows = {r["metric"]: r for r in R.load_run(res.path).rows if r["suite"] == SWEEP}
+    rows = {r["metric"]: r for r in load_run(res.path).rows if r["suite"] == SWEEP}
     assert {"hit_rate", "hit_rate_ceiling", "fraction_of_ceiling"} <= set(rows)
     assert rows["hit_rate"]["case"] == one[0]
     assert 0.9 < rows["fraction_of_ceiling"]["value"] <= 1.0
