@@ -45,6 +45,7 @@ X_LABELS: dict[str, str] = {
     "avg_len": "mean request length [tokens]",
     "n": "samples per request (n)",
     "width": "beam width",
+    "capacity_tokens": "prefix-cache capacity [tokens]",
 }
 
 
@@ -335,6 +336,20 @@ SPECS: tuple[FigureSpec, ...] = (
         logy=True,
         ylabel="mean normalized latency [s/token]",
         ignore=("duration",),
+    ),
+    *(
+        FigureSpec(
+            "trace.prefix_capacity",
+            f"Prefix hit rate vs cache capacity, Mooncake conversation trace, block {bs} "
+            "(computed exactly)",
+            "capacity_tokens",
+            ("hit_rate", "hit_rate_ceiling"),
+            fixed={"block_size": bs, "trace": "mooncake-conversation"},
+            logx=True,
+            percent=True,
+            ylabel="prefix-hit tokens / prompt tokens",
+        )
+        for bs in (512, 16)
     ),
     FigureSpec(
         "preempt.swap_vs_recompute",

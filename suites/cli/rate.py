@@ -73,7 +73,15 @@ def run(args: argparse.Namespace) -> int:
             f"rate {max(rates):g} requests/s for {duration:g} s needs a trace of {need:,} "
             f"requests; at most {MAX_REQUESTS:,}: use lower --rates or a shorter --duration"
         )
-    trace = RateTrace.make(generate(args.workload, need, seed=args.seed), args.seed)
+    if args.trace is not None:  # a trace's requests (e.g. imported), Poisson arrivals
+        from kvbench.suites.cli.argtypes import check_input_file
+        from kvbench.workloads.trace import Trace
+
+        check_input_file(args.trace, "--trace")
+        base = Trace.read(args.trace)
+    else:
+        base = generate(args.workload, need, seed=args.seed)
+    trace = RateTrace.make(base, args.seed)
     rows = []
     for s in systems:
         for r in rates:
@@ -89,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
                     f"{m['tokens_per_second']:.0f}",
                 )
             )
-    print(f"{setup.name}, {args.workload}: modeled; normalized latency in s/token, TTFT in s")
+    print(
+        f"{setup.name}, {args.trace or args.workload}: modeled; normalized latency in s/token, TTFT in s"
+    )
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
     print("  ".join(c.rjust(w) for c, w in zip(_COLUMNS, widths, strict=True)))
     for row in rows:
@@ -118,6 +128,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--setup", default="opt-13b-1xa100-40gb", help="serving set-up (--list)")
     p.add_argument("--workload", default="sharegpt", help="sharegpt | alpaca | ...")
+    p.add_argument(
+        "--trace",
+        default=None,
+        help="take the requests of this trace file (e.g. imported) instead of --workload; "
+        "their arrivals are replaced by the Poisson process",
+    )
     p.add_argument("--system", default="all", help="comma-separated systems, or 'all'")
     p.add_argument("--rates", default="1,2,3,4", help="comma-separated requests/s")
     p.add_argument(
