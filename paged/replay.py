@@ -1,0 +1,199 @@
+"""Serving a trace's own arrival stream on a serving set-up, with prefix caching (modeled).
+
+`serve_trace` replays a trace as it arrived (every arrival divided by a time scale,
+`workloads.time_scale`) through kvbench's PagedKVCache with prefix caching on a serving
+set-up (`workloads.setups`: model, devices, tensor parallelism, KV memory); the engine's
+time model of the set-up's GPUs prices every step, so every latency and rate here is
+modeled, not measured. `serving_metrics` reads a run the way serving benchmarks report
+it: TTFT, TPOT and end-to-end latency (mean, p50, p90, p99, s), goodput and SLO
+attainment (`paged.slo`), throughput, the prefix-cache hit rate (prefix-hit prompt tokens
+/ prompt tokens) and the KV utilization (`SimulationResult.utilization`).
+
+`timeline` cuts a run into windows of modeled time: per window the running and waiting
+requests and the KV memory in use (each averaged over the window, weighted by step
+time), and the prefix hit rate of the requests admitted in it. `slo_search` finds the
+highest load (request rate, or time scale for a trace) whose p99 TTFT and p99 TPOT stay
+within an SLO, by the same geometric bisection as the sustained rate (`paged.rate`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvbench.paged.latency import flat
+from kvbench.paged.rate import served_throughput, sustained_rate
+from kvbench.paged.scheduler_model import SchedulerConfig, SimulationResult
+from kvbench.paged.scheduler_setup import setup_spec, setup_time_model, simulate
+from kvbench.paged.slo import SLO, goodput, slo_margin
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.setups import ServingSetup
+from kvbench.workloads.time_scale import time_scaled
+from kvbench.workloads.trace import Trace
+
+
+def serve_trace(
+    trace: Trace,
+    setup: ServingSetup,
+    *,
+    time_scale: float = 1.0,
+    block_size: int = 16,
+    config: SchedulerConfig | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> SimulationResult:
+    """Replay `trace` at `time_scale` on `setup`'s paged cache with prefix caching
+    (preemption by the cost model, the engine's event mode unless `config` says
+    otherwise). `result.info["kv_blocks"]` is the cache's block count."""
+    spec = setup_spec(setup, "paged", block_size, prefix_caching=True)
+    result = simulate(
+        time_scaled(trace, time_scale),
+        spec,
+        "auto",
+        setup.profile,
+        config=config,
+        progress=progress,
+        time_model=setup_time_model(setup, block_size),
+    )
+    result.info.update(
+        setup=setup.name, time_scale=float(time_scale), kv_blocks=spec.blocks(), modeled=True
+    )
+    return result
+
+
+def prefix_hit_rate(result: SimulationResult) -> float:
+    """Prompt tokens served from the prefix cache at first admission / prompt tokens, over
+    the run's requests (an n-sample request's prompt counted once)."""
+    prompt = hits = 0
+    for rec in result.records:
+        if rec.id != str(rec.request):  # a child sample shares its parent's prompt
+            continue
+        prompt += rec.prompt_len
+        hits += rec.cached_tokens
+    return hits / prompt if prompt else math.nan
+
+
+def serving_metrics(result: SimulationResult, slo: SLO) -> dict[str, float]:
+    """The run as flat columns: latency ("ttft_p99", ... s), "goodput" (requests/s),
+    "slo_attainment" (fraction), "requests_per_second", "tokens_per_second",
+    "prefix_hit_rate" and "utilization" (fractions), "peak_concurrency", "preemptions",
+    "modeled_seconds" and the engine's "simulation_wall_time" (s, host)."""
+    out = flat(result.latency)
+    out.update(goodput(result.records, slo).as_dict())
+    out.update(served_throughput(result))
+    out.update(
+        prefix_hit_rate=prefix_hit_rate(result),
+        utilization=result.utilization,
+        peak_concurrency=float(result.peak_concurrency),
+        preemptions=float(result.preemptions),
+        modeled_seconds=result.modeled_seconds,
+        simulation_wall_time=result.wall_seconds,
+    )
+    return out
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window of a run's timeline (modeled seconds [start_s, start_s + width_s)).
+
+    running, waiting: requests' sequences running / queued, averaged over the window's
+        steps weighted by their modeled time;
+    kv_used: KV blocks held / the cache's blocks, averaged the same way (fraction);
+    utilization: live KV tokens / slots of the held blocks, the same way (fraction);
+    prefix_hit_rate: prefix-hit prompt tokens / prompt tokens of the requests first
+        admitted in the window (NaN when none was);
+    admitted: requests first admitted in the window.
+    """
+
+    start_s: float
+    width_s: float
+    running: float
+    waiting: float
+    kv_used: float
+    utilization: float
+    prefix_hit_rate: float
+    admitted: int
+
+
+def timeline(result: SimulationResult, windows: int = 60) -> list[Window]:
+    """The run in `windows` equal windows of modeled time (`Window`). A timeline row is
+    placed in the window where it starts (a long quiet stretch is not split; its block
+    figures are those of its first step)."""
+    if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
+        raise ConfigError(f"windows must be an integer >= 1, got {windows!r}")
+    rows = result.timeline
+    blocks = result.info.get("kv_blocks") or max(
+        (r.free_blocks + r.used_blocks for r in rows), default=1
+    )
+    dur = np.array([r.time_ps for r in rows], dtype=np.float64) / 1e12
+    start = np.concatenate(([0.0], np.cumsum(dur)[:-1])) if rows else np.zeros(0)
+    total = float(start[-1] + dur[-1]) if rows else 0.0
+    width = total / windows if total > 0 else 1.0
+    where = np.minimum((start / width).astype(np.int64), windows - 1)
+    w = np.bincount(where, weights=dur, minlength=windows)
+
+    def avg(values: list[float]) -> np.ndarray:
+        s = np.bincount(
+            where, weights=dur * np.asarray(values, dtype=np.float64), minlength=windows
+        )
+        return np.divide(s, w, out=np.full(windows, np.nan), where=w > 0)
+
+    running = avg([r.running for r in rows])
+    waiting = avg([r.waiting for r in rows])
+    kv_used = avg([r.used_blocks / blocks for r in rows])
+    util = avg([r.live_tokens / r.reserved_slots if r.reserved_slots else 1.0 for r in rows])
+    # admissions: a record's admit step -> the start time of that step
+    steps = np.array([r.step for r in rows], dtype=np.int64)
+    prompt = np.zeros(windows)
+    hits = np.zeros(windows)
+    admitted = np.zeros(windows, dtype=np.int64)
+    for rec in result.records:
+        if rec.id != str(rec.request) or rec.admit_step < 0:
+            continue
+        i = int(np.searchsorted(steps, rec.admit_step, side="right")) - 1
+        k = min(int(start[max(i, 0)] / width), windows - 1)
+        prompt[k] += rec.prompt_len
+        hits[k] += rec.cached_tokens
+        admitted[k] += 1
+    hit = np.divide(hits, prompt, out=np.full(windows, np.nan), where=prompt > 0)
+    return [
+        Window(
+            i * width,
+            width,
+            float(running[i]),
+            float(waiting[i]),
+            float(kv_used[i]),
+            float(util[i]),
+            float(hit[i]),
+            int(admitted[i]),
+        )
+        for i in range(windows)
+    ]
+
+
+def slo_search(
+    latency_at: Callable[[float], dict[str, dict[str, float]]],
+    slo: SLO,
+    start: float,
+    *,
+    limit: float = math.inf,
+    rel_tol: float = 0.05,
+    max_evals: int = 16,
+) -> tuple[float, dict[float, float]]:
+    """The highest load x (a request rate, or a trace's time scale) whose p99 TTFT and
+    p99 TPOT (`latency_at(x)`: a latency summary, `paged.latency.summarize`) are within
+    `slo`: `paged.rate.sustained_rate` on `slo_margin` with bound 1. Returns (x, the
+    margin at every load tried); 0.0 when even start / 64 misses the SLO, `limit` when
+    the SLO holds there. Assumes latency grows with the load."""
+    if slo.ttft_s is None and slo.tpot_s is None:
+        raise ConfigError("an SLO search needs a TTFT or a TPOT bound")
+    return sustained_rate(
+        lambda x: slo_margin(latency_at(x), slo),
+        1.0,
+        start,
+        rel_tol=rel_tol,
+        max_evals=max_evals,
+        limit=limit,
+    )
