@@ -10,8 +10,8 @@ attainment (`paged.slo`), throughput, the prefix-cache hit rate (prefix-hit prom
 / prompt tokens) and the KV utilization (`SimulationResult.utilization`).
 
 `timeline` cuts a run into windows of modeled time: per window the running and waiting
-requests and the KV memory in use (each averaged over the window, weighted by step
-time), and the prefix hit rate of the requests admitted in it. `slo_search` finds the
+sequences, the KV memory in use and its utilization (each averaged over the window,
+weighted by step time), and the prefix hit rate of the requests admitted in it. `slo_search` finds the
 highest load (request rate, or time scale for a trace) whose p99 TTFT and p99 TPOT stay
 within an SLO, by the same geometric bisection as the sustained rate (`paged.rate`).
 """
@@ -117,10 +117,37 @@ class Window:
     admitted: int
 
 
-def timeline(result: SimulationResult, windows: int = 60) -> list[Window]:
-    """The run in `windows` equal windows of modeled time (`Window`). A timeline row is
-    placed in the window where it starts (a long quiet stretch is not split; its block
-    figures are those of its first step)."""
+def step_starts(result: SimulationResult) -> np.ndarray:
+    """Modeled start time (s) of each timeline row. A row starts where the one before it
+    ended, except after the engine ran empty: it then waits for the next arrival, the
+    earliest arrival among the requests first admitted in that row (with a concurrency
+    cap, their join times; the cap holds nothing back while the engine is empty)."""
+    rows = result.timeline
+    first_arrival: dict[int, float] = {}
+    for rec in result.records:
+        if rec.admit_step >= 0:
+            old = first_arrival.get(rec.admit_step, math.inf)
+            first_arrival[rec.admit_step] = min(old, rec.arrival_s)
+    out = np.empty(len(rows))
+    now = 0.0
+    empty = True
+    for i, row in enumerate(rows):
+        if empty:
+            now = max(now, first_arrival.get(row.step, now))
+        out[i] = now
+        now += row.time_ps / 1e12
+        empty = not (row.running or row.waiting or row.swapped)
+    return out
+
+
+def timeline(
+    result: SimulationResult, windows: int = 60, width_s: float | None = None
+) -> list[Window]:
+    """The run in `windows` windows of modeled time (`Window`), each `width_s` seconds
+    wide (default: the run's modeled time / windows). A timeline row is placed in the
+    window where it starts (`step_starts`; a long quiet stretch is not split, and its
+    block figures are those of its first step). A window in which no step runs is idle:
+    no request running or waiting, no KV held, no utilization or hit rate (NaN)."""
     if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
         raise ConfigError(f"windows must be an integer >= 1, got {windows!r}")
     rows = result.timeline
@@ -128,23 +155,31 @@ def timeline(result: SimulationResult, windows: int = 60) -> list[Window]:
         (r.free_blocks + r.used_blocks for r in rows), default=1
     )
     dur = np.array([r.time_ps for r in rows], dtype=np.float64) / 1e12
-    start = np.concatenate(([0.0], np.cumsum(dur)[:-1])) if rows else np.zeros(0)
-    total = float(start[-1] + dur[-1]) if rows else 0.0
-    width = total / windows if total > 0 else 1.0
-    where = np.minimum((start / width).astype(np.int64), windows - 1)
-    w = np.bincount(where, weights=dur, minlength=windows)
+    start = step_starts(result)
+    if width_s is None:
+        total = result.modeled_seconds
+        width = total / windows if total > 0 else 1.0
+    elif not (isinstance(width_s, (int, float)) and math.isfinite(width_s) and width_s > 0):
+        raise ConfigError(f"window width must be a finite number of seconds > 0, got {width_s!r}")
+    else:
+        width = float(width_s)
+    where = (start / width).astype(np.int64)
+    keep = where < windows
+    where, dur_in = where[keep], dur[keep]
+    w = np.bincount(where, weights=dur_in, minlength=windows)
 
-    def avg(values: list[float]) -> np.ndarray:
-        s = np.bincount(
-            where, weights=dur * np.asarray(values, dtype=np.float64), minlength=windows
-        )
-        return np.divide(s, w, out=np.full(windows, np.nan), where=w > 0)
+    def avg(values: list[float], idle: float) -> np.ndarray:
+        v = np.asarray(values, dtype=np.float64)[keep]
+        s = np.bincount(where, weights=dur_in * v, minlength=windows)
+        return np.divide(s, w, out=np.full(windows, idle), where=w > 0)
 
-    running = avg([r.running for r in rows])
-    waiting = avg([r.waiting for r in rows])
-    kv_used = avg([r.used_blocks / blocks for r in rows])
-    util = avg([r.live_tokens / r.reserved_slots if r.reserved_slots else 1.0 for r in rows])
-    # admissions: a record's admit step -> the start time of that step
+    running = avg([r.running for r in rows], 0.0)
+    waiting = avg([r.waiting for r in rows], 0.0)
+    kv_used = avg([r.used_blocks / blocks for r in rows], 0.0)
+    util = avg(
+        [r.live_tokens / r.reserved_slots if r.reserved_slots else 1.0 for r in rows], math.nan
+    )
+    # admissions: a record's first admit step -> the start time of that step's row
     steps = np.array([r.step for r in rows], dtype=np.int64)
     prompt = np.zeros(windows)
     hits = np.zeros(windows)
@@ -152,8 +187,10 @@ def timeline(result: SimulationResult, windows: int = 60) -> list[Window]:
     for rec in result.records:
         if rec.id != str(rec.request) or rec.admit_step < 0:
             continue
-        i = int(np.searchsorted(steps, rec.admit_step, side="right")) - 1
-        k = min(int(start[max(i, 0)] / width), windows - 1)
+        i = max(int(np.searchsorted(steps, rec.admit_step, side="right")) - 1, 0)
+        k = int(start[i] / width)
+        if k >= windows:
+            continue
         prompt[k] += rec.prompt_len
         hits[k] += rec.cached_tokens
         admitted[k] += 1
