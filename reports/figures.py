@@ -45,6 +45,8 @@ X_LABELS: dict[str, str] = {
     "avg_len": "mean request length [tokens]",
     "n": "samples per request (n)",
     "width": "beam width",
+    "time_scale": "time scale [x the trace's own arrival rate]",
+    "t_s": "modeled time [s]",
 }
 
 
@@ -335,6 +337,65 @@ SPECS: tuple[FigureSpec, ...] = (
         logy=True,
         ylabel="mean normalized latency [s/token]",
         ignore=("duration",),
+    ),
+    *(
+        FigureSpec(
+            "trace.serving",
+            title,
+            "time_scale",
+            metrics,
+            fixed={"view": "grid"},
+            logy=logy,
+            percent=percent,
+            ylabel=ylabel,
+        )
+        for title, metrics, ylabel, logy, percent in (
+            (
+                "Goodput and throughput vs time scale (modeled)",
+                ("goodput", "requests_per_second"),
+                "requests/s (modeled)",
+                False,
+                False,
+            ),
+            (
+                "SLO attainment vs time scale (modeled)",
+                ("slo_attainment",),
+                "requests meeting the SLO",
+                False,
+                True,
+            ),
+            (
+                "TTFT vs time scale (modeled)",
+                ("ttft_p50", "ttft_p90", "ttft_p99"),
+                "time to first token [s] (modeled)",
+                True,
+                False,
+            ),
+            (
+                "TPOT vs time scale (modeled)",
+                ("tpot_p50", "tpot_p90", "tpot_p99"),
+                "time per output token [s] (modeled)",
+                True,
+                False,
+            ),
+        )
+    ),
+    FigureSpec(
+        "trace.serving",
+        "Timeline: running and waiting sequences (modeled)",
+        "t_s",
+        ("window_running", "window_waiting"),
+        fixed={"view": "timeline"},
+        ylabel="sequences (window mean)",
+    ),
+    FigureSpec(
+        "trace.serving",
+        "Timeline: KV in use, KV utilization, prefix hit rate (modeled)",
+        "t_s",
+        ("window_kv_used", "window_kv_utilization", "window_prefix_hit_rate"),
+        fixed={"view": "timeline"},
+        percent=True,
+        ylabel="fraction (window)",
     ),
     FigureSpec(
         "preempt.swap_vs_recompute",

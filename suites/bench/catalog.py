@@ -12,5 +12,6 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     serving_paper,
     serving_rate,
     static,
+    trace_serving,
     utilization,
 )
