@@ -47,6 +47,7 @@ X_LABELS: dict[str, str] = {
     "width": "beam width",
     "time_scale": "time scale [x the trace's own arrival rate]",
     "t_s": "modeled time [s]",
+    "window_s": "trace replayed [first s of arrivals]",
 }
 
 
@@ -396,6 +397,15 @@ SPECS: tuple[FigureSpec, ...] = (
         fixed={"view": "timeline"},
         percent=True,
         ylabel="fraction (window)",
+    ),
+    FigureSpec(
+        "trace.serving",
+        "Engine replay time at time scale 1 (measured here, one run)",
+        "window_s",
+        ("replay_wall_time", "replay_cpu_time"),
+        fixed={"view": "replay"},
+        kind="bar",
+        ylabel="host seconds (measured here)",
     ),
     FigureSpec(
         "preempt.swap_vs_recompute",

@@ -37,6 +37,7 @@ import math
 from collections.abc import Callable
 
 from kvbench.suites.cli.argtypes import float_range, int_range
+from kvbench.suites.cli.load_args import add_load_args, slo_from_args
 from kvbench.suites.cli.workload import MAX_REQUESTS
 from kvbench.workloads.errors import ConfigError
 
@@ -64,15 +65,6 @@ def _floats(text: str, what: str, check: Callable[[float], float]) -> list[float
             raise ConfigError(f"{what} {part.strip()!r} is not a number") from None
         out.append(check(value))
     return out
-
-
-def _slo(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """The SLO the options give, or None."""
-    from kvbench.paged.slo import SLO
-
-    if args.slo_ttft is None and args.slo_tpot is None:
-        return None
-    return SLO(args.slo_ttft, args.slo_tpot)
 
 
 def _check_combination(args: argparse.Namespace) -> None:
@@ -120,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     for s in systems:
         check_system(s.strip())
     _check_combination(args)
-    slo = _slo(args)
+    slo = slo_from_args(args)
     floor = latency_floor(setup_time_model(setup))
     bound = 10 * floor if args.bound is None else check_bound(args.bound)
     cap = args.max_concurrency or 0
@@ -230,30 +222,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="with --trace: comma-separated time scales (arrivals / scale; 1)",
     )
-    p.add_argument(
-        "--burstiness",
-        type=float_range(0.0, 1e6, lo_open=True),
-        default=None,
-        help="gamma arrivals of this shape (1: Poisson, the default; < 1 burstier)",
-    )
-    p.add_argument(
-        "--max-concurrency",
-        type=int_range(1, MAX_REQUESTS),
-        default=None,
-        help="at most this many requests in flight (default: no cap)",
-    )
-    p.add_argument(
-        "--slo-ttft",
-        type=float_range(0.0, 86_400.0, lo_open=True),
-        default=None,
-        help="TTFT bound of a good request, s",
-    )
-    p.add_argument(
-        "--slo-tpot",
-        type=float_range(0.0, 3600.0, lo_open=True),
-        default=None,
-        help="TPOT bound of a good request, s",
-    )
+    add_load_args(p, "gamma arrivals of this shape (1: Poisson, the default; < 1 burstier)")
     p.add_argument(
         "--bound",
         type=float_range(0.0, 3600.0, lo_open=True),

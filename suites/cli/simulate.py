@@ -49,6 +49,7 @@ from kvbench.suites.cli.argtypes import (
     float_range,
     int_range,
 )
+from kvbench.suites.cli.load_args import add_load_args, slo_from_args
 from kvbench.suites.cli.workload import add_generator_args, trace_from_args
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.time_scale import time_scaled
@@ -190,9 +191,7 @@ def _slo_rows(rows: list[dict], slo: SLO) -> str:
 def run(args: argparse.Namespace) -> int:
     validate_args(args, _kinds(args.cache))
     _arrivals_with_burstiness(args)
-    slo = None
-    if args.slo_ttft is not None or args.slo_tpot is not None:
-        slo = SLO(args.slo_ttft, args.slo_tpot)
+    slo = slo_from_args(args)
     trace = Trace.read(args.trace) if args.trace else trace_from_args(args)
     if args.time_scale is not None:
         trace = time_scaled(trace, args.time_scale)
@@ -287,35 +286,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="request (an n-sample request's running samples go together) | sequence",
     )
     p.add_argument("--no-chunked-prefill", action="store_true")
-    p.add_argument(
-        "--max-concurrency",
-        type=int_range(1, 1 << 24),
-        default=None,
-        help="at most this many requests in flight (default: no cap)",
-    )
-    p.add_argument(
-        "--burstiness",
-        type=float_range(0.0, 1e6, lo_open=True),
-        default=None,
-        help="with --arrivals poisson:RATE: gamma gaps of this shape (1 = Poisson)",
-    )
+    add_load_args(p, "with --arrivals poisson:RATE: gamma gaps of this shape (1 = Poisson)")
     p.add_argument(
         "--time-scale",
         type=float_range(0.0, 1e6, lo_open=True),
         default=None,
         help="divide every arrival by this (2 = twice as fast)",
-    )
-    p.add_argument(
-        "--slo-ttft",
-        type=float_range(0.0, 86_400.0, lo_open=True),
-        default=None,
-        help="TTFT bound of a good request, s (goodput)",
-    )
-    p.add_argument(
-        "--slo-tpot",
-        type=float_range(0.0, 3600.0, lo_open=True),
-        default=None,
-        help="TPOT bound of a good request, s (goodput)",
     )
     p.add_argument("--mode", default="event", help="event | token")
     p.add_argument("--out", default=None, help="folder for trace, summaries and records")
