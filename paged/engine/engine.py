@@ -3,7 +3,8 @@
 `Engine.step` runs, in this order (each phase is a method; its docstring states what it
 relies on and leaves, and `Engine.check` asserts those invariants between steps):
 
-1. `arrivals`: requests whose modeled time has come join the waiting queue (FCFS);
+1. `arrivals`: requests whose modeled time has come join the waiting queue (FCFS),
+   up to the `max_concurrency` cap of requests in flight;
 2. `decode`: every due decoder appends its last token's KV, oldest first; when the cache
    cannot grow it, victims are preempted (`kvbench.paged.engine.preempt`) until it fits
    or the decoder itself went;
