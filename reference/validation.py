@@ -56,10 +56,10 @@ def validate_prompt(
     """Check a prompt is a non-empty sequence of at most max_seq_len non-negative ints.
 
     Returns the ids as an immutable sequence of ints (a tuple, or the range or
-    `workloads.prompt_ids.KnownIds` given, unchecked and uncopied); with `check_ids=False` (a memory-only cache that
-    only needs the length) returns the prompt as given after the length checks. The common
-    case, plain ints or a range, is checked at C speed: this runs once per admission in
-    100k-request replays.
+    `workloads.prompt_ids.KnownIds` given, unchecked and uncopied); with
+    `check_ids=False` (a memory-only cache that only needs the length) returns the prompt
+    as given after the length checks. The common case, plain ints or a range, is checked
+    at C speed: this runs once per admission in 100k-request replays.
     """
     try:
         n = len(prompt)

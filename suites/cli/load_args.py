@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from kvbench.suites.cli.argtypes import float_range, int_range
 
 if TYPE_CHECKING:
-    from kvbench.paged.slo import SLO
+    from kvbench.paged.serving.slo import SLO
 
 #: Most requests a concurrency cap may name (as many as a generated trace may hold).
 MAX_CONCURRENCY = 10_000_000
@@ -53,7 +53,7 @@ def add_load_args(p: argparse.ArgumentParser, burstiness_help: str) -> None:
 
 def slo_from_args(args: argparse.Namespace) -> SLO | None:
     """The SLO --slo-ttft / --slo-tpot give, or None when neither is given."""
-    from kvbench.paged.slo import SLO
+    from kvbench.paged.serving.slo import SLO
 
     if args.slo_ttft is None and args.slo_tpot is None:
         return None

@@ -13,18 +13,18 @@ Examples:
 For each system, the workload's requests arrive for `--duration` seconds at each rate, as
 a Poisson process or, with `--burstiness B`, with gamma gaps of shape B (vLLM's
 `--burstiness`: 1 is Poisson, lower is burstier), and are served on the set-up's time
-model (`paged.rate`). With `--trace FILE` the trace's own arrivals are replayed instead,
+model (`paged.serving.rate`). With `--trace FILE` the trace's own arrivals are replayed instead,
 divided by each `--time-scale` (2 = twice as fast), with prefix caching in the paged
 cache. The table gives mean and p99 normalized latency (s/token), TTFT p50 and p99 (s),
 TPOT p99 (s) and requests/s; with `--slo-ttft` / `--slo-tpot` (seconds) also goodput
 (requests/s meeting both bounds, as `vllm bench serve --goodput`) and SLO attainment
-(the fraction that does; `paged.slo`). `--max-concurrency N` lets at most N requests be
+(the fraction that does; `paged.serving.slo`). `--max-concurrency N` lets at most N requests be
 in flight at once (the rest wait outside, as vLLM's client does; their latency counts
 from when they are let in). With `--knee` (default on) it searches each system's
 sustained rate: the highest rate (time scale) whose mean normalized latency stays under
 `--bound` (s/token; default 10 x the set-up's one-sequence decode step), and, with an
 SLO, the highest rate (time scale) whose p99 TTFT and p99 TPOT stay within it
-(`paged.replay.slo_search`). Everything is modeled. Bad values (a rate, scale, bound or
+(`paged.serving.replay.slo_search`). Everything is modeled. Bad values (a rate, scale, bound or
 SLO that is not a finite number > 0, an unknown system, workload or set-up, options that
 do not go together) and a set-up whose weights and KV exceed its devices are refused
 before anything runs: exit 2, one line.
@@ -83,7 +83,7 @@ def _check_combination(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvbench.paged.rate import (
+    from kvbench.paged.serving.rate import (
         SYSTEMS,
         RateTrace,
         check_bound,
@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
         run_system,
         sustained_rate,
     )
-    from kvbench.paged.replay import slo_search
-    from kvbench.paged.scheduler_setup import setup_time_model
+    from kvbench.paged.serving.replay import slo_search
+    from kvbench.paged.serving.simulation import setup_time_model
     from kvbench.workloads.setups import SETUPS, get_setup
     from kvbench.workloads.sharing import generate
     from kvbench.workloads.time_scale import check_time_scale, time_scaled

@@ -24,7 +24,7 @@ with `--trace`, by S (2 replays twice as fast); `--max-concurrency N` lets at mo
 requests be in flight (the rest wait outside; their latency counts from when they are
 let in). With `--slo-ttft` / `--slo-tpot` (seconds) a third table gives each kind's
 goodput (requests/s meeting both bounds, DistServe's definition as vLLM computes it)
-and SLO attainment (the fraction that does; `paged.slo`). Modeled, like every time here.
+and SLO attainment (the fraction that does; `paged.serving.slo`). Modeled, like every time here.
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from kvbench.paged.latency import LATENCY_METRICS, LATENCY_STATS
-from kvbench.paged.rate import served_throughput
-from kvbench.paged.scheduler_model import SchedulerConfig
-from kvbench.paged.scheduler_setup import CACHE_KINDS, CacheSpec, simulate, time_model_for
-from kvbench.paged.slo import SLO, goodput
+from kvbench.paged.cache_spec import CACHE_KINDS, CacheSpec
+from kvbench.paged.serving.latency import LATENCY_METRICS, LATENCY_STATS
+from kvbench.paged.serving.rate import served_throughput
+from kvbench.paged.serving.simulation import simulate, time_model_for
+from kvbench.paged.serving.slo import SLO, goodput
+from kvbench.paged.serving.time_model import SchedulerConfig
 from kvbench.suites.cli.argtypes import (
     check_input_file,
     check_output_dir,

@@ -1,6 +1,6 @@
 """Serving a trace's own arrivals: the concurrency cap, timestamps and time scale, goodput
 and SLO attainment against hand-computed cases, the SLO search, the timeline, and the
-Llama-3-70B 8 x H100 set-up (`paged.slo`, `paged.replay`, `SchedulerConfig.max_concurrency`).
+Llama-3-70B 8 x H100 set-up (`paged.serving.slo`, `paged.serving.replay`, `SchedulerConfig.max_concurrency`).
 """
 
 from __future__ import annotations
@@ -13,18 +13,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbench.paged.engine import Engine
-from kvbench.paged.latency import summarize
-from kvbench.paged.replay import (
+from kvbench.paged.cache_spec import CacheSpec
+from kvbench.paged.serving.engine import Engine
+from kvbench.paged.serving.latency import summarize
+from kvbench.paged.serving.replay import (
     prefix_hit_rate,
     serve_trace,
     slo_search,
     step_starts,
     timeline,
 )
-from kvbench.paged.scheduler_model import SchedulerConfig, SeqRecord, TimeModel
-from kvbench.paged.scheduler_setup import CacheSpec, simulate
-from kvbench.paged.slo import SLO, goodput, slo_margin
+from kvbench.paged.serving.simulation import simulate
+from kvbench.paged.serving.slo import SLO, goodput, slo_margin
+from kvbench.paged.serving.time_model import SchedulerConfig, SeqRecord, TimeModel
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.profiles import get_profile

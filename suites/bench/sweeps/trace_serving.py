@@ -4,7 +4,7 @@ The trace's own arrival stream (Mooncake, FAST'25: 12,031 conversation requests 
 one hour, 145M prompt tokens, prefixes shared by 512-token hash ids) is replayed through
 kvbench's PagedKVCache with prefix caching (block 16) on the set-up the Mooncake paper
 serves (`llama-3-70b-8xh100-tp8`: 8 x H100-80GB, tensor parallel 8, 400 GiB of KV), every
-arrival divided by a time scale (2 = twice as fast; `paged.replay.serve_trace`). Every
+arrival divided by a time scale (2 = twice as fast; `paged.serving.replay.serve_trace`). Every
 time and rate is modeled by the engine's time model of the H100 profile, never measured;
 only `simulation_wall_time` is host time measured here.
 
@@ -15,14 +15,14 @@ are replayed, so the default bench run stays short; `--full` replays the whole t
 Three views (case parameter `view`):
 
 * grid: one time scale: goodput (requests/s meeting TTFT <= slo_ttft_s and TPOT <=
-  slo_tpot_s) and SLO attainment (`paged.slo`: DistServe's goodput as vLLM's
+  slo_tpot_s) and SLO attainment (`paged.serving.slo`: DistServe's goodput as vLLM's
   `bench serve --goodput` computes it), TTFT / TPOT / end-to-end p50, p90, p99 (metric
   names `ttft_p50` ... as in serving.rate), throughput, prefix hit rate, utilization;
 * search: the highest time scale whose p99 TTFT and p99 TPOT stay within the SLO
-  (`paged.replay.slo_search`);
+  (`paged.serving.replay.slo_search`);
 * timeline: one window `t_s` of the run at time scale 0.5: running and waiting
   sequences, KV memory in use, KV utilization and the prefix hit rate of the requests
-  admitted in the window (`paged.replay.timeline`);
+  admitted in the window (`paged.serving.replay.timeline`);
 * replay: the engine's own speed on the replay at time scale 1 (block 16, prefix
   caching, event mode): host wall and CPU seconds, measured here in one run (the issue's
   goal: the whole trace in under 3 minutes on a 2-core machine; run with --full).
@@ -110,7 +110,7 @@ def _trace(window_s: float):  # type: ignore[no-untyped-def]
 
 def _run(window_s: float, scale: float):  # type: ignore[no-untyped-def]
     """The replay at `scale`, run once per process (the grid, search and timeline share)."""
-    from kvbench.paged.replay import serve_trace
+    from kvbench.paged.serving.replay import serve_trace
     from kvbench.workloads.setups import get_setup
 
     key = (window_s, scale)
@@ -121,7 +121,7 @@ def _run(window_s: float, scale: float):  # type: ignore[no-untyped-def]
     return _RUNS[key]
 
 
-#: (metric, unit) of a grid case, from `paged.replay.serving_metrics`.
+#: (metric, unit) of a grid case, from `paged.serving.replay.serving_metrics`.
 GRID_METRICS = (
     ("goodput", "requests/s"),
     ("slo_attainment", "fraction"),
@@ -138,8 +138,8 @@ GRID_METRICS = (
 
 
 def _grid(case: Case) -> list[Measurement]:
-    from kvbench.paged.replay import serving_metrics
-    from kvbench.paged.slo import SLO
+    from kvbench.paged.serving.replay import serving_metrics
+    from kvbench.paged.serving.slo import SLO
 
     result = _run(case["window_s"], case["time_scale"])
     m = serving_metrics(result, SLO(case["slo_ttft_s"], case["slo_tpot_s"]))  # type: ignore[arg-type]
@@ -147,8 +147,8 @@ def _grid(case: Case) -> list[Measurement]:
 
 
 def _search(case: Case) -> list[Measurement]:
-    from kvbench.paged.replay import slo_search
-    from kvbench.paged.slo import SLO
+    from kvbench.paged.serving.replay import slo_search
+    from kvbench.paged.serving.slo import SLO
 
     slo = SLO(case["slo_ttft_s"], case["slo_tpot_s"])
     scale, seen = slo_search(
@@ -165,7 +165,7 @@ def _search(case: Case) -> list[Measurement]:
 
 
 def _timeline(case: Case) -> list[Measurement]:
-    from kvbench.paged.replay import timeline
+    from kvbench.paged.serving.replay import timeline
 
     window = case["window_s"]
     width = window / case["time_scale"] / TIMELINE_SPAN
@@ -208,7 +208,7 @@ def _replay(case: Case) -> list[Measurement]:
     f"{TIMELINE_SCALE:g}; first {DEFAULT_WINDOW_S:g} s of the trace by default, the whole "
     "trace with --full",
     _cases,
-    requires=("kvbench.paged.replay",),
+    requires=("kvbench.paged.serving.replay",),
     tags=("serving", "modeled", "trace"),
 )
 def trace_serving(case: Case, ctx: BenchContext) -> list[Measurement]:

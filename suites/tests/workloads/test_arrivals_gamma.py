@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from kvbench.paged.rate import RateTrace
+from kvbench.paged.serving.rate import RateTrace
 from kvbench.workloads.arrivals import gamma, parse_arrivals, poisson
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.trace import Trace, TraceRequest

@@ -44,10 +44,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvbench.paged.latency import flat
-from kvbench.paged.scheduler_model import SchedulerConfig, SimulationResult, TimeModel
-from kvbench.paged.scheduler_setup import setup_spec, setup_time_model, simulate
-from kvbench.paged.slo import SLO, goodput
+from kvbench.paged.serving.latency import flat
+from kvbench.paged.serving.simulation import setup_spec, setup_time_model, simulate
+from kvbench.paged.serving.slo import SLO, goodput
+from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, TimeModel
 from kvbench.workloads.arrivals import check_burstiness, gamma
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.setups import ServingSetup
@@ -180,7 +180,7 @@ def run_system(
     """Serve `trace` (its own arrivals) on `setup` with `system`: latency metrics
     (`SimulationResult.latency`, flat: "normalized_latency_mean", ...), throughput
     (`served_throughput`) plus peak concurrency, preemptions and the engine's wall
-    time; with `slo`, "goodput" (requests/s) and "slo_attainment" (`paged.slo`).
+    time; with `slo`, "goodput" (requests/s) and "slo_attainment" (`paged.serving.slo`).
     `max_concurrency` caps the requests in flight (0: none); `prefix_caching` applies
     to the paged cache."""
     kind, batching = SYSTEMS[check_system(system)]

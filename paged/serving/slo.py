@@ -1,7 +1,7 @@
 """Goodput and SLO attainment of a run's requests: DistServe's goodput, as vLLM computes it.
 
 A service-level objective (`SLO`) bounds two per-request latencies (modeled seconds, from
-`paged.latency.request_spans`: the records of one request together):
+`paged.serving.latency.request_spans`: the records of one request together):
 
     ttft = first_token - arrival          time to first token
     tpot = (finish - first_token) / (output_len - 1)
@@ -21,7 +21,7 @@ as 0 for goodput). Then, over the run (`goodput`):
 
 This is the rate of good requests that `vllm bench serve --goodput ttft:MS tpot:MS` prints
 as "Request goodput" (DistServe, Zhong et al., OSDI 2024, defines goodput by the
-requests that meet both SLOs). An SLO search (`paged.replay.slo_search`) asks the other
+requests that meet both SLOs). An SLO search (`paged.serving.replay.slo_search`) asks the other
 question DistServe asks: the highest load whose p99 TTFT and p99 TPOT both stay within
 the bounds (`slo_margin`).
 """
@@ -33,11 +33,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvbench.paged.latency import request_spans
+from kvbench.paged.serving.latency import request_spans
 from kvbench.workloads.errors import ConfigError
 
 if TYPE_CHECKING:
-    from kvbench.paged.scheduler_model import SeqRecord
+    from kvbench.paged.serving.time_model import SeqRecord
 
 
 def _check_bound(name: str, value: float | None) -> float | None:
@@ -111,7 +111,7 @@ def goodput(records: Iterable[SeqRecord], slo: SLO) -> Goodput:
 
 def slo_margin(latency: Mapping[str, Mapping[str, float]], slo: SLO) -> float:
     """max(p99 TTFT / TTFT bound, p99 TPOT / TPOT bound) of a latency summary
-    (`paged.latency.summarize`): <= 1 when both p99s are within the bounds. A bound not
+    (`paged.serving.latency.summarize`): <= 1 when both p99s are within the bounds. A bound not
     given, or a run with no TPOT (every request one token), contributes 0."""
     ratios = [0.0]
     for name, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s)):

@@ -6,14 +6,14 @@ set-up (`workloads.setups`: model, devices, tensor parallelism, KV memory); the 
 time model of the set-up's GPUs prices every step, so every latency and rate here is
 modeled, not measured. `serving_metrics` reads a run the way serving benchmarks report
 it: TTFT, TPOT and end-to-end latency (mean, p50, p90, p99, s), goodput and SLO
-attainment (`paged.slo`), throughput, the prefix-cache hit rate (prefix-hit prompt tokens
+attainment (`paged.serving.slo`), throughput, the prefix-cache hit rate (prefix-hit prompt tokens
 / prompt tokens) and the KV utilization (`SimulationResult.utilization`).
 
 `timeline` cuts a run into windows of modeled time: per window the running and waiting
 sequences, the KV memory in use and its utilization (each averaged over the window,
 weighted by step time), and the prefix hit rate of the requests admitted in it. `slo_search` finds the
 highest load (request rate, or time scale for a trace) whose p99 TTFT and p99 TPOT stay
-within an SLO, by the same geometric bisection as the sustained rate (`paged.rate`).
+within an SLO, by the same geometric bisection as the sustained rate (`paged.serving.rate`).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.paged.latency import flat
-from kvbench.paged.rate import served_throughput, sustained_rate
-from kvbench.paged.scheduler_model import SchedulerConfig, SimulationResult
-from kvbench.paged.scheduler_setup import setup_spec, setup_time_model, simulate
-from kvbench.paged.slo import SLO, goodput, slo_margin
+from kvbench.paged.serving.latency import flat
+from kvbench.paged.serving.rate import served_throughput, sustained_rate
+from kvbench.paged.serving.simulation import setup_spec, setup_time_model, simulate
+from kvbench.paged.serving.slo import SLO, goodput, slo_margin
+from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.setups import ServingSetup
 from kvbench.workloads.time_scale import time_scaled
@@ -220,8 +220,8 @@ def slo_search(
     max_evals: int = 16,
 ) -> tuple[float, dict[float, float]]:
     """The highest load x (a request rate, or a trace's time scale) whose p99 TTFT and
-    p99 TPOT (`latency_at(x)`: a latency summary, `paged.latency.summarize`) are within
-    `slo`: `paged.rate.sustained_rate` on `slo_margin` with bound 1. Returns (x, the
+    p99 TPOT (`latency_at(x)`: a latency summary, `paged.serving.latency.summarize`) are within
+    `slo`: `paged.serving.rate.sustained_rate` on `slo_margin` with bound 1. Returns (x, the
     margin at every load tried); 0.0 when even start / 64 misses the SLO, `limit` when
     the SLO holds there. Assumes latency grows with the load."""
     if slo.ttft_s is None and slo.tpot_s is None:
