@@ -130,6 +130,11 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor, slot: int | None = None) 
     return flat.view(b, n * bs, h, d).transpose(1, 2)
 
 
+def _dequantize_heads(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Gathered fp8 K or V `[B, Hkv, L, D]` -> `float32(x) * scale[h]`, then `dtype`."""
+    return (x.to(torch.float32) * scale.view(1, -1, 1, 1)).to(dtype)
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -139,10 +144,12 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor,
     dims: AttentionDims,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Decode attention of `query[b]` over the first `seq_lens[b]` tokens of its blocks.
 
-    Writes `out` ([B, Hq, D], query dtype) and returns it.
+    Writes `out` ([B, Hq, D], query dtype) and returns it. fp8 caches: the gathered bytes
+    are dequantized with `kv_scales` (`float32(byte) * scale`, then the query dtype).
     """
     cd = dims.cache
     batch, hq, d = query.shape
@@ -156,6 +163,9 @@ def paged_decode_attention(
         tables = torch.where(cols < used.unsqueeze(1), tables, 0)
     k = _gather(k_cache, tables, slot=0)  # [B, Hkv, L, D]
     v = _gather(v_cache, tables, slot=1)
+    if kv_scales is not None:
+        k = _dequantize_heads(k, kv_scales[0], query.dtype)
+        v = _dequantize_heads(v, kv_scales[1], query.dtype)
     q = query.reshape(batch, cd.num_kv_heads, dims.group, d)  # group heads as query rows
     length = n_blocks * cd.block_size
     mask = None
@@ -182,8 +192,10 @@ def paged_prefill_attention(
     scale: float,
     out: torch.Tensor,
     dims: AttentionDims,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached prefix and itself.
+    fp8 caches: dequantized after the gather with `kv_scales`, as in decode.
 
     Sequence b owns query rows `cu_seqlens_q[b] : cu_seqlens_q[b+1]` (n tokens), which sit
     at positions `seq_lens[b] - n ... seq_lens[b] - 1`; row i sees keys 0 .. seq_lens[b] - n + i.
@@ -199,6 +211,9 @@ def paged_prefill_attention(
         table = block_tables[b : b + 1, :n_blocks].to(torch.int64)
         k = _gather(k_cache, table)[:, :, :length]  # [1, Hkv, L, D]
         v = _gather(v_cache, table)[:, :, :length]
+        if kv_scales is not None:
+            k = _dequantize_heads(k, kv_scales[0], query.dtype)
+            v = _dequantize_heads(v, kv_scales[1], query.dtype)
         q = query[start:end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         qpos = torch.arange(length - n, length, device=query.device).unsqueeze(1)
         kpos = torch.arange(length, device=query.device).unsqueeze(0)

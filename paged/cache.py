@@ -69,6 +69,7 @@ from kvbench.workloads.errors import (
     UnknownRequestError,
 )
 from kvbench.workloads.geometry import KVGeometry, require_positive
+from kvbench.workloads.kv_quant import ScaleSpec, append_dtype, make_kv_quant
 from kvbench.workloads.torch_dtypes import torch_dtype
 
 
@@ -90,6 +91,10 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
             `kernels.ops` choose (Triton on CUDA, torch on CPU unless TRITON_INTERPRET=1).
         eviction_policy: which evictable cached block is reallocated first
             (`paged.eviction.POLICIES`: "lru", the default, or "lfu").
+        k_scale, v_scale, scale_granularity: fp8 geometries only (`workloads.kv_quant`):
+            static scales, or None for dynamic ones set by the first append; "tensor" or
+            "head". The pools then hold fp8 bytes written by the kernels' quantizing
+            `write_kv`, `gather` returns them, `attend` dequantizes in the kernel.
     """
 
     def __init__(
@@ -107,8 +112,12 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
         key_fn: KeyFn = block_key,
         kernel_backend: str | None = None,
         eviction_policy: str = "lru",
+        k_scale: ScaleSpec | None = None,
+        v_scale: ScaleSpec | None = None,
+        scale_granularity: str = "tensor",
     ) -> None:
         validate_geometry(geometry)
+        self.kv_quant = make_kv_quant(geometry, k_scale, v_scale, scale_granularity)
         make_queue(eviction_policy)  # ConfigError on an unknown name, before anything
         require_positive("num_blocks", num_blocks)
         require_positive("block_size", block_size)
@@ -380,18 +389,24 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
     ) -> None:
         """Write n tokens' K and V ([num_layers, n, num_kv_heads, head_dim]) after the
         request's last token (see the module docstring)."""
-        n = validate_kv_append(self._geometry, self._dtype, keys, values)
+        dtype = append_dtype(self.kv_quant, self._dtype, keys)
+        n = validate_kv_append(self._geometry, dtype, keys, values)
+        pending = None if self.kv_quant is None else self.kv_quant.prepare(keys, values)
         req, fresh, cow = self._check_growth(request_id, n, token_ids)
         start = self._grow(req, n, fresh, cow, token_ids)
         if self._k is not None and self._v is not None:
             slots = slot_mapping(req.blocks, self.block_size, start, n).to(self._device)
             keys = keys.to(self._device).contiguous()
             values = values.to(self._device).contiguous()
-            kb = {"backend": self.kernel_backend}
+            kb: dict = {"backend": self.kernel_backend}
             for layer in range(self._geometry.num_layers):
+                if pending is not None:  # fp8: the kernels quantize with this layer's scales
+                    kb["k_scale"], kb["v_scale"] = pending.layer(layer, self._device)
                 ops.write_kv(
                     self._k[layer], self._v[layer], keys[layer], values[layer], slots, **kb
                 )
+        if self.kv_quant is not None and pending is not None:
+            self.kv_quant.commit(pending)
         self._register_full_blocks(req)
 
     def append_tokens(
@@ -572,6 +587,13 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
             [r.blocks for r in reqs], [r.seq_len for r in reqs], self.block_size
         )
         scale = 1.0 / math.sqrt(g.head_dim) if scale is None else float(scale)
+        fp8_scales = {}
+        if self.kv_quant is not None:  # fp8: the kernels dequantize with the layer's scales
+            ks, vs = self.kv_quant.scales()
+            fp8_scales = {
+                "k_scale": ks[layer].to(self._device),
+                "v_scale": vs[layer].to(self._device),
+            }
         return ops.paged_decode_attention(
             query.to(self._device),
             k[layer],
@@ -581,6 +603,7 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
             scale,
             backend=self.kernel_backend,
             max_seq_len=max(r.seq_len for r in reqs),
+            **fp8_scales,
         )
 
 
