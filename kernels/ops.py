@@ -26,8 +26,9 @@ fp8 caches (`torch.float8_e4m3fn`, `torch.float8_e5m2`): `write_kv` and the atte
 take `k_scale` / `v_scale` (float32 `[num_kv_heads]`; `kernels.fp8_ops`); writes quantize
 by the `workloads.fp8` rule (NaN/inf refused when `check_indices`, else stored as NaN),
 reads dequantize to the query dtype in registers (Triton) or after the gather (torch);
-copies and swaps move the bytes. Not yet: fp8 in the Triton prefill and in the C++ CPU
-kernel (CPU fp8 attention runs the torch version).
+copies and swaps move the bytes. On CPU tensors fp8 decode runs the C++ kernel
+(`cpu_paged.decode_fp8`), fp8 prefill the torch version. Not yet: fp8 in the Triton
+prefill.
 
 Host reads: with `check_indices=False` no op reads a tensor's values on the host, so a
 call on CUDA tensors only enqueues work (no stream synchronization). The attention ops
@@ -221,6 +222,10 @@ def paged_decode_attention(
             kv_scales,
         )
     if kv_scales is not None:
+        if query.device.type == "cpu" and cpu_paged.supports(dims):
+            return cpu_paged.decode_fp8(
+                query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, kv_scales
+            )
         return torch_ops.paged_decode_attention(
             query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, kv_scales
         )

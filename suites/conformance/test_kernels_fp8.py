@@ -12,15 +12,21 @@ interpreter at small shapes.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from kvbench.kernels import ops
+from kvbench.kernels import cpu_paged, ops, torch_ops
+from kvbench.kernels.validation import check_decode
 from kvbench.reference import oracle
 from kvbench.workloads import fp8
 from kvbench.workloads.errors import ConfigError, ShapeError
 
 BACKENDS = ("torch", "triton")
+#: Decode paths: the ops' torch backend (on a CPU the C++ kernel `cpu_ext/paged_attn_fp8.cpp`
+#: where it builds), the gather + SDPA torch version called directly, and Triton.
+DECODE_PATHS = ("torch", "gather", "triton")
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 FP8_IDS = ("e4m3", "e5m2")
 #: Loose bound on the accuracy cost, ||out(fp8 K/V) - out(exact K/V)|| / ||out(exact)||,
@@ -170,7 +176,7 @@ def _fp8_batch(
 
 @pytest.mark.parametrize("kv_dtype", FP8, ids=FP8_IDS)
 @pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", DECODE_PATHS)
 @pytest.mark.parametrize(
     ("lens", "hq", "h", "per_head", "partition"),
     [
@@ -195,18 +201,23 @@ def test_fp8_decode_matches_float64_over_dequantized_kv(
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(len(lens), hq, d, generator=gen).to(q_dtype)
     out = torch.full_like(q, float("nan"))
-    ops.paged_decode_attention(
-        q,
-        kc,
-        vc,
-        tables,
-        seq_lens,
-        out=out,
-        backend=backend,
-        partition_size=partition,
-        k_scale=ks,
-        v_scale=vs,
-    )
+    if backend == "gather":
+        dims = check_decode(q, kc, vc, tables, seq_lens)
+        scale = 1.0 / math.sqrt(d)
+        torch_ops.paged_decode_attention(q, kc, vc, tables, seq_lens, scale, out, dims, (ks, vs))
+    else:
+        ops.paged_decode_attention(
+            q,
+            kc,
+            vc,
+            tables,
+            seq_lens,
+            out=out,
+            backend=backend,
+            partition_size=partition,
+            k_scale=ks,
+            v_scale=vs,
+        )
     fmt = fp8.fp8_format(kv_dtype)
     for b in range(len(lens)):
         kq = fp8.dequantize(fp8.quantize(keys[b], ks, fmt), ks, torch.float64)
@@ -247,3 +258,23 @@ def test_fp8_scale_arguments_are_checked() -> None:
         ops.paged_decode_attention(
             q32, kc, kc, tables, lens, backend="triton", k_scale=s, v_scale=s
         )
+
+
+def test_fp8_cpu_decode_runs_the_cpp_kernel() -> None:
+    """On a CPU where the C++ kernel builds, fp8 decode goes through it (so the "torch"
+    decode cases above test `paged_attn_fp8.cpp`), with float32 queries too."""
+    if cpu_paged.status().path != "cpp":
+        pytest.skip(f"C++ kernel not built here: {cpu_paged.status().reason}")
+    kc, vc, tables, seq_lens, keys, values, ks, vs = _fp8_batch(
+        [40, 3], 2, 64, 16, torch.float8_e5m2, True, seed=9
+    )
+    q = torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(1))
+    dims = check_decode(q, kc, vc, tables, seq_lens)
+    out = torch.full_like(q, float("nan"))
+    cpu_paged.decode_fp8(q, kc, vc, tables, seq_lens, 0.125, out, dims, (ks, vs))
+    fmt = fp8.fp8_format(torch.float8_e5m2)
+    for b in range(2):
+        kq = fp8.dequantize(fp8.quantize(keys[b], ks, fmt), ks, torch.float64)
+        vq = fp8.dequantize(fp8.quantize(values[b], vs, fmt), vs, torch.float64)
+        ref = oracle.decode_attention(q[b].double(), kq, vq, 0.125)
+        assert oracle.relative_error(out[b], ref) <= oracle.tolerance(torch.float32)
