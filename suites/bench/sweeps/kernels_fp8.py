@@ -9,7 +9,8 @@ medians of per-repeat values (with q1-q3); on a GPU each is timed with do_bench 
 the run's copy peak. The bytes of one fp8 call are those of the 16-bit call with K/V at
 1 byte per element.
 
-Accuracy rows, per case: the relative error of the fp8 output against float64 attention
+Cases: format (e4m3 / e5m2) x scale granularity (per tensor / per KV head) x the spread of
+magnitudes across KV heads (`SPREADS`). Accuracy rows, per case: the relative error of the fp8 output against float64 attention
 over the dequantized K/V (the kernel's own semantics; must stay within the query dtype's
 tolerance, else the case fails before timing) and against float64 attention over the
 unquantized K/V (the accuracy cost of fp8 storage), beside the float16 pool's error
@@ -41,23 +42,29 @@ from kvbench.workloads.torch_dtypes import torch_dtype
 
 #: The 16-bit pools every fp8 case is timed against.
 BASELINES = ("float16", "bfloat16")
+#: Ratio of the largest to the smallest KV head's magnitude: 1 (all heads alike) or 256
+#: (head h of 8 scaled by 16^(2h/7 - 1), as in a layer with outlier heads), where per-head scales matter.
+SPREADS = (1, 256)
 
 
 def _cases(full: bool) -> list[Case]:
     kv = ("fp8_e4m3", "fp8_e5m2")
     grans = ("tensor", "head")
+    base = {"block_size": 16, "gqa": 4}
     if full:
         return [
-            {"block_size": 16, "ctx_len": L, "batch": b, "gqa": 4, "kv_dtype": k, "scales": g}
+            {**base, "ctx_len": L, "batch": b, "kv_dtype": k, "scales": g, "head_spread": sp}
             for k in kv
             for g in grans
+            for sp in SPREADS
             for b in (1, 8, 32)
             for L in (512, 1024, 4096)
         ]
     return [
-        {"block_size": 16, "ctx_len": 1024, "batch": 8, "gqa": 4, "kv_dtype": k, "scales": g}
+        {**base, "ctx_len": 1024, "batch": 8, "kv_dtype": k, "scales": g, "head_spread": sp}
         for k in kv
         for g in grans
+        for sp in SPREADS
     ]
 
 
@@ -91,8 +98,10 @@ def decode_fp8(case: Case, ctx: BenchContext) -> list[Measurement]:
     h, d = NUM_KV_HEADS, HEAD_DIM
     fmt = fp8.fp8_format(case["kv_dtype"])
     gen = torch.Generator().manual_seed(hash((b, length, bs, g)) & 0xFFFF)
-    keys = torch.randn(b, h, length, d, generator=gen)  # float32 originals on the CPU
-    values = torch.randn(b, h, length, d, generator=gen)
+    spread = torch.exp2(torch.linspace(-0.5, 0.5, h) * math.log2(case["head_spread"]))
+    spread = spread.view(1, h, 1, 1)
+    keys = torch.randn(b, h, length, d, generator=gen) * spread  # float32 originals, CPU
+    values = torch.randn(b, h, length, d, generator=gen) * spread
     query = torch.randn(b, h * g, d, generator=gen)
     scale = 1.0 / math.sqrt(d)
     ks = fp8.dynamic_scale(keys.transpose(1, 2), fmt, case["scales"])
