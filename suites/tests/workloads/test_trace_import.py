@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.paged.cache import PagedKVCache
+from kvbench.reference.validation import validate_prompt
 from kvbench.suites.cli import main
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
@@ -46,6 +47,18 @@ def test_mooncake_rows_become_block_prompts_with_arrivals_in_seconds(tmp_path: P
     assert len(ids) == 600  # the partial last block keeps input_length
     assert ids[:512] == list(b.prompt_ids(1))  # same hash id, same ids
     assert ids[512:] == [BLOCK_ID_BASE + 4 * 512 + p for p in range(88)]
+
+
+@pytest.mark.parametrize(
+    ("blocks", "length"), [((3, 4), 600), ((5, 1), 600), ((9,), 1), ((2, 7, 1), 1536)]
+)
+def test_block_prompts_know_their_largest_id(blocks: tuple[int, ...], length: int) -> None:
+    """max_id (what the engine asks instead of iterating 145M ids) is the listed ids' max,
+    whether a full block or the cut last one holds it."""
+    req = TraceRequest(0, 0.0, length, 1, prompt_blocks=blocks, prompt_block_tokens=512)
+    ids = req.prompt_ids(0)
+    assert ids.max_id() == max(list(ids))  # type: ignore[attr-defined]
+    assert validate_prompt(ids, 4096) is ids  # trusted as given, not copied
 
 
 def test_version_2_round_trips_and_version_1_files_still_read(tmp_path: Path) -> None:
