@@ -351,6 +351,7 @@ SPECS: tuple[FigureSpec, ...] = (
             logx=True,
             percent=True,
             ylabel="prefix-hit tokens / prompt tokens",
+            ignore=("version",),
         )
         for bs in (512, 16)
     ),

@@ -18,7 +18,8 @@ from kvbench.suites.bench.sweeps import trace_capacity as tc
 SWEEP = "trace.prefix_capacity"
 
 
-def test_default_grid_is_small_and_full_grid_covers_the_issue() -> None:
+def test_default_grid_is_small_and_full_grid_covers_the_issue(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(tc, "_peer_version", lambda: None)  # where vLLM is not installed
     sweep = get_sweep(SWEEP)
     default = sweep.cases(False)
     replayed = [c for c in default if c["policy"] != "optimal"]
@@ -32,6 +33,23 @@ def test_default_grid_is_small_and_full_grid_covers_the_issue() -> None:
     assert {c["block_size"] for c in full} == {16, 512}
     assert {c["policy"] for c in full} == {"lru", "lfu", "optimal"}
     assert all(set(c) == {"trace", "capacity_tokens", "block_size", "policy"} for c in full)
+
+
+def test_the_vllm_peer_rows_join_where_vllm_is_installed(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With the peer installed, each grid gains vLLM rows at the LRU default points (3M,
+    50M) at each of its block sizes, the version a parameter; the rest is unchanged."""
+    monkeypatch.setattr(tc, "_peer_version", lambda: None)
+    without = {False: tc.capacity_cases(False), True: tc.capacity_cases(True)}
+    monkeypatch.setattr(tc, "_peer_version", lambda: "0.32.0")
+    for full, plain in without.items():
+        cases = tc.capacity_cases(full)
+        peer = [c for c in cases if c["policy"] == "vllm"]
+        assert [c for c in cases if c["policy"] != "vllm"] == plain
+        sizes = (512, 16) if full else (512,)
+        assert sorted((c["block_size"], c["capacity_tokens"]) for c in peer) == sorted(
+            (bs, cap) for bs in sizes for cap in (3_000_000, 50_000_000)
+        )
+        assert all(c["version"] == "0.32.0" for c in peer)
 
 
 def _metrics(case: dict) -> dict[str, float]:
