@@ -180,6 +180,28 @@ MOONCAKE_BAD = {
         "timestamp",
     ),
     "truncated": ('{"timestamp": 9, "input_length": 5, "output_len', None),
+    "fractional length": (
+        '{"timestamp": 9, "input_length": 5.5, "output_length": 1, "hash_ids": [0]}',
+        "input_length",
+    ),
+    "boolean length": (
+        '{"timestamp": 9, "input_length": 5, "output_length": true, "hash_ids": [0]}',
+        "output_length",
+    ),
+    "ids not a list": (
+        '{"timestamp": 9, "input_length": 5, "output_length": 1, "hash_ids": 0}',
+        "hash_ids",
+    ),
+    "negative id": (
+        '{"timestamp": 9, "input_length": 5, "output_length": 1, "hash_ids": [-1]}',
+        "hash_ids",
+    ),
+    "timestamp text": (
+        '{"timestamp": "9", "input_length": 5, "output_length": 1, "hash_ids": [0]}',
+        "timestamp",
+    ),
+    "not an object": ("[9, 5, 1, [0]]", None),
+    "empty line": ("", None),
 }
 GOOD_LINE = '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}'
 
@@ -205,6 +227,8 @@ AZURE_BAD = {
     "negative length": ("2023-11-16 18:15:47,5,-44", "GeneratedTokens"),
     "bad time": ("yesterday,5,44", "TIMESTAMP"),
     "backwards": ("2023-11-16 18:15:45,5,44", "TIMESTAMP"),
+    "fractional length": ("2023-11-16 18:15:47,5.5,44", "ContextTokens"),
+    "empty line": ("", None),
 }
 
 
@@ -218,6 +242,16 @@ def test_bad_azure_rows_are_refused_with_line_and_field(tmp_path: Path, kind: st
     with pytest.raises(TraceError) as info:
         read_azure(path)
     assert (info.value.line, info.value.field) == (3, field)
+
+
+def test_a_csv_without_the_azure_header_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text("time,prompt,output\n2023-11-16 18:15:46.5,1,1\n")
+    with pytest.raises(TraceError, match="line 1: field 'header'"):
+        read_azure(path)
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    with pytest.raises(TraceError, match="no requests after the header"):
+        read_azure(path)
 
 
 @pytest.mark.parametrize("fmt", ["mooncake", "azure"])
