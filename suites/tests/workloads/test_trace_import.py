@@ -299,3 +299,24 @@ def test_cli_import_writes_the_trace_and_a_bad_file_writes_nothing(
     fresh = tmp_path / "never.jsonl"
     assert main(["workload", "--import", f"mooncake:{bad}", "--out", str(fresh)]) == 2
     assert not fresh.exists()
+
+
+def test_an_imported_azure_trace_drives_simulate_and_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Azure import (no prefix information) feeds `simulate` and `rate --trace`,
+    goodput and the SLO search included."""
+    rows = [f"2023-11-16 18:15:{46 + i // 2}.{i % 2 * 5},{200 + 37 * i},{20 + i}" for i in range(8)]
+    csv = tmp_path / "a.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "a.jsonl"
+    assert main(["workload", "--import", f"azure:{csv}", "--out", str(out)]) == 0
+    assert len(Trace.read(out)) == 8
+    capsys.readouterr()
+    slo = ["--slo-ttft", "2", "--slo-tpot", "0.1"]
+    assert main(["simulate", "--trace", str(out), "--profile", "h100", *slo]) == 0
+    assert "goodput" in capsys.readouterr().out
+    setup = ["--setup", "llama-3-70b-8xh100-tp8", "--system", "paged"]
+    assert main(["rate", *setup, "--trace", str(out), "--time-scale", "1,2", *slo]) == 0
+    text = capsys.readouterr().out
+    assert "highest load with p99 within the SLO" in text and "goodput" in text
