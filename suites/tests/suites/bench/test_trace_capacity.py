@@ -140,3 +140,30 @@ def test_bench_writes_the_rows(tmp_path: Path, monkeypatch) -> None:  # type: ig
     assert {"hit_rate", "hit_rate_ceiling", "fraction_of_ceiling"} <= set(rows)
     assert rows["hit_rate"]["case"] == one[0]
     assert 0.9 < rows["fraction_of_ceiling"]["value"] <= 1.0
+
+
+def test_the_capacity_figure_draws_the_ceiling_once_on_decades(tmp_path: Path) -> None:
+    """The ceiling (the same for every policy) is one series named by its metric; each
+    policy's hit rate is its own; the x axis is log 10 (capacities are decades)."""
+    from kvbench.reports import figures
+
+    with ResultWriter("c", tmp_path) as w:
+        for policy in ("lru", "optimal", "vllm"):
+            for cap in (10_000, 3_000_000, 10**9):
+                case = {"trace": tc.TRACE, "capacity_tokens": cap, "block_size": 512}
+                case["policy"] = policy
+                if policy == "vllm":
+                    case["version"] = "0.32.0"
+                w.record(SWEEP, case, "hit_rate", 0.1, "fraction")
+                w.record(SWEEP, case, "hit_rate_ceiling", 0.37, "fraction")
+    (run,) = load_runs(["c"], tmp_path)
+    frame = run.frame()
+    (spec,) = [s for s in figures.specs_for(SWEEP) if s.fixed.get("block_size") == 512]
+    assert spec.logx_base == 10
+    sub = figures._select(figures._suite_rows(frame, spec), spec)
+    ceiling = sub[sub["metric"] == "hit_rate_ceiling"]
+    assert sorted(ceiling["capacity_tokens"]) == [10_000, 3_000_000, 10**9]
+    assert ceiling["policy"].isna().all() and (ceiling["block_size"] == 512).all()
+    assert sorted(sub[sub["metric"] == "hit_rate"]["policy"].unique()) == ["lru", "optimal", "vllm"]
+    svg = figures.render(frame, spec)
+    assert svg is not None and svg.startswith("<svg")
