@@ -39,7 +39,8 @@ def _seed001_batch(frame: pd.DataFrame) -> Verdict:
         f"{peaks['contiguous-max']:,.0f} tok/s; paged {peaks['paged']:,.0f} ({paged_x:.1f}x); "
         f"paged + prefix cache {peaks['paged-prefix']:,.0f} ({prefix_x:.1f}x)",
         HOLDS if ok else FAILS,
-        "time model of one A100-80GB (312 TFLOP/s, 2.0 TB/s) with the seed's 35 GB of weights "
+        "time model of one A100-80GB (312 TFLOP/s, 2.0 TB/s datasheet, priced at its fitted "
+        "efficiency: `kvbench calibrate gpu`) with the seed's 35 GB of weights "
         "and 42 GB KV pool; contiguous requests reserve the 4,096-token context. Any 70B "
         "model needs 2 x 70e9 FLOPs per token, so one A100 tops out at ~2,230 tok/s however "
         "large the batch: the seed's 5,234 and 8,150 tok/s need 2.3x-3.7x its peak FLOP/s, "
@@ -131,7 +132,8 @@ def _rate_paper(frame: pd.DataFrame) -> Verdict:
         HOLDS if ok else FAILS,
         "sustained request rate (highest Poisson rate with mean normalized latency under 10 x "
         "the set-up's one-sequence decode step) of paged over each baseline, ShareGPT-like, "
-        "on the engine's time model of the paper's GPUs (modeled, not measured); tolerance "
+        "on the engine's time model of the paper's GPUs at their fitted efficiency (modeled, "
+        "not measured; the page's before/after table shows the datasheet figures); tolerance "
         "10% on the ranges. The paper's FasterTransformer has its own kernels and scheduler; "
         "here 'static' is request-level batching over the same cache and time model.",
     )

@@ -30,6 +30,8 @@ class Efficiency:
         kernel_floor_s: fixed time of one linear-layer kernel (launch, ramp-up), s, >= 0.
         source: where the numbers come from ("datasheet" or the fit's data and command).
         fitted_on: the models the fit used ("org/model" names; empty for the datasheet).
+        from_profile: set when these values were fitted on another profile's device and
+            transferred (an assumption the source states); "" when measured on this one.
     """
 
     hbm_fraction: float = 1.0
@@ -37,6 +39,7 @@ class Efficiency:
     kernel_floor_s: float = 0.0
     source: str = "datasheet"
     fitted_on: tuple[str, ...] = ()
+    from_profile: str = ""
 
     def __post_init__(self) -> None:
         for name in ("hbm_fraction", "flops_fraction"):
@@ -49,8 +52,11 @@ class Efficiency:
 
     @property
     def label(self) -> str:
-        """'datasheet' or 'fitted': the word rows and pages record."""
-        return "datasheet" if not self.fitted_on else "fitted"
+        """'datasheet', 'fitted' or 'fitted:<profile>' (transferred from that profile's
+        fit): the word rows and pages record."""
+        if not self.fitted_on:
+            return "datasheet"
+        return f"fitted:{self.from_profile}" if self.from_profile else "fitted"
 
 
 DATASHEET = Efficiency()

@@ -30,8 +30,8 @@ _MODELS = ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-7b-hf")
 #: Vidur's GPU folder names -> kvbench profile names (Vidur's A100 is the 80 GB DGX part).
 VIDUR_GPU_NAMES = {"a100": "a100-80gb", "h100": "h100"}
 
-#: Fitted efficiency per kvbench profile name.
-FITTED: dict[str, Efficiency] = {
+#: Fitted efficiency per kvbench profile name (a100-40gb and h200: see TRANSFERRED).
+_MEASURED: dict[str, Efficiency] = {
     "a100-80gb": Efficiency(
         hbm_fraction=0.8626,
         flops_fraction=0.7289,
@@ -47,3 +47,24 @@ FITTED: dict[str, Efficiency] = {
         fitted_on=_MODELS,
     ),
 }
+
+
+def _transferred(src: str, to: str, why: str) -> Efficiency:
+    e = _MEASURED[src]
+    return Efficiency(
+        e.hbm_fraction,
+        e.flops_fraction,
+        e.kernel_floor_s,
+        f"{src}'s fit applied to {to} (an assumption, not measured on {to}: {why}); " + e.source,
+        e.fitted_on,
+        from_profile=src,
+    )
+
+
+#: Devices with no measured profile here that take a sibling's fractions (same die, other
+#: HBM): stated as an assumption in their source.
+TRANSFERRED: dict[str, Efficiency] = {
+    "a100-40gb": _transferred("a100-80gb", "a100-40gb", "same GA100 die, HBM2 instead of HBM2e"),
+    "h200": _transferred("h100", "h200", "same GH100 die, HBM3e instead of HBM3"),
+}
+FITTED: dict[str, Efficiency] = {**_MEASURED, **TRANSFERRED}

@@ -218,7 +218,7 @@ def _judge_gpu(
     cal: Calibration, gpu: str, prof: DeviceProfile, rows: list[OperatorRow], fallback: bool
 ) -> None:
     eff = prof.efficiency
-    if prof.calibration != "fitted":
+    if prof.calibration == "datasheet":
         if not fallback:
             fitted = [n for n, p in PROFILES.items() if p.calibration == "fitted"]
             raise ConfigError(
@@ -229,6 +229,8 @@ def _judge_gpu(
             f"GPU {gpu}: no fitted profile for {prof.name}: priced at the datasheet "
             "(fractions 1, no floor)"
         )
+    if eff.from_profile:
+        cal.notes.append(f"GPU {gpu}: {prof.name} carries {eff.from_profile}'s fit (transferred)")
     used = set(eff.fitted_on)
     pts = _price(rows, prof.datasheet(), eff, lambda r: r.model not in used)
     cal.points.extend(pts)

@@ -41,8 +41,9 @@ measured linear layers reach (`kvbench calibrate gpu`); the datasheet figures ab
 the fields `hbm_bandwidth` and `peak_flops`, and the step model prices with
 `effective_hbm_bandwidth` / `effective_peak_flops` plus the floor once per linear kernel
 (4 per layer). `datasheet()` gives the same device at 100% and no floor; the names
-`a100-80gb-datasheet` and `h100-datasheet` select it. a100-40gb and h200 have no
-measured profile here and stay at the datasheet.
+`<name>-datasheet` selects it. a100-40gb and h200 have no measured profile here: they
+take a100-80gb's and h100's fractions (same die, other HBM), an assumption their
+`efficiency.source` states (label 'fitted:a100-80gb', 'fitted:h100').
 
 Note on seed 001's swap-vs-recompute table: its recompute column (2,048 tokens of
 Llama-2-70B in 190 ms) implies ~1.5e15 FLOP/s, several A100s' worth; with FLOPs / peak on
@@ -179,7 +180,11 @@ _PROFILES: dict[str, DeviceProfile] = {
 }
 PROFILES: dict[str, DeviceProfile] = {
     **_PROFILES,
-    **{p.datasheet().name: p.datasheet() for p in _PROFILES.values() if p.calibration == "fitted"},
+    **{
+        p.datasheet().name: p.datasheet()
+        for p in _PROFILES.values()
+        if p.calibration != "datasheet"
+    },
 }
 
 

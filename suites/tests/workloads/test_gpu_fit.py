@@ -89,26 +89,27 @@ def test_judge_applies_the_shipped_fit_to_an_unseen_model(tmp_path: Path) -> Non
 
 
 def test_judge_refuses_a_gpu_without_a_fitted_profile(tmp_path: Path) -> None:
-    write_model(tmp_path, "h200", "org/a", LLAMA_7B, get_profile("h200"), TRUE)
-    with pytest.raises(ConfigError, match=r"GPU 'h200' .* has no fitted profile"):
+    """'cpu' has a datasheet profile and no fit: refused by name, or priced at the
+    datasheet with --datasheet-fallback (stated); a GPU kvbench has no profile for is
+    refused either way; h200 carries h100's fit, transferred, and says so."""
+    cpu = get_profile("cpu")
+    write_model(tmp_path, "cpu", "org/a", LLAMA_7B, cpu, TRUE)
+    with pytest.raises(ConfigError, match=r"GPU 'cpu' .* has no fitted profile"):
         calibrate(read_profiles(tmp_path), judge=True)
     cal = calibrate(read_profiles(tmp_path), judge=True, fallback=True)
-    assert any("datasheet" in n for n in cal.notes)
-    assert all(
-        p.fitted_s
-        == pytest.approx(
-            kernel_seconds(
-                operator_work(LLAMA_7B, p.tp, p.num_tokens, "attn_pre_proj"),
-                get_profile("h200"),
-                Efficiency(),
-            )
-        )
-        for p in cal.points
-        if p.group == "qkv"
-    )
-    write_model(tmp_path, "l40s", "org/a", LLAMA_7B, get_profile("h200"), TRUE)
+    assert any("priced at the datasheet" in n for n in cal.notes)
+    for p in cal.points:
+        if p.group == "qkv":
+            work = operator_work(LLAMA_7B, p.tp, p.num_tokens, "attn_pre_proj")
+            assert p.fitted_s == pytest.approx(kernel_seconds(work, cpu, Efficiency()))
+    write_model(tmp_path, "l40s", "org/a", LLAMA_7B, cpu, TRUE)
     with pytest.raises(ConfigError, match="GPU 'l40s'"):
         calibrate(read_profiles(tmp_path), judge=True, fallback=True)
+    other = tmp_path / "h200"
+    write_model(other, "h200", "org/a", LLAMA_7B, get_profile("h200").datasheet(), TRUE)
+    cal = calibrate(read_profiles(other), judge=True)
+    assert any("h100's fit (transferred)" in n for n in cal.notes)
+    assert get_profile("h200").calibration == "fitted:h100"
 
 
 def test_efficiency_refuses_unphysical_values() -> None:
@@ -129,3 +130,25 @@ def test_shipped_fits_are_reproduced_and_meet_the_held_out_goal() -> None:
         assert refit.flops_fraction == pytest.approx(shipped.flops_fraction, abs=1e-3)
         assert refit.kernel_floor_s == pytest.approx(shipped.kernel_floor_s, abs=0.05e-6)
         assert cal.held_out_mae(gpu) <= 0.10 < cal.held_out_mae(gpu, "datasheet")
+
+
+def test_the_step_model_prices_at_the_fitted_profile() -> None:
+    """Weights read at the fitted HBM fraction, dense FLOPs at the fitted FLOP fraction,
+    and 4 kernel floors per layer on top of the fixed step; 'datasheet' undoes all."""
+    from kvbench.paged.scheduler_setup import setup_time_model
+    from kvbench.workloads.setups import get_setup, with_calibration
+
+    setup = get_setup("llama-2-70b-a100-80gb")
+    eff = FITTED["a100-80gb"]
+    fitted = setup_time_model(setup)
+    sheet = setup_time_model(with_calibration(setup, "datasheet"))
+    assert sheet.profile.calibration == "datasheet" and fitted.profile.calibration == "fitted"
+    assert fitted.weight_ps == pytest.approx(sheet.weight_ps / eff.hbm_fraction, rel=1e-9)
+    assert fitted.dense_ps_per_token == pytest.approx(
+        sheet.dense_ps_per_token / eff.flops_fraction, rel=1e-6
+    )
+    layers = setup.preset.geometry.num_layers
+    assert fitted.fixed_ps - sheet.fixed_ps == round(4 * layers * eff.kernel_floor_s * 1e12)
+    assert fitted.decode_ps(1000, 8) > sheet.decode_ps(1000, 8)
+    with pytest.raises(ConfigError, match="'measured'"):
+        with_calibration(setup, "measured")

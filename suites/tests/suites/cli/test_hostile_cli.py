@@ -664,14 +664,14 @@ def test_calibrate_refuses_bad_profile_folders_and_outputs(workdir: Path) -> Non
     cells = lines[2].split(",")
     cells[lines[0].split(",").index("time_stats.attn_pre_proj.median")] = "oops"
     path.write_text("\n".join([lines[0], lines[1], ",".join(cells), *lines[3:]]) + "\n")
-    write_model(base / "h200", "h200", "org/m", LLAMA_7B, get_profile("h200"), eff)
+    write_model(base / "cpu", "cpu", "org/m", LLAMA_7B, get_profile("cpu"), eff)
     write_model(base / "good", "h100", "org/m", LLAMA_7B, get_profile("h100"), eff)
     (base / "none").mkdir()
     (base / "blocker").write_text("x\n")
     good = str(base / "good")
     cases = [
         (["calibrate", "gpu", "--profiles", str(bad)], "line 3: column"),
-        (["calibrate", "gpu", "--judge", str(base / "h200")], "'h200'"),
+        (["calibrate", "gpu", "--judge", str(base / "cpu")], "'cpu'"),
         (["calibrate", "gpu", "--profiles", str(base / "none")], "holds no compute"),
         (["calibrate", "gpu", "--profiles", good, "--csv", "."], None),
         (["calibrate", "gpu", "--profiles", good, "--csv", "calib/blocker/x.csv"], "is a file"),
