@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 
 from kvbench.reports import calibration as cal_page
-from kvbench.reports import results as R
 from kvbench.reports import serving
+from kvbench.reports.store.frame import to_frame
+from kvbench.reports.store.reader import load_run
+from kvbench.reports.store.writer import ResultWriter
 
 SETUP = "opt-13b-1xa100-40gb"
 
 
 def _frame(tmp_path: Path):  # type: ignore[no-untyped-def]
-    with R.ResultWriter("x", tmp_path) as w:
+    with ResultWriter("x", tmp_path) as w:
         for calib, knees in (
             ("fitted", {"paged": 3.0, "contiguous-max": 1.0}),
             ("datasheet", {"paged": 4.0, "contiguous-max": 2.0}),
@@ -37,7 +39,7 @@ def _frame(tmp_path: Path):  # type: ignore[no-untyped-def]
                     w.record("calibration.gpu", case, f"{g}_datasheet_us", ds, "us")
                     w.record("calibration.gpu", case, f"{g}_fitted_us", fit, "us")
                 w.record("calibration.gpu", case, "held_out", held, "bool")
-    return R.to_frame([R.load_run(tmp_path / "x.jsonl")])
+    return to_frame([load_run(tmp_path / "x.jsonl")])
 
 
 def test_fitted_tables_never_read_datasheet_rows(tmp_path: Path) -> None:

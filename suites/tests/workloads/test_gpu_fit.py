@@ -135,7 +135,7 @@ def test_shipped_fits_are_reproduced_and_meet_the_held_out_goal() -> None:
 def test_the_step_model_prices_at_the_fitted_profile() -> None:
     """Weights read at the fitted HBM fraction, dense FLOPs at the fitted FLOP fraction,
     and 4 kernel floors per layer on top of the fixed step; 'datasheet' undoes all."""
-    from kvbench.paged.scheduler_setup import setup_time_model
+    from kvbench.paged.serving.simulation import setup_time_model
     from kvbench.workloads.setups import get_setup, with_calibration
 
     setup = get_setup("llama-2-70b-a100-80gb")
