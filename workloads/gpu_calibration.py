@@ -136,6 +136,9 @@ def mae(errors: Iterable[float]) -> float:
 def _price(
     rows: Sequence[OperatorRow], prof: DeviceProfile, eff: Efficiency, held_out: Callable
 ) -> list[Point]:
+    """Each row's operator groups: measured, at `prof`'s datasheet, and at `eff`; the
+    points name the device profile (never its '-datasheet' variant: `eff` priced them)."""
+    name = prof.name.removesuffix("-datasheet")
     out = []
     for r in rows:
         for group, ops in GROUPS.items():
@@ -143,7 +146,7 @@ def _price(
             out.append(
                 Point(
                     r.gpu,
-                    prof.name,
+                    name,
                     r.model,
                     r.tp,
                     r.num_tokens,

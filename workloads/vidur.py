@@ -110,8 +110,19 @@ class VidurProfiles:
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row) of a CSV file with every `required` column; refuses an empty
-    file, a missing column and a short row, naming the file (and line)."""
+    """(line number, row) of a CSV file with every `required` column; refuses a file that
+    is not UTF-8, an empty file, a missing column and a short row, naming the file (and
+    line)."""
+    try:
+        yield from _utf8_rows(path, required)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start} "
+            "of a read block)"
+        ) from None
+
+
+def _utf8_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     with open(path, newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)
         try:
@@ -142,9 +153,14 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
             raise ConfigError(f"{path}: no data rows after the header")
 
 
+#: Largest number a cell may hold (any column): far above any real geometry, token count,
+#: byte size or millisecond time, far below where sums and products overflow.
+MAX_CELL = 1e15
+
+
 def _number(path: Path, line: int, column: str, text: str, *, positive: bool = True) -> float:
-    """The finite number in a cell (> 0 when `positive`, else >= 0), or a ConfigError
-    naming file, line and column."""
+    """The finite number in a cell (> 0 when `positive`, else >= 0; at most `MAX_CELL`),
+    or a ConfigError naming file, line and column."""
     try:
         value = float(text)
     except ValueError:
@@ -154,6 +170,10 @@ def _number(path: Path, line: int, column: str, text: str, *, positive: bool = T
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
         need = "> 0" if positive else ">= 0"
         raise ConfigError(f"{path}: line {line}: column {column!r}: {text!r} must be finite {need}")
+    if value > MAX_CELL:
+        raise ConfigError(
+            f"{path}: line {line}: column {column!r}: {text!r} is above {MAX_CELL:.0e}"
+        )
     return value
 
 

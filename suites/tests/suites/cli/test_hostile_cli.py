@@ -695,10 +695,21 @@ def test_calibrate_refuses_bad_profile_folders_and_outputs(workdir: Path) -> Non
     (base / "none").mkdir()
     (base / "blocker").write_text("x\n")
     good = str(base / "good")
+    huge = base / "huge"
+    path = write_model(huge, "h100", "org/m", LLAMA_7B, get_profile("h100"), eff)
+    lines = path.read_text().splitlines()
+    cells = lines[1].split(",")
+    cells[lines[0].split(",").index("n_embd")] = "1e300"
+    path.write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    binary = base / "binary"
+    path = write_model(binary, "h100", "org/m", LLAMA_7B, get_profile("h100"), eff)
+    path.write_bytes(b"\xff\xfe" + path.read_bytes())
     cases = [
         (["calibrate", "gpu", "--profiles", str(bad)], "line 3: column"),
         (["calibrate", "gpu", "--judge", str(base / "cpu")], "'cpu'"),
         (["calibrate", "gpu", "--profiles", str(base / "none")], "holds no compute"),
+        (["calibrate", "gpu", "--judge", str(huge)], "'n_embd': '1e300' is above"),
+        (["calibrate", "gpu", "--judge", str(binary)], "mlp.csv: not UTF-8 text"),
         (["calibrate", "gpu", "--profiles", good, "--csv", "."], None),
         (["calibrate", "gpu", "--profiles", good, "--csv", "calib/blocker/x.csv"], "is a file"),
     ]
