@@ -85,3 +85,46 @@ def test_on_a_gpu_a_capturable_call_is_graph_timed_and_a_syncing_one_falls_back(
     assert stats["cuda_graph"] == 0.0 and stats["median"] > 0
     host = host_call_time(lambda: y.copy_(x), torch.device("cuda"))
     assert host["median"] > 0
+
+
+@pytest.mark.parametrize("capturable", [True, False])
+def test_kernel_rows_record_the_method_and_the_host_cost(
+    monkeypatch: pytest.MonkeyPatch, capturable: bool
+) -> None:
+    """The kernel sweeps' GPU path (`_timed_trio`) on a context that says CUDA, with the
+    timers stubbed and device syncs no-ops: both kernels' stats carry the method, the
+    rows add `timing_method_is_cudagraph` (1 graph, 0 fallback) and `host_time_paged`,
+    the host wall time of one paged call (here a 1 ms sleep), apart from the device time."""
+    from kvbench.suites.bench.context import BenchContext
+    from kvbench.suites.bench.sweeps import kernels
+
+    def graph(fn):  # type: ignore[no-untyped-def]
+        if not capturable:
+            raise RuntimeError("capture refused")
+        return [0.004, 0.005, 0.006]
+
+    used = _stub(monkeypatch, graph, lambda fn: [0.020, 0.030, 0.040])
+    monkeypatch.setattr(harness, "_sync", lambda device: None)
+    monkeypatch.setattr(harness, "_recover_from_capture", lambda: None)
+    ctx = BenchContext(torch.device("cuda"), TimingConfig(warmup=1, repeats=3))
+    ctx._peak = 1e12  # the run's copy peak, as if measured (no probe on a fake device)
+    calls: list[str] = []
+
+    def paged() -> None:
+        calls.append("paged")
+        time.sleep(0.001)
+
+    trio = kernels._timed_trio(ctx, paged, lambda: calls.append("contiguous"), 4_000_000)
+    method = 1.0 if capturable else 0.0
+    assert trio.paged["cuda_graph"] == trio.contiguous["cuda_graph"] == method
+    assert used == (["cudagraph", "cudagraph"] if capturable else ["cudagraph", "do_bench"] * 2)
+    rows = {m.metric: m for m in trio.gpu_rows}
+    assert set(rows) == {"timing_method_is_cudagraph", "host_time_paged"}
+    assert rows["timing_method_is_cudagraph"].value == method
+    host = rows["host_time_paged"]
+    assert host.unit == "s" and host.value >= 0.001
+    assert host.stats is not None and host.stats["n"] == 3
+    assert calls.count("paged") == 1 + 3 * 50  # only the host timing called it (timers stubbed)
+    device_s = 5e-6 if capturable else 30e-6
+    assert trio.paged["median"] == pytest.approx(device_s)
+    assert trio.fraction_paged == pytest.approx(4_000_000 / device_s / 1e12)
