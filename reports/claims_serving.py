@@ -96,8 +96,10 @@ def _calibration(frame: pd.DataFrame) -> Verdict:
         HOLDS if held <= 0.15 else FAILS,
         "step-time model with the CPU coefficients fitted to separate measured runs, priced "
         "on every step of the serving.measured cases (measured here); worst case "
-        f"{_pct(float(worst['value']))}. Modeled GPU figures use datasheet coefficients, not "
-        "fitted ones: this bounds the model's form, not the GPU figures' inputs.",
+        f"{_pct(float(worst['value']))}; bandwidth and FLOP/s bounded by the copy and FMA "
+        "peaks measured in the same run. Modeled GPU figures use coefficients fitted to "
+        "measured GPU operator profiles (`kvbench calibrate gpu`), not these: this bounds "
+        "the model's form, not the GPU figures' inputs.",
     )
 
 

@@ -18,7 +18,9 @@ Cases:
   cost, bandwidth, FLOP/s) to the steps of dedicated runs (paged, batches 1 / 6 / 24 and
   Poisson arrivals at 8 requests/s, other seeds), bounded by peaks measured in the same
   process (bandwidth <= a copy peak, FLOP/s <= an FMA peak: `suites.e2e.host_peaks`),
-  reports them, the peaks and the fit error; every batch and rate case then reports
+  reports them, the peaks and the fit error (and, as a diagnostic paired on the same
+  steps, the same fit without the bounds: `unbounded_*`, `step_error_mean_unbounded`);
+  every batch and rate case then reports
   the fitted model's mean absolute per-step error on its own steps (held out: never fitted)
   and the tokens/s the model predicts for its steps.
 
@@ -139,8 +141,17 @@ def _calibrated(ctx: BenchContext):  # type: ignore[no-untyped-def]
         steps += _work(_run(ctx, "paged", poisson, 256)[1])
         copy, fma = _peaks(ctx)
         fit = fit_profile(env["tm"], steps, max_bandwidth=copy.best, max_flops=fma.best)
+        free = fit_profile(env["tm"], steps, "cpu-fit-unbounded")
         ctx.cache["measured_fit"] = (fit, with_profile(env["tm"], fit.profile))
+        ctx.cache["measured_fit_unbounded"] = (free, with_profile(env["tm"], free.profile))
     return ctx.cache["measured_fit"]
+
+
+def _unbounded(ctx: BenchContext):  # type: ignore[no-untyped-def]
+    """The same fit without the measured bounds (a diagnostic: what physicality costs,
+    paired with the bounded fit on the same steps)."""
+    _calibrated(ctx)
+    return ctx.cache["measured_fit_unbounded"]
 
 
 def _peaks(ctx: BenchContext):  # type: ignore[no-untyped-def]
@@ -162,6 +173,7 @@ def _model_check(ctx: BenchContext, samples) -> list[Measurement]:  # type: igno
     _, tm = _calibrated(ctx)
     work = _work(samples)
     err = step_errors(tm, work)
+    err_free = step_errors(_unbounded(ctx)[1], work)
     p = tm.profile
     modeled = float(
         predict_seconds(tm, work, p.step_overhead_s, p.hbm_bandwidth, p.peak_flops).sum()
@@ -169,8 +181,20 @@ def _model_check(ctx: BenchContext, samples) -> list[Measurement]:  # type: igno
     return [
         Measurement("step_error_mean", float(err.mean()), "fraction"),
         Measurement("step_error_p90", float(sorted(err)[int(0.9 * (len(err) - 1))]), "fraction"),
+        Measurement("step_error_mean_unbounded", float(err_free.mean()), "fraction"),
         Measurement("steps_timed", len(work), "count"),
         Measurement("model_seconds_modeled", modeled, "s"),
+    ]
+
+
+def _unbounded_rows(free) -> list[Measurement]:  # type: ignore[no-untyped-def]
+    """The unbounded diagnostic fit's coefficients and fit-set error."""
+    p = free.profile
+    return [
+        Measurement("unbounded_fit_step_error_mean", free.error, "fraction"),
+        Measurement("unbounded_fitted_step_overhead", p.step_overhead_s, "s"),
+        Measurement("unbounded_fitted_bandwidth", p.hbm_bandwidth, "B/s"),
+        Measurement("unbounded_fitted_flops", p.peak_flops, "FLOP/s"),
     ]
 
 
@@ -206,6 +230,7 @@ def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
             Measurement("fma_peak_measured_median", fma.median, "FLOP/s"),
             Measurement("fitted_bandwidth_of_copy_peak", p.hbm_bandwidth / copy.best, "fraction"),
             Measurement("fitted_flops_of_fma_peak", p.peak_flops / fma.best, "fraction"),
+            *_unbounded_rows(_unbounded(ctx)[0]),
         ]
     system = case["system"]
     if "batch" in case:
