@@ -187,14 +187,14 @@ def _model_check(ctx: BenchContext, samples) -> list[Measurement]:  # type: igno
     ]
 
 
-def _unbounded_rows(free) -> list[Measurement]:  # type: ignore[no-untyped-def]
-    """The unbounded diagnostic fit's coefficients and fit-set error."""
-    p = free.profile
+def _fit_rows(fit, prefix: str = "") -> list[Measurement]:  # type: ignore[no-untyped-def]
+    """A fit's fit-set error and coefficients, metric names under `prefix`."""
+    p = fit.profile
     return [
-        Measurement("unbounded_fit_step_error_mean", free.error, "fraction"),
-        Measurement("unbounded_fitted_step_overhead", p.step_overhead_s, "s"),
-        Measurement("unbounded_fitted_bandwidth", p.hbm_bandwidth, "B/s"),
-        Measurement("unbounded_fitted_flops", p.peak_flops, "FLOP/s"),
+        Measurement(f"{prefix}fit_step_error_mean", fit.error, "fraction"),
+        Measurement(f"{prefix}fitted_step_overhead", p.step_overhead_s, "s"),
+        Measurement(f"{prefix}fitted_bandwidth", p.hbm_bandwidth, "B/s"),
+        Measurement(f"{prefix}fitted_flops", p.peak_flops, "FLOP/s"),
     ]
 
 
@@ -219,18 +219,15 @@ def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
         copy, fma = _peaks(ctx)
         p = fit.profile
         return [
-            Measurement("fit_step_error_mean", fit.error, "fraction"),
+            *_fit_rows(fit),
             Measurement("fit_steps", fit.steps, "count"),
-            Measurement("fitted_step_overhead", p.step_overhead_s, "s"),
-            Measurement("fitted_bandwidth", p.hbm_bandwidth, "B/s"),
-            Measurement("fitted_flops", p.peak_flops, "FLOP/s"),
             Measurement("copy_peak_measured", copy.best, "B/s"),
             Measurement("copy_peak_measured_median", copy.median, "B/s"),
             Measurement("fma_peak_measured", fma.best, "FLOP/s"),
             Measurement("fma_peak_measured_median", fma.median, "FLOP/s"),
             Measurement("fitted_bandwidth_of_copy_peak", p.hbm_bandwidth / copy.best, "fraction"),
             Measurement("fitted_flops_of_fma_peak", p.peak_flops / fma.best, "fraction"),
-            *_unbounded_rows(_unbounded(ctx)[0]),
+            *_fit_rows(_unbounded(ctx)[0], "unbounded_"),
         ]
     system = case["system"]
     if "batch" in case:
