@@ -49,6 +49,15 @@ def _seed001_batch(frame: pd.DataFrame) -> Verdict:
     )
 
 
+def _profiles_used(rows: pd.DataFrame) -> str:
+    """Which GPU calibration priced `rows` (their `calibration` parameter; runs from
+    before it existed were priced at the datasheet)."""
+    if "calibration" not in rows.columns or rows["calibration"].isna().all():
+        return "the datasheet peaks"
+    names = sorted(str(v) for v in rows["calibration"].dropna().unique())
+    return "the " + " / ".join(names) + " profile (`kvbench calibrate gpu`)"
+
+
 def _cow_load(
     suite_static: str, sharing: str, lo: float, hi: float
 ) -> Callable[[pd.DataFrame], Verdict]:
@@ -57,7 +66,8 @@ def _cow_load(
         if rows.empty:
             return _missing("run the serving.cow_load sweep")
         note = (
-            "modeled serving run: OPT-13B on A100-40GB (12 GB KV), Alpaca-like, Poisson "
+            "modeled serving run: OPT-13B on A100-40GB (12 GB KV; its time model at "
+            f"{_profiles_used(rows)}), Alpaca-like, Poisson "
             f"arrivals at {_range(rows['rate'], lambda v: f'{v:g}')} requests/s; time-averaged "
             "(blocks named by the sequences' tables - blocks held) / blocks named; tolerance 2 "
             "points"

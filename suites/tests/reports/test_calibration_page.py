@@ -78,3 +78,23 @@ def test_calibration_page_errors_come_from_the_rows(tmp_path: Path) -> None:
         "Predicted vs measured linear-layer time, h100 (held-out models)"
     ]
     assert svgs[0][1].startswith("<svg")
+
+
+def test_cow_load_claim_names_the_profile_that_priced_it(tmp_path: Path) -> None:
+    """The copy-on-write-under-load claim's note says which calibration priced the run:
+    the rows' `calibration` parameter, or the datasheet for rows from before it."""
+    from kvbench.reports import claims
+
+    def verdict(case_extra: dict, run: str):  # type: ignore[no-untyped-def]
+        with ResultWriter(run, tmp_path) as w:
+            case = {"setup": SETUP, "workload": "alpaca", "sharing": "parallel", "width": 2,
+                    "rate": 16.0, "duration": 8.0, **case_extra}  # fmt: skip
+            w.record("serving.cow_load", case, "saved_fraction", 0.08, "fraction")
+        frame = to_frame([load_run(tmp_path / f"{run}.jsonl")])
+        return {c.key: v for c, v in claims.evaluate(frame)}["cow-parallel-load"]
+
+    assert (
+        "at the fitted profile (`kvbench calibrate gpu`)"
+        in verdict({"calibration": "fitted"}, "a").note
+    )
+    assert "at the datasheet peaks" in verdict({}, "b").note
