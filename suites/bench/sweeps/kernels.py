@@ -32,7 +32,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from kvbench.reference.oracle import tolerance
 from kvbench.suites.bench.context import BenchContext
-from kvbench.suites.bench.harness import paired_fraction, summarize
+from kvbench.suites.bench.harness import host_call_time, paired_fraction, summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.suites.bench.sdpa_baseline import decode_forms, fastest
 from kvbench.suites.bench.sweeps.peers import _paired_ratio, _paired_times
@@ -225,6 +225,7 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("bandwidth_fraction", timed.fraction_paged, "fraction"),
         Measurement("contiguous_bandwidth_fraction", timed.fraction_contiguous, "fraction"),
         *timed.copy_rows,
+        *timed.gpu_rows,
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement("backend_is_triton", float(backend == "triton"), "bool"),
         Measurement("contiguous_form_is_gqa", float(form == "gqa"), "bool"),
@@ -257,6 +258,9 @@ class TimedTrio:
             the same repeats on a CPU, the run's once-measured peak on a GPU.
         copy_rows: the paired copy's own rows (bandwidth, time); none on a GPU, where the
             run-level peak is used.
+        gpu_rows: on a GPU, how the kernels were timed (`timing_method_is_cudagraph`:
+            1 for CUDA-graph replay, 0 for the do_bench fallback) and the host cost of
+            one paged call (`host_time_paged`, s), apart from the device time.
     """
 
     paged: dict[str, float | int]
@@ -265,6 +269,7 @@ class TimedTrio:
     fraction_paged: float
     fraction_contiguous: float
     copy_rows: tuple[Measurement, ...] = ()
+    gpu_rows: tuple[Measurement, ...] = ()
 
 
 def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int) -> TimedTrio:  # type: ignore[no-untyped-def]
@@ -278,9 +283,14 @@ def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int) -> TimedTrio:
     if _backend(ctx.device) == "triton":
         a, c = ctx.time(paged), ctx.time(contiguous)
         peak = ctx.copy_peak()
+        host = host_call_time(paged, ctx.device, ctx.timing)
+        rows = (
+            Measurement("timing_method_is_cudagraph", float(a.get("cuda_graph", 0.0)), "bool"),
+            Measurement("host_time_paged", float(host["median"]), "s", host),
+        )
         return TimedTrio(
             a, c, a["median"] / c["median"], nbytes / a["median"] / peak,
-            nbytes / c["median"] / peak,
+            nbytes / c["median"] / peak, gpu_rows=rows,
         )  # fmt: skip
     probe = ctx.copy_probe()
     samples = _paired_times({"paged": paged, "contiguous": contiguous, "copy": probe}, ctx.timing)
@@ -401,6 +411,7 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("achieved_bandwidth", nbytes / timed.paged["median"], "B/s"),
         Measurement("bandwidth_fraction", timed.fraction_paged, "fraction"),
         *timed.copy_rows,
+        *timed.gpu_rows,
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement(f"contiguous_sdpa_backend_{sdpa_backend}", 1.0, "bool"),
         Measurement("backend_is_triton", float(_backend(dev) == "triton"), "bool"),

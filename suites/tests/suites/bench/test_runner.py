@@ -249,6 +249,10 @@ def test_gpu_timing_reports_what_do_bench_ran(monkeypatch: pytest.MonkeyPatch) -
         calls.append(return_mode)
         return [4.0, 1.0, 2.0, 3.0, 5.0, 2.0, 3.0]  # ms
 
+    def no_capture(fn, rep, return_mode):  # type: ignore[no-untyped-def]
+        raise RuntimeError("capture refused")  # the do_bench fallback is this test's subject
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", no_capture)
     monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
     stats = time_gpu(lambda: None, TimingConfig(repeats=15))
     assert calls == ["all"]
