@@ -314,7 +314,7 @@ SPECS: tuple[FigureSpec, ...] = (
     ),
     FigureSpec(
         "serving.batch_table",
-        "Throughput vs batch size, Llama-70B on A100-80GB (modeled; seed 001's table)",
+        "Throughput vs batch size, Llama-70B on A100-80GB (modeled; [PA-deep-dive]'s table)",
         "batch",
         ("tokens_per_second",),
         fixed={"setup": "llama-2-70b-a100-80gb"},

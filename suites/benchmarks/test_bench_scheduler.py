@@ -1,7 +1,7 @@
 """Benchmarks of the serving engine's memory-only replay (pytest-benchmark).
 
     replay-10k    10,000 ShareGPT-like requests, Llama-2-70B geometry, 8,400 blocks of 16
-                  tokens (seed 001's 42 GB pool), prefix caching on, event-driven mode
+                  tokens ([PA-deep-dive]'s 42 GB pool), prefix caching on, event-driven mode
     replay-100k   the same with 100,000 requests (~33 million decode tokens); the issue's
                   goal is 20 s or less on the 2-core build machine. Marked `slow`.
 
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.paged.scheduler_setup import CacheSpec, simulate
+from kvbench.paged.cache_spec import CacheSpec
+from kvbench.paged.serving.simulation import simulate
 from kvbench.workloads.sharing import generate
 
 SPEC = CacheSpec(kind="paged", model="llama-2-70b", kv_budget="42GB", block_size=16)

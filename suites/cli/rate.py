@@ -6,7 +6,7 @@ Examples:
     kvbench rate --list
 
 For each system, the workload's requests arrive as a Poisson process for `--duration`
-seconds at each rate and are served on the set-up's time model (`paged.rate`); the table
+seconds at each rate and are served on the set-up's time model (`paged.serving.rate`); the table
 gives mean and p99 normalized latency (s/token), TTFT p50 and requests/s. With
 `--knee` (default on) it searches each system's sustained rate: the highest rate whose
 mean normalized latency stays under `--bound` (s/token; default 10 x the set-up's
@@ -27,7 +27,7 @@ _COLUMNS = ("system", "rate", "norm lat mean", "norm lat p99", "ttft p50", "req/
 
 
 def _floats(text: str, what: str) -> list[float]:
-    from kvbench.paged.rate import check_rate
+    from kvbench.paged.serving.rate import check_rate
 
     out = []
     for part in str(text).split(","):
@@ -40,7 +40,7 @@ def _floats(text: str, what: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvbench.paged.rate import (
+    from kvbench.paged.serving.rate import (
         SYSTEMS,
         RateTrace,
         check_bound,
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         run_at_rate,
         sustained_rate,
     )
-    from kvbench.paged.scheduler_setup import setup_time_model
+    from kvbench.paged.serving.simulation import setup_time_model
     from kvbench.workloads.setups import SETUPS, get_setup
     from kvbench.workloads.sharing import generate
 

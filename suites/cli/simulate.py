@@ -29,9 +29,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from kvbench.paged.latency import LATENCY_METRICS, LATENCY_STATS
-from kvbench.paged.scheduler_model import SchedulerConfig
-from kvbench.paged.scheduler_setup import CACHE_KINDS, CacheSpec, simulate, time_model_for
+from kvbench.paged.cache_spec import CACHE_KINDS, CacheSpec
+from kvbench.paged.serving.latency import LATENCY_METRICS, LATENCY_STATS
+from kvbench.paged.serving.simulation import simulate, time_model_for
+from kvbench.paged.serving.time_model import SchedulerConfig
 from kvbench.suites.cli.argtypes import (
     check_input_file,
     check_output_dir,

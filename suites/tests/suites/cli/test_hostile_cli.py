@@ -314,7 +314,7 @@ def test_folders_and_runs_given_wrongly_are_refused(workdir: Path) -> None:
 
 def _results_file(path: Path, **bench: object) -> Path:
     """A small valid bench results file (header + one finished case)."""
-    from kvbench.reports.results import ResultWriter
+    from kvbench.reports.store.writer import ResultWriter
 
     header = {"bench": {"sweeps": ["s"], "full": False, "seed": 0, "shard": None, **bench}}
     with ResultWriter(
@@ -535,12 +535,12 @@ def test_simulate_checks_the_budget_before_allocating(
 ) -> None:
     """1000 TB of Llama-2-70B KV is 190 million blocks: the bookkeeping alone would not fit;
     refused before any pool is built."""
-    from kvbench.paged import scheduler_setup
+    from kvbench.paged import cache_spec
 
     def no_build(self):  # type: ignore[no-untyped-def]
         raise AssertionError("a cache was built before the budget was checked")
 
-    monkeypatch.setattr(scheduler_setup.CacheSpec, "build", no_build)
+    monkeypatch.setattr(cache_spec.CacheSpec, "build", no_build)
     _refused(
         workdir,
         ["simulate", "--kv-budget", "1000TB", "--requests", "2", "--quiet"],

@@ -5,7 +5,7 @@ children that share its blocks (copy-on-write), or, with no room (or no seat und
 max_num_seqs), a child queues to recompute prompt + its first token. When the family
 fits the cache whole it is preempted and resumed as one unit (`PreemptMixin._unit_of`).
 
-Beam groups (`kvbench.paged.beams`): the root's prefill forks it into w beams; each later
+Beam groups (`kvbench.paged.serving.beams`): the root's prefill forks it into w beams; each later
 step the group decodes a token per beam, or none when the whole step (a block or a
 copy-on-write per beam) does not fit; then it selects (prunes and forks). A group is
 preempted, swapped, recomputed, re-admitted and resumed as a unit, so it is never split.
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from heapq import heappop, heappush
 
-from kvbench.paged.beams import BeamGroup, plan_selection
-from kvbench.paged.engine.sequence import FINISHED, RUNNING, Seq, by_order
-from kvbench.paged.engine.state import EngineBase
+from kvbench.paged.serving.beams import BeamGroup, plan_selection
+from kvbench.paged.serving.engine.sequence import FINISHED, RUNNING, Seq, by_order
+from kvbench.paged.serving.engine.state import EngineBase
 from kvbench.workloads.errors import CapacityError
 
 

@@ -23,12 +23,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvbench.paged.engine.sequence import Seq
-from kvbench.paged.scheduler_model import SchedulerConfig, SeqRecord, StepRow, TimeModel
+from kvbench.paged.serving.engine.sequence import Seq
+from kvbench.paged.serving.time_model import SchedulerConfig, SeqRecord, StepRow, TimeModel
 from kvbench.reference.contract import ServingCache, ServingTraits
 
 if TYPE_CHECKING:
-    from kvbench.paged.beams import BeamGroup
+    from kvbench.paged.serving.beams import BeamGroup
 
 
 @dataclass(slots=True)

@@ -8,8 +8,8 @@ exactly the sum of `TimeModel.step_ps` over them (integer picoseconds).
 
 from __future__ import annotations
 
-from kvbench.paged.engine.sequence import NEVER
-from kvbench.paged.scheduler_model import TimeModel
+from kvbench.paged.serving.engine.sequence import NEVER
+from kvbench.paged.serving.time_model import TimeModel
 
 
 def span_ps(tm: TimeModel | None, first: int, k: int, a: int, d: int) -> int:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from heapq import heappop, heappush
 
-from kvbench.paged.engine.sequence import NEVER, Seq, by_order, kv_for_tokens
-from kvbench.paged.engine.state import EngineBase
+from kvbench.paged.serving.engine.sequence import NEVER, Seq, by_order, kv_for_tokens
+from kvbench.paged.serving.engine.state import EngineBase
 from kvbench.workloads.errors import CapacityError
 
 

@@ -27,7 +27,7 @@ token and holds P tokens of KV; each decode step appends one token's KV and gene
 more, so a finished sequence generated exactly output_len tokens and held at most
 P + output_len - 1 tokens of KV.
 
-Beam search (`paged.beams`, `engine.groups`): a request with beam_width w is prefilled
+Beam search (`paged.serving.beams`, `engine.groups`): a request with beam_width w is prefilled
 once, forked into w beams at its first token, and then, in lockstep, decodes a token per
 beam and selects (prunes and forks) every step; a group decodes a step only if the whole
 step fits, and is preempted (swap or recompute), re-admitted and resumed as a unit, so it
@@ -60,12 +60,12 @@ prefilled or finished for 10,000 steps), raises `SchedulerError` instead of loop
 Nothing is dropped silently: the run ends only when every sequence finished, and the
 cache is empty afterwards.
 
-Entry point for other layers: `paged.scheduler_setup.simulate`.
+Entry point for other layers: `paged.serving.simulation.simulate`.
 """
 
-from kvbench.paged.engine.engine import BARREN_STEP_LIMIT, Engine
-from kvbench.paged.engine.sequence import Seq, SeqState, kv_for_tokens
-from kvbench.paged.engine.validate import RequestTooLargeError, SchedulerError
+from kvbench.paged.serving.engine.engine import BARREN_STEP_LIMIT, Engine
+from kvbench.paged.serving.engine.sequence import Seq, SeqState, kv_for_tokens
+from kvbench.paged.serving.engine.validate import RequestTooLargeError, SchedulerError
 
 __all__ = [
     "BARREN_STEP_LIMIT",

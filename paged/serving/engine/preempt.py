@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from heapq import heappush
 
-from kvbench.paged.engine.sequence import RUNNING, SWAPPED, WAITING, Seq, SeqState
-from kvbench.paged.engine.state import EngineBase
+from kvbench.paged.serving.engine.sequence import RUNNING, SWAPPED, WAITING, Seq, SeqState
+from kvbench.paged.serving.engine.state import EngineBase
 from kvbench.workloads.errors import CapacityError
 
 

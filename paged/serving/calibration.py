@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvbench.paged.scheduler_model import TimeModel
+from kvbench.paged.serving.time_model import TimeModel
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.profiles import DeviceProfile
 

@@ -44,9 +44,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvbench.paged.latency import flat
-from kvbench.paged.scheduler_model import SchedulerConfig, SimulationResult, TimeModel
-from kvbench.paged.scheduler_setup import setup_spec, setup_time_model, simulate
+from kvbench.paged.serving.latency import flat
+from kvbench.paged.serving.simulation import setup_spec, setup_time_model, simulate
+from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, TimeModel
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.setups import ServingSetup
 from kvbench.workloads.trace import Trace

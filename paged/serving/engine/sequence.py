@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvbench.paged.scheduler_model import SeqRecord
+from kvbench.paged.serving.time_model import SeqRecord
 from kvbench.reference.contract import KVCache
 from kvbench.workloads.trace import SYNTH_BASE, TraceRequest
 
 if TYPE_CHECKING:
-    from kvbench.paged.beams import BeamGroup
+    from kvbench.paged.serving.beams import BeamGroup
 
 
 class SeqState(Enum):

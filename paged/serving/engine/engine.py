@@ -5,7 +5,7 @@ relies on and leaves, and `Engine.check` asserts those invariants between steps)
 
 1. `arrivals`: requests whose modeled time has come join the waiting queue (FCFS);
 2. `decode`: every due decoder appends its last token's KV, oldest first; when the cache
-   cannot grow it, victims are preempted (`kvbench.paged.engine.preempt`) until it fits
+   cannot grow it, victims are preempted (`kvbench.paged.serving.engine.preempt`) until it fits
    or the decoder itself went;
 3. `continue_prefills`: prefilling sequences continue their prompt within the budget;
 4. unless this step preempted: `swap_in` (swapped units come back, oldest first, keeping
@@ -17,7 +17,7 @@ relies on and leaves, and `Engine.check` asserts those invariants between steps)
 7. `skip_quiet` (event mode): the stretch of steps in which nothing but non-allocating
    decode happens is skipped, its time and metrics summed in closed form.
 
-See `kvbench.paged.engine` for the whole model (token bookkeeping, beams, event mode,
+See `kvbench.paged.serving.engine` for the whole model (token bookkeeping, beams, event mode,
 bad input).
 """
 
@@ -29,13 +29,13 @@ import time
 from collections.abc import Callable, Sequence
 from heapq import heappop, heappush
 
-from kvbench.paged.beams import BeamGroup
-from kvbench.paged.engine.clock import arrival_step, span_ps
-from kvbench.paged.engine.decode import DecodeMixin
-from kvbench.paged.engine.groups import GroupMixin
-from kvbench.paged.engine.invariants import check_state
-from kvbench.paged.engine.preempt import PreemptMixin
-from kvbench.paged.engine.sequence import (
+from kvbench.paged.serving.beams import BeamGroup
+from kvbench.paged.serving.engine.clock import arrival_step, span_ps
+from kvbench.paged.serving.engine.decode import DecodeMixin
+from kvbench.paged.serving.engine.groups import GroupMixin
+from kvbench.paged.serving.engine.invariants import check_state
+from kvbench.paged.serving.engine.preempt import PreemptMixin
+from kvbench.paged.serving.engine.sequence import (
     FINISHED,
     NEVER,
     RUNNING,
@@ -43,10 +43,10 @@ from kvbench.paged.engine.sequence import (
     Seq,
     by_order,
 )
-from kvbench.paged.engine.state import EngineState, StepHook
-from kvbench.paged.engine.validate import SchedulerError, check_trace
-from kvbench.paged.latency import summarize
-from kvbench.paged.scheduler_model import SchedulerConfig, SimulationResult, StepRow, TimeModel
+from kvbench.paged.serving.engine.state import EngineState, StepHook
+from kvbench.paged.serving.engine.validate import SchedulerError, check_trace
+from kvbench.paged.serving.latency import summarize
+from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, StepRow, TimeModel
 from kvbench.reference.contract import ServingCache
 from kvbench.workloads.errors import CapacityError, ConfigError
 from kvbench.workloads.trace import SYNTH_BASE, Trace, TraceRequest
@@ -602,5 +602,5 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
 
     def check(self) -> None:
         """Assert the invariants every phase relies on, between steps (tests call it,
-        or pass checked=True): see `kvbench.paged.engine.invariants`."""
+        or pass checked=True): see `kvbench.paged.serving.engine.invariants`."""
         check_state(self)

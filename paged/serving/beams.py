@@ -17,7 +17,7 @@ Each beam holds its own output token ids (forks copy their parent's history and 
 new id), so its KV is a function of its own history: a swapped or recomputed beam comes
 back with exactly the KV it had.
 
-Memory rules the engine keeps for a group (see `paged.engine.groups`): a group decodes a step
+Memory rules the engine keeps for a group (see `paged.serving.engine.groups`): a group decodes a step
 only when its whole step fits (every beam's new block or copy-on-write), so it is never
 split by preemption; it is preempted, swapped, recomputed, re-admitted and resumed as a
 unit; it is admitted only when w sequences fit under max_num_seqs.

@@ -21,10 +21,10 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
-from kvbench.paged.engine.sequence import RUNNING, SWAPPED, WAITING
+from kvbench.paged.serving.engine.sequence import RUNNING, SWAPPED, WAITING
 
 if TYPE_CHECKING:
-    from kvbench.paged.engine.engine import Engine
+    from kvbench.paged.serving.engine.engine import Engine
 
 
 def check_state(engine: Engine) -> None:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
-from kvbench.paged.latency import flat
+from kvbench.paged.serving.latency import flat
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.profiles import DeviceProfile
@@ -288,7 +288,7 @@ class SeqRecord:
     """What happened to one sequence (a request, or a child `id#k` of an n-sample one).
 
     Steps are engine iterations; times are modeled seconds from the trace's t = 0
-    (`kvbench.paged.latency`): `arrival_s` the trace's arrival, `first_token_s` the end of
+    (`kvbench.paged.serving.latency`): `arrival_s` the trace's arrival, `first_token_s` the end of
     the step that sampled its first token, `finish_s` the end of the step that generated
     its last (-1.0 until stamped; 0.0 throughout without a time model).
     """
@@ -380,7 +380,7 @@ class SimulationResult:
         wall_seconds: host time the simulation took.
         latency: per-request latency in modeled seconds, {metric: {stat: value}} for the
             metrics ttft, tpot, e2e (s) and normalized_latency (s per output token) and
-            the stats mean, p50, p90, p99 (`kvbench.paged.latency`); in `summary()` as
+            the stats mean, p50, p90, p99 (`kvbench.paged.serving.latency`); in `summary()` as
             flat columns "ttft_mean", "ttft_p50", ..., "normalized_latency_p99".
     """
 

@@ -9,9 +9,9 @@ re-admitted alone. Such a request would otherwise wait forever.
 
 from __future__ import annotations
 
-from kvbench.paged.beams import max_group_blocks
-from kvbench.paged.engine.sequence import CHILDREN
-from kvbench.paged.scheduler_model import SchedulerConfig
+from kvbench.paged.serving.beams import max_group_blocks
+from kvbench.paged.serving.engine.sequence import CHILDREN
+from kvbench.paged.serving.time_model import SchedulerConfig
 from kvbench.reference.contract import ServingCache, ServingTraits
 from kvbench.workloads.errors import ConfigError, KVBenchError
 from kvbench.workloads.trace import SYNTH_BASE, Trace, TraceRequest
