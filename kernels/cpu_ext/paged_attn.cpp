@@ -791,21 +791,23 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   const int32_t* cu = cu_seqlens_q.data_ptr<int32_t>();
   const int64_t qs_t = query.stride(0), qs_h = query.stride(1);
   const int64_t os_t = out.stride(0), os_h = out.stride(1);
-  std::vector<int64_t> tile_seq, tile_start;
+  // Tasks in (sequence, KV head, tile) order: a thread's consecutive tasks read the same
+  // K/V rows, which the previous task left in L3.
+  struct Task {
+    int64_t b, start;
+    int h;
+  };
+  std::vector<Task> tasks;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t s0 = cu[b]; s0 < cu[b + 1]; s0 += tile) {
-      tile_seq.push_back(b);
-      tile_start.push_back(s0);
-    }
-  const int64_t ntiles = int64_t(tile_seq.size());
+    for (int h = 0; h < int(g.hkv); ++h)
+      for (int64_t s0 = cu[b]; s0 < cu[b + 1]; s0 += tile) tasks.push_back({b, s0, h});
   const int64_t tok = g.hkv * D;
   const float fscale = float(scale);
-  at::parallel_for(0, ntiles * g.hkv, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     PrefillScratch w;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t ti = task / g.hkv;
-      const int h = int(task % g.hkv);
-      const int64_t b = tile_seq[ti], start = tile_start[ti];
+      const int h = tasks[task].h;
+      const int64_t b = tasks[task].b, start = tasks[task].start;
       const int64_t nq = std::min<int64_t>(start + tile, cu[b + 1]) - start;
       const int64_t pos0 = lens[b] - (cu[b + 1] - cu[b]) + (start - cu[b]);  // first row's position
       const int nr = int(nq * G);
@@ -954,9 +956,42 @@ void paged_prefill(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_c
 
 int64_t vector_width() { return VW; }
 
+// The core's FMA peak as this build reaches it: on every thread of ATen's pool, `iters`
+// rounds of 12 independent vector FMA chains (more than the FMA latency times the FMA
+// ports, so the chains never wait), built with the kernels' flags. Returns the FLOPs done
+// (2 per lane per FMA); the caller times the call. The prefill's arithmetic rate is judged
+// against it (`kvbench bench --only kernel.prefill`: fma_peak_fraction).
+int64_t fma_probe(int64_t iters) {
+  constexpr int CHAINS = 12;
+  const int64_t threads = at::get_num_threads();
+  std::vector<float> sink(size_t(threads), 0.f);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      vf a[CHAINS];
+      for (int c = 0; c < CHAINS; ++c) a[c] = vf{} + 1e-3f * float(c + 1);
+      const vf x = vf{} + 0.999999f, y = vf{} + 1e-7f;
+      for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+        for (int c = 0; c < CHAINS; ++c) {
+          a[c] = a[c] * x + y;
+          KVB_IN_REGISTER(a[c]);
+        }
+      }
+      vf s = {};
+      for (int c = 0; c < CHAINS; ++c) s += a[c];
+      sink[size_t(i)] = hsum(s);  // keeps the chains live
+    }
+  });
+  volatile float keep = 0.f;
+  for (float v : sink) keep = keep + v;
+  (void)keep;
+  return threads * iters * CHAINS * VW * 2;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention, blocks read in place");
   m.def("paged_prefill", &paged_prefill, "paged prefill/extend attention, blocks read in place");
   m.def("first_bad_entry", &first_bad_entry, "first block-table entry outside the pool, or -1");
   m.def("vector_width", &vector_width, "floats per vector register the build uses");
+  m.def("fma_probe", &fma_probe, "FLOPs of a peak-rate FMA loop on every thread (time it)");
 }

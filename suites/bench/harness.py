@@ -149,6 +149,44 @@ class CopyProbe:
         ]
 
 
+#: Rounds of the FMA probe per call (12 vector FMAs each, on every thread): about 4 ms on
+#: the 2-core build machine, the order of a kernel.prefill call.
+FMA_PROBE_ITERS = 2_000_000
+
+
+class FmaProbe:
+    """The C++ build's peak-rate FMA loop (`kernels.cpu_paged.fma_probe`: 12 independent
+    vector FMA chains on every thread), to time beside a kernel in the same repeats as
+    `CopyProbe` is: its FLOPs per second in a repeat is the FMA peak of that moment, and
+    a kernel's FLOPs per second over it (`paired_fraction` with FLOPs for bytes) the
+    fraction of that peak it reached."""
+
+    def __init__(self, iters: int = FMA_PROBE_ITERS) -> None:
+        from kvbench.kernels import cpu_paged
+
+        self._probe = cpu_paged.fma_probe
+        self.iters = iters
+        self.flops = cpu_paged.fma_probe(1) * iters  # FLOPs per call (one warm call)
+
+    def __call__(self) -> int:
+        return self._probe(self.iters)
+
+    def rows(
+        self, kernel_seconds: list[float], probe_seconds: list[float], flops: int
+    ) -> list[Measurement]:
+        """The paired FMA peak (FLOP/s at the probe's median time) and the kernel's
+        fraction of it (median of per-repeat ratios)."""
+        stats = summarize(probe_seconds)
+        return [
+            Measurement("fma_peak_paired", self.flops / float(stats["median"]), "FLOP/s"),
+            Measurement(
+                "fma_peak_fraction",
+                paired_fraction(kernel_seconds, probe_seconds, flops, self.flops),
+                "fraction",
+            ),
+        ]
+
+
 def paired_fraction(
     kernel_seconds: list[float], copy_seconds: list[float], kernel_bytes: int, copy_bytes: int
 ) -> float:

@@ -44,8 +44,8 @@ DECODE_BATCH, DECODE_CONTEXT = 4, 4096
 PREFILL_BATCH, PREFILL_TOKENS = 4, 128
 #: Constexprs shown in the configuration column (the rest are in the JSON record).
 SHOWN = (
-    "TILE_SIZE", "BLOCK_M", "BLOCK_Q", "NUM_SEGMENTS_PER_SEQ", "BLOCK_N", "BLOCK_H",
-    "NUM_KV_SPLITS", "QH", "TILE_N", "BLOCK_SIZE", "num_warps", "num_stages",
+    "TILE_SIZE", "BLOCK_M", "BLOCK_Q", "BLOCK_N", "BLOCK_H", "QH", "TILE_N", "num_warps",
+    "num_stages", "NUM_SEGMENTS_PER_SEQ", "NUM_KV_SPLITS", "BLOCK_SIZE",
 )  # fmt: skip
 
 
