@@ -43,6 +43,7 @@ from kvbench.reports.claims_serving import (
     _seed001_batch,
     _throughput,
 )
+from kvbench.reports.claims_traces import MOONCAKE_PAPER, prefix_capacity
 from kvbench.reports.tables import latest
 
 __all__ = [
@@ -491,6 +492,15 @@ CLAIMS: tuple[Claim, ...] = (
         "37.6-55.2%",
         _cow_load("cow.beam_search", "beam", 0.376, 0.552),
     ),
+    Claim(
+        "mooncake-capacity",
+        "prefix caching",
+        "A 3M-token prefix cache reaches under half of the maximum (unbounded) hit rate on "
+        "most workloads; a 50M-token cache reaches nearly all of it.",
+        MOONCAKE_PAPER,
+        "< 50% at 3M / ~100% at 50M",
+        prefix_capacity,
+    ),
 )
 
 
@@ -530,4 +540,5 @@ CLAIM_SUITES: dict[str, tuple[str, ...]] = {
     "seed001-batch": ("serving.batch_table",),
     "cow-parallel-load": ("serving.cow_load", "cow.parallel_sampling"),
     "cow-beam-load": ("serving.cow_load", "cow.beam_search"),
+    "mooncake-capacity": ("trace.prefix_capacity",),
 }

@@ -71,6 +71,18 @@ PRESETS: dict[str, ModelPreset] = {
             8192,
         ),
         _preset(
+            "llama-3-70b",
+            80,
+            8,
+            128,
+            64,
+            "Llama 3 70B (Meta, 2024; Llama 3.1 70B has the same shapes): 80 layers, 64 "
+            "query heads and 8 KV heads of 128 (320 KiB/token), hidden 8192, 70.6B "
+            "parameters; the Mooncake paper (FAST'25) serves a model of this shape",
+            70.6,
+            8192,
+        ),
+        _preset(
             "mha-96",
             96,
             96,

@@ -14,6 +14,8 @@ The vLLM paper's set-ups (Kwon et al., SOSP 2023, Table 1, as commonly quoted) a
     llama-2-70b-a100-80gb  42 GB (seed:   320 KiB      134,400    8,400 blocks of 16
                            42,000 MiB)                            ([PA-deep-dive])
     llama-2-70b-h100       the same on an H100-80GB
+    llama-3-70b-8xh100-tp8 400 GiB        320 KiB    1,310,720    (Mooncake's model; see
+                                                                  its `source`)
 
 The paper's KV figures are binary gigabytes: 12 and 264 GiB give its slot counts; its
 21 GB for OPT-66B gives 9,557 slots, 1.5% under the quoted 9.7K. [PA-deep-dive] serves
@@ -144,6 +146,19 @@ SETUPS: dict[str, ServingSetup] = {
             "[PA-deep-dive]'s Llama-2-70B set-up on an H100-80GB",
             weight_bytes=35 * 10**9,
             quoted_slots=134_400,
+        ),
+        ServingSetup(
+            "llama-3-70b-8xh100-tp8",
+            "llama-3-70b",
+            "h100",
+            8,
+            "400GiB",
+            131_072,
+            "Mooncake paper (FAST'25) model on 8 x H100-80GB, tensor parallel 8: 90% of "
+            "640 GB (vLLM's default memory use) less 141 GB of fp16 weights and ~4 GB of "
+            "activations per GPU leaves ~50 GB of KV per GPU, taken as 400 GiB (1.31M "
+            "slots); 128K-token context (Llama 3.1), which the trace's longest request "
+            "(126,527 tokens) needs",
         ),
     )
 }

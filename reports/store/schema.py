@@ -56,6 +56,16 @@ class RecordError(ConfigError):
     """A record (header, row, status) is malformed; the message says which field."""
 
 
+def parse_status(value: object) -> Status:
+    """`value` as a `Status` (a member, or its string value as a file stores it); else
+    RecordError naming it."""
+    try:
+        return Status(value)
+    except ValueError:
+        allowed = ", ".join(s.value for s in Status)
+        raise RecordError(f"status must be one of {allowed}, got {value!r:.40}") from None
+
+
 def case_key(suite: str, case: Mapping[str, Any]) -> str:
     """A canonical string naming one case of one suite (sorted keys, compact JSON)."""
     return json.dumps([suite, dict(case)], sort_keys=True, separators=(",", ":"))
@@ -215,11 +225,7 @@ class CaseStatus:
     def __post_init__(self) -> None:
         _name("suite", self.suite)
         object.__setattr__(self, "case", check_case(self.case))
-        try:
-            object.__setattr__(self, "status", Status(self.status))
-        except ValueError:
-            allowed = ", ".join(s.value for s in Status)
-            raise RecordError(f"status must be one of {allowed}, got {self.status!r:.40}") from None
+        object.__setattr__(self, "status", parse_status(self.status))
         _text("error", self.error)
         _text("message", self.message)
         _text("time", self.time)
@@ -236,7 +242,7 @@ class CaseStatus:
         return cls(
             obj["suite"],
             obj["case"],
-            obj["status"],
+            parse_status(obj["status"]),
             obj.get("error") or "",
             obj.get("message") or "",
             obj.get("time") or "",

@@ -25,6 +25,7 @@ from kvbench.reports.store.schema import (
     ResultsError,
     RunHeader,
     Status,
+    parse_status,
 )
 from kvbench.workloads.errors import CaseSkipped, ConfigError
 
@@ -176,7 +177,7 @@ class ResultWriter:
 
         Raises ConfigError for a bad argument (nothing is written).
         """
-        line = CaseStatus(suite, case, status, error, message, utc_now()).to_json()
+        line = CaseStatus(suite, case, parse_status(status), error, message, utc_now()).to_json()
         self._write_line(line)
         return line
 

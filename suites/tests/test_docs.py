@@ -3,6 +3,7 @@ resolves, and every source the code cites by key is in docs/bibliography.md."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -22,11 +23,19 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def _repo_files(*suffixes: str) -> list[Path]:
-    return [
-        p
-        for p in REPO.rglob("*")
-        if p.suffix in suffixes and p.is_file() and not SKIP_DIRS & set(p.relative_to(REPO).parts)
-    ]
+    """The project's own files with these suffixes: hidden folders (.git, .ci-venv, .nox),
+    virtual environments (any folder holding pyvenv.cfg) and build outputs are not walked."""
+    found = []
+    for folder, subdirs, files in os.walk(REPO):
+        subdirs[:] = [
+            d
+            for d in subdirs
+            if d not in SKIP_DIRS
+            and not d.startswith(".")
+            and not (Path(folder) / d / "pyvenv.cfg").exists()
+        ]
+        found += [Path(folder) / f for f in files if Path(f).suffix in suffixes]
+    return found
 
 
 def _anchors(page: Path) -> set[str]:
