@@ -186,14 +186,17 @@ def prefill_config(dtype: torch.dtype, head_dim: int, rows: int | None = None) -
 
     `rows` (the longest sequence's new tokens x GQA group) picks the tile
     (`prefill_block_m`); None picks the longest-prefill tile. Each tile's static cost is at
-    most vLLM's unified 2D kernel compiled at the same BLOCK_M, tile and warps (fp16 / bf16,
+    most vLLM's unified 2D kernel compiled at the same BLOCK_M and warps (fp16 / bf16,
     head dims 64 and 128, sm_80 and sm_90; `kvbench kernels --peers`): 16 rows with 4
     warps, 32 with 4, 64 with 8 (a 64-row accumulator over 4 warps costs 236 registers on
-    sm_80, 8 warps 154)."""
+    sm_80, 8 warps 154); 32 keys per step, 16 at head dim 256 and for 64 rows at head dim
+    64."""
     d_pad = head_dim_pad(head_dim)
     cap = _prefill_cap(dtype, d_pad)
     block_m = min(cap, PREFILL_BLOCK_M[-1] if rows is None else prefill_block_m(rows))
-    tile_n = 32 if d_pad <= 128 else 16
+    # 16 keys per step at head dim 256, and at head dim 64 with 64 rows: 32 there costs
+    # 138 registers on sm_80 against vLLM's 127 at the same tile (16: 97; sm_90 64 vs 74)
+    tile_n = 16 if d_pad > 128 or (d_pad <= 64 and block_m >= 64) else 32
     warps = 8 if block_m >= 64 or (d_pad > 128 and block_m >= 32) else 4
     return KernelConfig(
         "paged_prefill",

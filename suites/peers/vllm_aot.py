@@ -252,7 +252,7 @@ def _compile_launch(launch: _Launch, shape: Shape, arch: int) -> PeerRecord:
 def tile_matched(shape: Shape) -> list[tuple[int, int]]:
     """(BLOCK_M, warps) of kvbench's prefill tiles for `shape` that vLLM's launcher does not
     pick itself: vLLM's unified 2D kernel is also compiled at each, so every kvbench tile has
-    a vLLM row at the same BLOCK_M, KV tile and warps to be held to."""
+    a vLLM row at the same BLOCK_M and warps (and vLLM's own KV tile) to be held to."""
     own = 16  # vLLM's 2D BLOCK_M for GQA groups up to 16 (Llama-class: 4)
     return [
         (int(cfg.constexprs["BLOCK_M"]), cfg.num_warps)
