@@ -150,8 +150,10 @@ class CopyProbe:
 
 
 #: Rounds of the FMA probe per call (12 vector FMAs each, on every thread): about 4 ms on
-#: the 2-core build machine, the order of a kernel.prefill call.
+#: the 2-core build machine at its peak; `FmaProbe.lasting` stretches it to a kernel's time.
 FMA_PROBE_ITERS = 2_000_000
+#: Most rounds `FmaProbe.lasting` gives a call (about 0.4 s at the build machine's peak).
+FMA_PROBE_MAX_ITERS = 100 * FMA_PROBE_ITERS
 
 
 class FmaProbe:
@@ -167,6 +169,20 @@ class FmaProbe:
         self._probe = cpu_paged.fma_probe
         self.iters = iters
         self.flops = cpu_paged.fma_probe(1) * iters  # FLOPs per call (one warm call)
+
+    @classmethod
+    def lasting(cls, seconds: float) -> FmaProbe:
+        """A probe whose call takes about `seconds` now (scaled from one timed call of
+        `FMA_PROBE_ITERS` rounds, between that and `FMA_PROBE_MAX_ITERS`). On a shared
+        host a probe as long as the kernel it is paired with is preempted about as often
+        as the kernel is; a few-ms probe runs inside one time slice at full speed while
+        the kernel shares the cores, and the fraction would read low."""
+        probe = cls()
+        t0 = time.perf_counter()
+        probe()
+        took = time.perf_counter() - t0
+        iters = int(FMA_PROBE_ITERS * seconds / max(took, 1e-9))
+        return cls(min(FMA_PROBE_MAX_ITERS, max(FMA_PROBE_ITERS, iters)))
 
     def __call__(self) -> int:
         return self._probe(self.iters)

@@ -313,6 +313,13 @@ def _path_rows(dev: torch.device, first_call: float) -> list[Measurement]:
     return rows
 
 
+def _warm_call_seconds(fn: Callable[[], object]) -> float:
+    """Wall time of one call after the warm-up (CPU only: no device sync)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def _cpp_ran(dev: torch.device) -> bool:
     """True when CPU attention runs the C++ kernel here (its build also has the FMA probe)."""
     if dev.type != "cpu":
@@ -403,8 +410,9 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
     esize = keys.element_size()
     nbytes = 2 * b * length * h * d * esize + 2 * b * n * h * g * d * esize + tables.numel() * 4
     flops = 4 * b * h * g * d * (n * (length - n) + n * (n + 1) // 2)
-    # on the C++ CPU path, the FMA peak timed in the same repeats (fma_peak_fraction)
-    fma = FmaProbe() if _cpp_ran(dev) else None
+    # on the C++ CPU path, the FMA peak timed in the same repeats (fma_peak_fraction), by
+    # a probe about as long as one warm call
+    fma = FmaProbe.lasting(_warm_call_seconds(paged)) if _cpp_ran(dev) else None
     timed = _timed_trio(ctx, paged, contiguous, nbytes, {"fma": fma} if fma else None)
     fma_rows = fma.rows(timed.samples["paged"], timed.samples["fma"], flops) if fma else []
     return [
