@@ -207,6 +207,60 @@ class CopyProbe:
         ]
 
 
+#: Rounds of the FMA probe per call (12 vector FMAs each, on every thread): about 4 ms on
+#: the 2-core build machine at its peak; `FmaProbe.lasting` stretches it to a kernel's time.
+FMA_PROBE_ITERS = 2_000_000
+#: Most rounds `FmaProbe.lasting` gives a call (about 0.4 s at the build machine's peak).
+FMA_PROBE_MAX_ITERS = 100 * FMA_PROBE_ITERS
+
+
+class FmaProbe:
+    """The C++ build's peak-rate FMA loop (`kernels.cpu_paged.fma_probe`: 12 independent
+    vector FMA chains on every thread), to time beside a kernel in the same repeats as
+    `CopyProbe` is: its FLOPs per second in a repeat is the FMA peak of that moment, and
+    a kernel's FLOPs per second over it (`paired_fraction` with FLOPs for bytes) the
+    fraction of that peak it reached."""
+
+    def __init__(self, iters: int = FMA_PROBE_ITERS) -> None:
+        from kvbench.kernels import cpu_paged
+
+        self._probe = cpu_paged.fma_probe
+        self.iters = iters
+        self.flops = cpu_paged.fma_probe(1) * iters  # FLOPs per call (one warm call)
+
+    @classmethod
+    def lasting(cls, seconds: float) -> FmaProbe:
+        """A probe whose call takes about `seconds` now (scaled from one timed call of
+        `FMA_PROBE_ITERS` rounds, between that and `FMA_PROBE_MAX_ITERS`). On a shared
+        host a probe as long as the kernel it is paired with is preempted about as often
+        as the kernel is; a few-ms probe runs inside one time slice at full speed while
+        the kernel shares the cores, and the fraction would read low."""
+        probe = cls()
+        t0 = time.perf_counter()
+        probe()
+        took = time.perf_counter() - t0
+        iters = int(FMA_PROBE_ITERS * seconds / max(took, 1e-9))
+        return cls(min(FMA_PROBE_MAX_ITERS, max(FMA_PROBE_ITERS, iters)))
+
+    def __call__(self) -> int:
+        return self._probe(self.iters)
+
+    def rows(
+        self, kernel_seconds: list[float], probe_seconds: list[float], flops: int
+    ) -> list[Measurement]:
+        """The paired FMA peak (FLOP/s at the probe's median time) and the kernel's
+        fraction of it (median of per-repeat ratios)."""
+        stats = summarize(probe_seconds)
+        return [
+            Measurement("fma_peak_paired", self.flops / float(stats["median"]), "FLOP/s"),
+            Measurement(
+                "fma_peak_fraction",
+                paired_fraction(kernel_seconds, probe_seconds, flops, self.flops),
+                "fraction",
+            ),
+        ]
+
+
 def paired_fraction(
     kernel_seconds: list[float], copy_seconds: list[float], kernel_bytes: int, copy_bytes: int
 ) -> float:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from kvbench.reference.oracle import tolerance
 from kvbench.suites.bench.context import BenchContext
-from kvbench.suites.bench.harness import host_call_time, paired_fraction, summarize
+from kvbench.suites.bench.harness import FmaProbe, host_call_time, paired_fraction, summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.suites.bench.sdpa_baseline import decode_forms, fastest
 from kvbench.suites.bench.sweeps.peers import _paired_ratio, _paired_times
@@ -261,6 +261,7 @@ class TimedTrio:
         gpu_rows: on a GPU, how the kernels were timed (`timing_method_is_cudagraph`:
             1 for CUDA-graph replay, 0 for the do_bench fallback) and the host cost of
             one paged call (`host_time_paged`, s), apart from the device time.
+        samples: on a CPU, every timed callable's per-repeat seconds (side by side).
     """
 
     paged: dict[str, float | int]
@@ -270,9 +271,10 @@ class TimedTrio:
     fraction_contiguous: float
     copy_rows: tuple[Measurement, ...] = ()
     gpu_rows: tuple[Measurement, ...] = ()
+    samples: dict[str, list[float]] = field(default_factory=dict)
 
 
-def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int) -> TimedTrio:  # type: ignore[no-untyped-def]
+def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int, extra=None) -> TimedTrio:  # type: ignore[no-untyped-def]
     """Time the paged call and its contiguous baseline, and judge both against the copy peak.
 
     On a CPU the paged call, the contiguous call and a 64 MiB copy are timed alternately
@@ -293,7 +295,8 @@ def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int) -> TimedTrio:
             nbytes / c["median"] / peak, gpu_rows=rows,
         )  # fmt: skip
     probe = ctx.copy_probe()
-    samples = _paired_times({"paged": paged, "contiguous": contiguous, "copy": probe}, ctx.timing)
+    fns = {"paged": paged, "contiguous": contiguous, "copy": probe, **(extra or {})}
+    samples = _paired_times(fns, ctx.timing)
     return TimedTrio(
         summarize(samples["paged"]),
         summarize(samples["contiguous"]),
@@ -301,6 +304,7 @@ def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int) -> TimedTrio:
         paired_fraction(samples["paged"], samples["copy"], nbytes, probe.bytes_moved),
         paired_fraction(samples["contiguous"], samples["copy"], nbytes, probe.bytes_moved),
         tuple(probe.rows(samples["copy"])),
+        samples,
     )
 
 
@@ -317,6 +321,22 @@ def _path_rows(dev: torch.device, first_call: float) -> list[Measurement]:
             Measurement("kernel_build_time", status.build_seconds, "s"),
         ]
     return rows
+
+
+def _warm_call_seconds(fn: Callable[[], object]) -> float:
+    """Wall time of one call after the warm-up (CPU only: no device sync)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _cpp_ran(dev: torch.device) -> bool:
+    """True when CPU attention runs the C++ kernel here (its build also has the FMA probe)."""
+    if dev.type != "cpu":
+        return False
+    from kvbench.kernels import cpu_paged
+
+    return cpu_paged.status().path == "cpp"
 
 
 def _prefill_cases(full: bool) -> list[Case]:
@@ -400,9 +420,14 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
     esize = keys.element_size()
     nbytes = 2 * b * length * h * d * esize + 2 * b * n * h * g * d * esize + tables.numel() * 4
     flops = 4 * b * h * g * d * (n * (length - n) + n * (n + 1) // 2)
-    timed = _timed_trio(ctx, paged, contiguous, nbytes)
+    # on the C++ CPU path, the FMA peak timed in the same repeats (fma_peak_fraction), by
+    # a probe about as long as one warm call
+    fma = FmaProbe.lasting(_warm_call_seconds(paged)) if _cpp_ran(dev) else None
+    timed = _timed_trio(ctx, paged, contiguous, nbytes, {"fma": fma} if fma else None)
+    fma_rows = fma.rows(timed.samples["paged"], timed.samples["fma"], flops) if fma else []
     return [
         Measurement("time_paged", timed.paged["median"], "s", timed.paged),
+        *fma_rows,
         Measurement("time_contiguous", timed.contiguous["median"], "s", timed.contiguous),
         Measurement("paged_overhead", timed.ratio - 1, "fraction"),
         Measurement("bytes_per_call", nbytes, "B"),
