@@ -278,3 +278,25 @@ def test_fp8_cpu_decode_runs_the_cpp_kernel() -> None:
         vq = fp8.dequantize(fp8.quantize(values[b], vs, fmt), vs, torch.float64)
         ref = oracle.decode_attention(q[b].double(), kq, vq, 0.125)
         assert oracle.relative_error(out[b], ref) <= oracle.tolerance(torch.float32)
+
+
+@pytest.mark.parametrize("kv_dtype", FP8, ids=FP8_IDS)
+def test_fp8_prefill_torch_matches_float64_over_dequantized_kv(kv_dtype: torch.dtype) -> None:
+    """fp8 prefill (torch: gather, dequantize, SDPA) against the float64 extend oracle."""
+    lens, d = [19, 6], 32
+    kc, vc, tables, seq_lens, keys, values, ks, vs = _fp8_batch(
+        lens, 2, d, 8, kv_dtype, True, seed=4
+    )
+    q_lens = [5, 6]
+    cu = torch.tensor([0, 5, 11], dtype=torch.int32)
+    q = torch.randn(11, 4, d, generator=torch.Generator().manual_seed(2)).to(torch.float16)
+    out = ops.paged_prefill_attention(
+        q, kc, vc, tables, cu, seq_lens, backend="torch", k_scale=ks, v_scale=vs
+    )
+    fmt = fp8.fp8_format(kv_dtype)
+    for b, n in enumerate(q_lens):
+        kq = fp8.dequantize(fp8.quantize(keys[b], ks, fmt), ks, torch.float64)
+        vq = fp8.dequantize(fp8.quantize(values[b], vs, fmt), vs, torch.float64)
+        rows = slice(int(cu[b]), int(cu[b]) + n)
+        ref = oracle.extend_attention(q[rows].double(), kq, vq)
+        assert oracle.relative_error(out[rows], ref) <= oracle.tolerance(torch.float16)
