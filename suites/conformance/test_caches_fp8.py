@@ -27,9 +27,16 @@ LAYERS, HEADS, Q_HEADS, HEAD_DIM, BLOCK = 2, 2, 4, 16, 4
 
 def _caches(dtype: str, backend: str, **scales: object):
     g = KVGeometry(LAYERS, HEADS, HEAD_DIM, dtype, Q_HEADS)
-    ref = ContiguousKVCache(g, capacity_tokens=512, max_seq_len=64, **scales)  # type: ignore[arg-type]
+    # room for every request OPS can make (at most 14, each under 64 tokens): no capacity
+    # error interrupts the comparison
+    ref = ContiguousKVCache(g, capacity_tokens=14 * 64, max_seq_len=64, **scales)  # type: ignore[arg-type]
     paged = PagedKVCache(
-        g, num_blocks=40, block_size=BLOCK, num_cpu_blocks=40, kernel_backend=backend, **scales
+        g,
+        num_blocks=14 * 16,
+        block_size=BLOCK,
+        num_cpu_blocks=14 * 16,
+        kernel_backend=backend,
+        **scales,
     )  # type: ignore[arg-type]
     return ref, paged
 
