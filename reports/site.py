@@ -336,10 +336,18 @@ def build_site(
         claim_counts=sorted(counts.items()),
         runs=[_run_view(r) for r in runs],
     )
+    claim_links = {
+        c.key: [
+            (name, hrefs[name]) for name in claims_mod.CLAIM_SUITES.get(c.key, ()) if name in hrefs
+        ]
+        for c, _ in first
+    }
     write(
         "claims.html",
         "site_claims.html.j2",
         title="Claims",
+        rule=claims_mod.RULE,
+        claim_links=claim_links,
         runs=[
             {
                 "run_id": r.run_id,

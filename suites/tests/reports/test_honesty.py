@@ -275,8 +275,12 @@ def test_bench_names_what_copy_peak_is_and_ends_with_the_claim_count(tmp_path: P
     last = out.strip().splitlines()[-1]
     n = len(claims.CLAIMS)
     assert re.fullmatch(
-        rf"claims: \d+ holds?, \d+ do(?:es)? not hold, \d+ not measured \(of {n};.*\)", last
+        rf"claims: \d+ holds?, \d+ do(?:es)? not hold, \d+ not applicable here, \d+ not measured "
+        rf"\(of {n};.*\)",
+        last,
     ), last
+    counted = [int(x) for x in re.findall(r"(\d+) (?:hold|does|do |not)", last.split(" (of ")[0])]
+    assert sum(counted) == n, last  # every verdict is counted once
     desc = R.load_run(tmp_path / "cp.jsonl").header["bench"]["descriptions"]["copy_peak"]
     assert desc.endswith(".") and "bandwidth_fraction" in desc
     assert kvbench(["report", "cp", "--dir", str(tmp_path), "--out", str(tmp_path / "s")]) == 0

@@ -102,9 +102,12 @@ def test_claims_page_judges_what_was_measured(site: Path, runs: Path) -> None:
     text = (site / "claims.html").read_text()
     for c in claims.CLAIMS:
         assert c.source.replace("'", "&#39;") in text or c.source in text
-    # the legend said every claim fails "also when the run does better", while overhead
-    # claims are bounds that a faster paged kernel meets: the page says which rule applies
-    assert "judged as a bound" in " ".join(text.split())
+    # one rule, stated once, for every claim (no tolerance), and each claim links to the
+    # sweep page that shows it, where the verdict's reason stands beside it
+    assert "no tolerance widens a range" in " ".join(text.split())
+    assert 'href="sweep-capacity.footprint.html#claim-kv-footprint"' in text
+    sweep = (site / "sweep-capacity.footprint.html").read_text()
+    assert 'id="claim-kv-footprint"' in sweep and "Why: exact formula" in sweep
 
 
 def test_claims_fail_when_the_numbers_say_so(tmp_path: Path) -> None:
