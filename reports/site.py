@@ -33,6 +33,7 @@ import pandas as pd
 
 from kvbench.reports import claims as claims_mod
 from kvbench.reports import figures, tables
+from kvbench.reports import provenance as produced_by
 from kvbench.reports import serving as serving_tables
 from kvbench.reports.results import ResultsError, Run, to_frame
 from kvbench.reports.site_common import slug as _slug
@@ -55,6 +56,9 @@ class SweepPage:
     provenance: list[str] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)
     kind_note: str = ""
+    #: what produced the numbers (reports.provenance): the short tag and its sentence
+    produced: str = ""
+    produced_sentence: str = ""
     derived: list[serving_tables.DerivedTable] = field(default_factory=list)
     outcomes: SweepOutcomes = field(default_factory=SweepOutcomes)
 
@@ -114,6 +118,8 @@ def _sweep_page(
             cells.append(_cell(tables.format_value(v, u), sp.text(u) if sp is not None else ""))
         page.rows.append(cells)
     page.kind_note = _provenance(frame)
+    made = produced_by.produced(name, frame, description)
+    page.produced, page.produced_sentence = made.tag(), made.sentence()
     for i, spec in enumerate(figures.specs_for(name)):
         svg = figures.render(frame, spec)
         if svg is None:
@@ -149,15 +155,17 @@ def backends(frame: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def provenance(run: Run, frame: pd.DataFrame) -> str:
-    """One line naming where a suite's rows of `run` were measured: run id, device (and
+def provenance(run: Run, frame: pd.DataFrame, measured: bool = True) -> str:
+    """One line naming where a suite's rows of `run` came from: run id, device (and
     CPU), torch / triton versions, whether Triton ran in its interpreter, and the kernel
-    backends the rows name."""
+    backends the rows name. Rows nothing timed (`measured` False: modeled, predicted,
+    counted, closed form) name the host that computed them, never a measuring device."""
     env = run.environment
     device = str(env.get("device", "?"))
     if device == "cpu" and env.get("cpu_model"):
         device = f"cpu ({env['cpu_model']}, {env.get('cpu_count', '?')} cores)"
-    parts = [f"run {run.run_id}", f"started {run.created or '?'}", f"device {device}"]
+    where = f"device {device}" if measured else f"computed on host {device} (nothing timed)"
+    parts = [f"run {run.run_id}", f"started {run.created or '?'}", where]
     versions = [f"{k} {env[k]}" for k in ("torch", "triton") if env.get(k)]
     if versions:
         parts.append(", ".join(versions))
@@ -291,7 +299,8 @@ def build_site(
         for run in runs:
             mine = sub[sub["run_id"] == run.run_id]
             if not mine.empty:
-                page.provenance.append(provenance(run, mine))
+                kinds = produced_by.kinds_of(page.name, mine, page.description)
+                page.provenance.append(provenance(run, mine, produced_by.MEASURED in kinds))
                 note = completeness(run)
                 if note:
                     page.incomplete.append(f"run {run.run_id}: {note}")
