@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from kvbench.reports.serving import SYSTEM_NAMES
 from kvbench.reports.tables import BOOKKEEPING_METRICS, case_columns, latest, varying
 
 plt.rcParams.update(
@@ -317,28 +318,6 @@ SPECS: tuple[FigureSpec, ...] = (
         ylabel="paged / contiguous SDPA",
         ignore=("version",),
     ),
-    *(
-        FigureSpec(
-            "serving.rate",
-            f"Normalized latency vs request rate, {setup}, {workload} (modeled)",
-            "rate",
-            ("normalized_latency",),
-            fixed={"setup": setup, "workload": workload},
-            logy=True,
-            ylabel="mean normalized latency [s/token]",
-            ignore=("duration",),
-        )
-        for setup in ("opt-13b-1xa100-40gb", "opt-66b-4xa100-40gb", "opt-175b-8xa100-80gb")
-        for workload in ("sharegpt", "alpaca")
-    ),
-    FigureSpec(
-        "serving.batch_table",
-        "Throughput vs batch size, Llama-70B on A100-80GB (modeled; seed 001's table)",
-        "batch",
-        ("tokens_per_second",),
-        fixed={"setup": "llama-2-70b-a100-80gb"},
-        ylabel="modeled tokens/s",
-    ),
     FigureSpec(
         "serving.measured",
         "Tokens/s vs batch size: measured here beside the calibrated CPU model",
@@ -393,6 +372,9 @@ def _label(parts: list[tuple[str, Any]]) -> str:
             continue  # a parameter this series' cases do not have (e.g. SDPA's block size)
         if isinstance(v, float) and v.is_integer():
             v = int(v)
+        if k in ("system", "cache") and v in SYSTEM_NAMES:  # the paper's names, as tables say
+            out.append(SYSTEM_NAMES[v])
+            continue
         out.append(f"{k}={v}" if k not in ("metric", "run_id") else str(v))
     return ", ".join(out) or "value"
 

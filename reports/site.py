@@ -32,7 +32,7 @@ import jinja2
 import pandas as pd
 
 from kvbench.reports import claims as claims_mod
-from kvbench.reports import figures, tables
+from kvbench.reports import figures, figures_serving, tables
 from kvbench.reports import provenance as produced_by
 from kvbench.reports import serving as serving_tables
 from kvbench.reports.results import ResultsError, Run, to_frame
@@ -132,6 +132,12 @@ def _sweep_page(
                 "title": spec.title,
                 "spread": figures.spread_note(frame, spec),
             }
+        )
+    for title, svg in figures_serving.extra_figures(name, frame):
+        fname = f"{_slug(name)}-x{len(page.figure_files)}.svg"
+        (fig_dir / fname).write_text(svg, encoding="utf-8")
+        page.figure_files.append(
+            {"src": f"figures/{fname}", "title": title, "spread": "", "width": "1000"}
         )
     page.derived = serving_tables.derived_tables(name, frame)
     return page
