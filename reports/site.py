@@ -32,7 +32,7 @@ import jinja2
 import pandas as pd
 
 from kvbench.reports import claims as claims_mod
-from kvbench.reports import figures, figures_serving, tables
+from kvbench.reports import figures, figures_serving, table_columns, tables
 from kvbench.reports import provenance as produced_by
 from kvbench.reports import serving as serving_tables
 from kvbench.reports.results import ResultsError, Run, to_frame
@@ -51,6 +51,9 @@ class SweepPage:
     cases: int
     header: list[str] = field(default_factory=list)
     rows: list[list[dict[str, str]]] = field(default_factory=list)
+    #: debug columns (table_columns.is_detail), shown collapsed under the main table
+    detail_header: list[str] = field(default_factory=list)
+    detail_rows: list[list[dict[str, str]]] = field(default_factory=list)
     n_keys: int = 0
     figure_files: list[dict[str, str]] = field(default_factory=list)
     provenance: list[str] = field(default_factory=list)
@@ -109,14 +112,20 @@ def _sweep_page(
     keys, metrics, rows, spread = tables.wide_with_spread(frame)
     unit = tables.units(frame)
     page = SweepPage(name, href, description, len(rows))
-    page.header = keys + metrics
+    main = [j for j, m in enumerate(metrics) if not table_columns.is_detail(m)]
+    detail = [j for j, m in enumerate(metrics) if table_columns.is_detail(m)]
+    page.header = [table_columns.header(k) for k in keys] + [metrics[j] for j in main]
+    page.detail_header = [table_columns.header(k) for k in keys] + [metrics[j] for j in detail]
     page.n_keys = len(keys)
     for row, row_spread in zip(rows, spread, strict=True):
-        cells = [_cell(tables.format_value(v)) for v in row[: len(keys)]]
+        keys_cells = [_cell(tables.format_value(v)) for v in row[: len(keys)]]
+        cells = []
         for v, m, sp in zip(row[len(keys) :], metrics, row_spread, strict=True):
             u = unit.get(m, "")
             cells.append(_cell(tables.format_value(v, u), sp.text(u) if sp is not None else ""))
-        page.rows.append(cells)
+        page.rows.append(keys_cells + [cells[j] for j in main])
+        if detail:
+            page.detail_rows.append(keys_cells + [cells[j] for j in detail])
     page.kind_note = _provenance(frame)
     made = produced_by.produced(name, frame, description)
     page.produced, page.produced_sentence = made.tag(), made.sentence()

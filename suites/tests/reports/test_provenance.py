@@ -80,3 +80,13 @@ def test_fallbacks_read_the_description_then_the_statistics() -> None:
     assert P.kinds_of("trace.new", empty, "") == (P.NOT_STATED,)
     gpu = empty.assign(metric="backend_is_triton")
     assert P.produced("kernel.decode", gpu).tag() == "measured here (GPU)"
+
+
+def test_debug_columns_sit_in_details_and_parameters_carry_units(site: Path) -> None:
+    page = (site / "sweep-kernel.decode.html").read_text()
+    main, _, details = page.partition("<details>")
+    assert "<th>time_paged</th>" in main and "<th>kernel_path_is_cpp</th>" not in main
+    assert "<th>kernel_path_is_cpp</th>" in details
+    assert "<th>ctx_len [tokens]</th>" in main
+    rate = (site / "sweep-serving.rate.html").read_text()
+    assert "<th>rate [requests/s]</th>" in rate

@@ -145,7 +145,7 @@ def test_sweep_page_judges_claims_on_the_run_that_measured_it(tmp_path: Path) ->
     out = tmp_path / "site"
     assert kvbench(["report", "without", "with", "--dir", str(tmp_path), "--out", str(out)]) == 0
     html = (out / "sweep-capacity.footprint.html").read_text(encoding="utf-8")
-    judged = re.findall(r"measured here[^:]*: (.*?)</p>", html, flags=re.S)
+    judged = re.findall(r"— this run[^:]*: (.*?)</p>", html, flags=re.S)
     assert judged, "the capacity page shows no claim"
     assert not any("not measured" in j for j in judged), judged
     assert "(run with)" not in html  # one run measured it: no run name needed
