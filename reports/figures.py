@@ -399,8 +399,32 @@ def _series_colors(suite_rows: pd.DataFrame, keys: list[str], drawn: list[str]) 
     return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
 
 
+#: At most this many series share one axes; past it a line figure is split into panels
+#: by one parameter (colours would repeat and a legend would not be read).
+MAX_SERIES = 8
+
+
+def _facet_key(sub: pd.DataFrame, series_keys: list[str]) -> str | None:
+    """The series parameter to split a crowded figure by: the one leaving the fewest
+    panels with at most MAX_SERIES series each (None when no single split does)."""
+    best: tuple[int, str] | None = None
+    for key in series_keys:
+        if key in ("metric", "run_id"):
+            continue
+        rest = [k for k in series_keys if k != key]
+        worst = max(
+            (part.groupby(rest, dropna=False).ngroups if rest else 1)
+            for _, part in sub.groupby(key, dropna=False)
+        )
+        panels = sub[key].nunique(dropna=False)
+        if worst <= MAX_SERIES and panels <= 4 and (best is None or panels < best[0]):
+            best = (panels, key)
+    return best[1] if best else None
+
+
 def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
-    """The figure as SVG text, or None when the frame holds nothing for it."""
+    """The figure as SVG text, or None when the frame holds nothing for it. A line figure
+    with more than MAX_SERIES series is split into panels by one parameter (`_facet_key`)."""
     suite_rows = _suite_rows(frame, spec)
     sub = _select(suite_rows, spec)
     if sub.empty or spec.x not in sub.columns or sub[spec.x].isna().all():
@@ -409,43 +433,38 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
     series_keys = (["run_id"] if sub["run_id"].nunique() > 1 else []) + varying(sub, params)
     if len(spec.metrics) > 1:
         series_keys = ["metric", *series_keys]
-    fig, ax = plt.subplots(figsize=(7.0, 3.8))
+    n_series = sub.groupby(series_keys, dropna=False).ngroups if series_keys else 1
+    facet = _facet_key(sub, series_keys) if spec.kind != "bar" and n_series > MAX_SERIES else None
+    panels = list(sub.groupby(facet, dropna=False, sort=True)) if facet else [(None, sub)]
+    keys = [k for k in series_keys if k != facet]
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(7.0 if len(panels) == 1 else 3.6 * len(panels), 3.8),
+        sharey=True, squeeze=False,
+    )  # fmt: skip
     try:
-        groups = (
-            list(sub.groupby(series_keys, dropna=False, sort=True)) if series_keys else [((), sub)]
-        )
-        if spec.kind == "bar":
-            _bars(ax, groups, series_keys, spec)
-        else:
-            labels = [_key_label(series_keys, key) for key, _ in groups]
-            colors = _series_colors(suite_rows, series_keys, labels)
-            for label, (_, g) in zip(labels, groups, strict=True):
-                g = g.sort_values(spec.x)
-                (line,) = ax.plot(
-                    g[spec.x], g["value"], marker="o", ms=3, label=label, color=colors.get(label)
-                )
-                _spread(ax, g, spec.x, line.get_color())
-        if spec.logx and spec.kind != "bar":
-            ax.set_xscale("log", base=2)
-        if spec.logy:
-            ax.set_yscale("log")
-        if spec.percent:  # minor ticks too: a log axis labels them, in 10^x form otherwise
-            ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
-            ax.yaxis.set_minor_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=0))
-            if spec.logy:  # 2, 3 and 5 per decade: labels that never crowd the major ones
-                ax.yaxis.set_minor_locator(matplotlib.ticker.LogLocator(subs=(2.0, 3.0, 5.0)))
-        ax.set_xlabel(X_LABELS.get(spec.x, spec.x))
-        ax.set_ylabel(spec.ylabel or ", ".join(spec.metrics))
-        ax.set_title(spec.title)
-        if len(groups) > 1 or series_keys:
-            ncol = 1 if len(groups) < 8 else 2
-            if spec.kind == "bar" and not spec.logy:  # room above the bars for the legend
-                rows = -(-len(groups) // ncol)
-                ax.set_ylim(top=ax.get_ylim()[1] * (1 + 0.08 * rows))
+        for ax, (value, part) in zip(axes[0], panels, strict=True):
+            groups = list(part.groupby(keys, dropna=False, sort=True)) if keys else [((), part)]
             if spec.kind == "bar":
-                ax.legend(fontsize=7, loc="best", ncol=ncol)
-            else:  # beside the axes, never over the data
-                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1)
+                _bars(ax, groups, keys, spec)
+            else:
+                labels = [_key_label(keys, key) for key, _ in groups]
+                colors = _series_colors(suite_rows, keys, labels)
+                for label, (_, g) in zip(labels, groups, strict=True):
+                    g = g.sort_values(spec.x)
+                    style = "--" if "modeled" in label else "-"  # measured solid, modeled dashed
+                    (line,) = ax.plot(g[spec.x], g["value"], marker="o", ms=3, label=label,
+                                      color=colors.get(label), ls=style)  # fmt: skip
+                    _spread(ax, g, spec.x, line.get_color())
+            _axes(ax, spec, part)
+            if facet:
+                ax.set_title(_label([(facet, value)]), fontsize=8)
+            if len(groups) > 1 or keys:
+                _legend(ax, spec, groups)
+        axes[0][0].set_ylabel(spec.ylabel or ", ".join(spec.metrics))
+        if facet:
+            fig.suptitle(spec.title, fontsize=10)
+        else:
+            axes[0][0].set_title(spec.title)
         fig.tight_layout()
         buf = io.StringIO()
         fig.savefig(
@@ -455,6 +474,51 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
         plt.close(fig)
     text = buf.getvalue()
     return text[text.index("<svg") :]
+
+
+def _legend(ax: Any, spec: FigureSpec, groups: list) -> None:
+    ncol = 1 if len(groups) < 8 else 2
+    if spec.kind == "bar" and not spec.logy:  # room above the bars for the legend
+        rows = -(-len(groups) // ncol)
+        ax.set_ylim(top=ax.get_ylim()[1] * (1 + 0.08 * rows))
+    if spec.kind == "bar":
+        ax.legend(fontsize=7, loc="best", ncol=ncol)
+    else:  # below the axes, never over the data
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.18), ncol=1)
+
+
+def _axes(ax: Any, spec: FigureSpec, rows: pd.DataFrame) -> None:
+    """Scales, integer ticks for integer parameters, and y limits a reader expects: a
+    linear y axis includes zero (a truncated axis makes a 4% spread look large), and a
+    share that never exceeds 100% is not drawn up to 104%."""
+    if spec.logx and spec.kind != "bar":
+        ax.set_xscale("log", base=2)
+    if spec.logy:
+        ax.set_yscale("log")
+    xs = pd.to_numeric(rows[spec.x], errors="coerce").dropna()
+    if spec.kind != "bar" and not xs.empty and bool((xs == xs.round()).all()):
+        ticks = sorted(set(xs))
+        if spec.logx and len(ticks) <= 12:
+            ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        elif not spec.logx:
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.xaxis.set_major_formatter(
+            matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v == round(v) else "")
+        )
+    if spec.percent:  # minor ticks too: a log axis labels them, in 10^x form otherwise
+        ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=0))
+        if spec.logy:  # 2, 3 and 5 per decade: labels that never crowd the major ones
+            ax.yaxis.set_minor_locator(matplotlib.ticker.LogLocator(subs=(2.0, 3.0, 5.0)))
+    if not spec.logy:
+        lo, hi = ax.get_ylim()
+        values = rows["value"].dropna()
+        top = hi
+        if spec.percent and not values.empty and float(values.max()) <= 1.0 and hi > 1.0:
+            top = 1.0 + 0.01 * (1.0 - min(lo, 0.0))  # just room for a line at 100%
+        ax.set_ylim(min(lo, 0.0), max(top, 0.0))
+    ax.set_xlabel(X_LABELS.get(spec.x, spec.x))
 
 
 def _yerr(g: pd.DataFrame) -> Any:
