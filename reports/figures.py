@@ -180,7 +180,7 @@ SPECS: tuple[FigureSpec, ...] = (
         "kernel.decode",
         "Decode time vs context length",
         "ctx_len",
-        ("time_paged", "time_contiguous"),
+        ("time_paged", "time_paged_contiguous_layout", "time_contiguous"),
         fixed={"block_size": 16},
         logx=True,
         logy=True,
@@ -240,7 +240,7 @@ SPECS: tuple[FigureSpec, ...] = (
         "kernel.prefill",
         "Prefill time vs context length",
         "ctx_len",
-        ("time_paged", "time_contiguous"),
+        ("time_paged", "time_paged_contiguous_layout", "time_contiguous"),
         logx=True,
         logy=True,
         ylabel="seconds per call",
@@ -365,6 +365,25 @@ def _select(suite_rows: pd.DataFrame, spec: FigureSpec) -> pd.DataFrame:
     return sub[sub["metric"].isin(spec.metrics) & ~sub["metric"].isin(BOOKKEEPING_METRICS)]
 
 
+#: Legend names of metrics where a figure draws several (the metric names themselves are
+#: the tables' column names); serving.measured's pairs read measured vs modeled at a glance.
+METRIC_NAMES: dict[str, str] = {
+    "time_paged": "paged kernel, scattered blocks",
+    "time_paged_contiguous_layout": "paged kernel, contiguous layout",
+    "time_contiguous": "SDPA on contiguous K/V",
+    "bandwidth_fraction": "paged kernel",
+    "contiguous_bandwidth_fraction": "SDPA on contiguous K/V",
+    "tokens_per_second": "measured here",
+    "tokens_per_second_modeled": "modeled (CPU-fitted time model)",
+    "normalized_latency": "measured here",
+    "normalized_latency_modeled": "modeled (CPU-fitted time model)",
+    "saved_fraction": "counted here",
+    "published_saved_fraction": "published (seed 001)",
+    "swap_seconds": "swap out + in",
+    "recompute_seconds": "recompute prefill",
+}
+
+
 def _label(parts: list[tuple[str, Any]]) -> str:
     out = []
     for k, v in parts:
@@ -375,7 +394,10 @@ def _label(parts: list[tuple[str, Any]]) -> str:
         if k in ("system", "cache") and v in SYSTEM_NAMES:  # the paper's names, as tables say
             out.append(SYSTEM_NAMES[v])
             continue
-        out.append(f"{k}={v}" if k not in ("metric", "run_id") else str(v))
+        if k == "metric":
+            out.append(METRIC_NAMES.get(str(v), str(v)))
+            continue
+        out.append(f"{k}={v}" if k != "run_id" else str(v))
     return ", ".join(out) or "value"
 
 
@@ -433,6 +455,13 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
     series_keys = (["run_id"] if sub["run_id"].nunique() > 1 else []) + varying(sub, params)
     if len(spec.metrics) > 1:
         series_keys = ["metric", *series_keys]
+    if spec.kind != "bar" and series_keys:  # a line needs two points: single cases stay in
+        points = sub.groupby(series_keys, dropna=False)[spec.x].transform("nunique")  # the table
+        if bool((points >= 2).any()):
+            sub = sub[points >= 2]
+            series_keys = [k for k in series_keys if k == "metric" or k in varying(sub, [k])]
+            if "run_id" in series_keys and sub["run_id"].nunique() < 2:
+                series_keys.remove("run_id")
     n_series = sub.groupby(series_keys, dropna=False).ngroups if series_keys else 1
     facet = _facet_key(sub, series_keys) if spec.kind != "bar" and n_series > MAX_SERIES else None
     panels = list(sub.groupby(facet, dropna=False, sort=True)) if facet else [(None, sub)]
