@@ -1,5 +1,9 @@
-"""Paged KV cache: block pool, block tables, copy-on-write, prefix cache, swap space,
-scheduler and `PagedKVCache`, the implementation measured against the reference."""
+"""Paged KV cache: block pool, block tables, copy-on-write, prefix cache, swap space and
+`PagedKVCache`, the implementation measured against the reference.
+
+The serving simulator that schedules over any cache (engine, time model, latency, rate
+search, calibration) is the subpackage `paged.serving`; it reads caches only through
+`reference.contract` and gets one from `paged.cache_spec`."""
 
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.block_table import RequestState, block_table_tensor, slot_mapping

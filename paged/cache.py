@@ -46,6 +46,7 @@ from kvbench.paged.block_table import RequestState, block_table_tensor, slot_map
 from kvbench.paged.cache_inspect import PagedInspection, snapshots_equal
 from kvbench.paged.cache_serving import PagedServingAccounting
 from kvbench.paged.cache_swap import PagedSwap
+from kvbench.paged.eviction import make_queue
 from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, block_key
 from kvbench.paged.swap import SwapSpace
 from kvbench.reference.contract import RequestId
@@ -87,6 +88,8 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
         key_fn: block key function (tests inject weak ones to force collisions).
         kernel_backend: "torch" or "triton" to force the kernels' backend; None lets
             `kernels.ops` choose (Triton on CUDA, torch on CPU unless TRITON_INTERPRET=1).
+        eviction_policy: which evictable cached block is reallocated first
+            (`paged.eviction.POLICIES`: "lru", the default, or "lfu").
     """
 
     def __init__(
@@ -103,8 +106,10 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
         store_kv: bool = True,
         key_fn: KeyFn = block_key,
         kernel_backend: str | None = None,
+        eviction_policy: str = "lru",
     ) -> None:
         validate_geometry(geometry)
+        make_queue(eviction_policy)  # ConfigError on an unknown name, before anything
         require_positive("num_blocks", num_blocks)
         require_positive("block_size", block_size)
         validate_count("num_blocks", num_blocks)
@@ -138,7 +143,7 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
             self._v = allocate_zeros(shape, self._dtype, self._device, "the value pool")
         # the pool's bookkeeping after the tensors: a pool too big to hold fails first there
         self.prefix = PrefixCache(key_fn) if enable_prefix_caching else None
-        self.pool = BlockPool(num_blocks, block_size, self.prefix)
+        self.pool = BlockPool(num_blocks, block_size, self.prefix, eviction_policy)
         self.swap = SwapSpace(
             num_cpu_blocks,
             block_shape if store_kv else None,

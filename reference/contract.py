@@ -270,7 +270,7 @@ class Occupancy(NamedTuple):
 
 @runtime_checkable
 class ServingCache(KVCache, Protocol):
-    """A KVCache a serving engine (`kvbench.paged.engine`) can schedule over: the
+    """A KVCache a serving engine (`kvbench.paged.serving.engine`) can schedule over: the
     accounting it reads and the batch operations it calls, beyond the KV contract.
 
     Block figures are 0 for caches without blocks (as in CacheStats); such a cache never

@@ -4,7 +4,7 @@
 * serving.rate, one figure per (set-up, workload): mean normalized latency against request
   rate with the latency bound drawn and each system's sustained rate marked, beside TTFT
   (p50) and throughput against rate; systems under the paper's names in every legend;
-* serving.batch_table: the modeled tokens/s against batch size beside seed 001's published
+* serving.batch_table: the modeled tokens/s against batch size beside [PA-deep-dive]'s published
   values (dashed, crosses), so the gap is visible at a glance.
 
 Every figure here is modeled (the engine's time model on the set-up's GPUs); titles say so.
@@ -96,12 +96,12 @@ def _rate_figure(sub: pd.DataFrame, grid: pd.DataFrame, title: str) -> str:
 
 
 def batch_table_figure(frame: pd.DataFrame) -> list[tuple[str, str]]:
-    """(title, SVG) of serving.batch_table's modeled tokens/s beside seed 001's values."""
+    """(title, SVG) of serving.batch_table's modeled tokens/s beside [PA-deep-dive]'s values."""
     rows = latest(frame[frame["suite"] == "serving.batch_table"])
     rows = rows[rows["metric"] == "tokens_per_second"]
     if rows.empty or not {"batch", "system"} <= set(rows.columns):
         return []
-    title = "Throughput vs batch size, Llama-70B on A100-80GB: modeled here vs seed 001"
+    title = "Throughput vs batch size, Llama-70B on A100-80GB: modeled here vs [PA-deep-dive]"
     fig, ax = plt.subplots(figsize=(7.0, 3.8))
     colors = plt.get_cmap("tab10").colors
     for i, system in enumerate(BATCH_LABELS):
@@ -117,7 +117,9 @@ def batch_table_figure(frame: pd.DataFrame) -> list[tuple[str, str]]:
         ]
         if seed:
             xs, ys = zip(*seed, strict=True)
-            ax.plot(xs, ys, ls="--", marker="x", ms=5, color=colors[i], label=f"{name}, seed 001")
+            ax.plot(
+                xs, ys, ls="--", marker="x", ms=5, color=colors[i], label=f"{name}, [PA-deep-dive]"
+            )
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("batch size [requests]")

@@ -1,6 +1,6 @@
 """What paging itself costs: the same paged kernel over two layouts of the same K/V.
 
-The literature's paging overhead (seed 001's measured-overhead table, the vLLM paper's
+The literature's paging overhead ([PA-deep-dive]'s measured-overhead table, the vLLM paper's
 20-26%) compares a kernel that follows a block table through a pool whose blocks are
 scattered with one that reads each sequence from one contiguous buffer. Timing the paged
 kernel against torch's SDPA instead mixes in everything else two different kernels do

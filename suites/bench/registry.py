@@ -5,7 +5,7 @@ A sweep has
       or the whole grid with `full=True`); each dict holds only str / number / bool
       values, which is what the results store accepts and what `--resume` matches on;
     * `measure(case, ctx)`: measures one case and returns its `Measurement`s;
-    * `requires`: modules it needs (e.g. "kernels.ops", "paged.scheduler"). A sweep
+    * `requires`: modules it needs (e.g. "kernels.ops", "paged.serving.engine"). A sweep
       whose modules do not import is listed as waiting and skipped, never faked.
 """
 

@@ -5,7 +5,7 @@
   the old cached copies, and a swap-in (DESIGN.md, "Prefix cache"; paged/cache.py
   swap_in_group);
 * the victim of a preemption is the latest-arrived running request (DESIGN.md,
-  "Preemption"; paged/scheduler.py choose_victim), not the earliest, nor the one whose id
+  "Preemption"; paged/serving/engine/ choose_victim), not the earliest, nor the one whose id
   sorts last.
 
 Each was checked to fail under its mutation (skipping the parentless block on swap-in;
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.scheduler import Engine
-from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
+from kvbench.paged.serving.engine import Engine
+from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.profiles import get_profile
 from kvbench.workloads.trace import Trace, TraceRequest

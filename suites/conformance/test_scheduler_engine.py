@@ -9,9 +9,10 @@ from dataclasses import replace
 import pytest
 
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.engine import Engine
-from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
-from kvbench.paged.scheduler_setup import CacheSpec, simulate
+from kvbench.paged.cache_spec import CacheSpec
+from kvbench.paged.serving.engine import Engine
+from kvbench.paged.serving.simulation import simulate
+from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
 from kvbench.suites.cli import main
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
@@ -74,8 +75,8 @@ def test_first_token_at_prefill_and_one_token_per_step() -> None:
 def test_latency_summary_per_request() -> None:
     """The summary groups a request's samples (first token of any, finish of the last) and
     gives mean / p50 / p90 / p99; normalized latency is e2e over the output length."""
-    from kvbench.paged.latency import request_latencies, stats, summarize
-    from kvbench.paged.scheduler_model import SeqRecord
+    from kvbench.paged.serving.latency import request_latencies, stats, summarize
+    from kvbench.paged.serving.time_model import SeqRecord
 
     def rec(sid: str, req: str, arrival: float, first: float, finish: float, out: int):
         r = SeqRecord(sid, req, arrival, 4, out)

@@ -23,10 +23,10 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from kvbench.paged.beams import BeamGroup, plan_selection
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.engine import Engine, RequestTooLargeError, SchedulerError, kv_for_tokens
-from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
+from kvbench.paged.serving.beams import BeamGroup, plan_selection
+from kvbench.paged.serving.engine import Engine, RequestTooLargeError, SchedulerError, kv_for_tokens
+from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
 from kvbench.reference.contiguous import ContiguousKVCache
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry

@@ -16,8 +16,8 @@ import torch
 pytest.importorskip("transformers")
 
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.scheduler import Engine
-from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
+from kvbench.paged.serving.engine import Engine
+from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
 from kvbench.reference.contiguous import ContiguousKVCache
 from kvbench.suites.e2e.serving_run import (
     ModelStep,

@@ -16,9 +16,16 @@ import random
 import numpy as np
 import pytest
 
-from kvbench.paged.rate import RateTrace, check_bound, check_rate, check_system, sustained_rate
-from kvbench.paged.scheduler_model import SchedulerConfig, TimeModel
-from kvbench.paged.scheduler_setup import CacheSpec, setup_time_model, simulate
+from kvbench.paged.cache_spec import CacheSpec
+from kvbench.paged.serving.rate import (
+    RateTrace,
+    check_bound,
+    check_rate,
+    check_system,
+    sustained_rate,
+)
+from kvbench.paged.serving.simulation import setup_time_model, simulate
+from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.profiles import DeviceProfile, get_profile
@@ -134,7 +141,7 @@ def test_setups_give_the_papers_slots() -> None:
     assert slots["opt-13b-1xa100-40gb"] == 15_728  # "15.7K"
     assert slots["opt-66b-4xa100-40gb"] == 9_557  # quoted 9.7K (module docstring)
     assert slots["opt-175b-8xa100-80gb"] == 60_074  # "60.1K"
-    assert slots["llama-2-70b-a100-80gb"] == 134_400  # seed 001: 8,400 blocks of 16
+    assert slots["llama-2-70b-a100-80gb"] == 134_400  # [PA-deep-dive]: 8,400 blocks of 16
     for s in SETUPS.values():
         s.check_fits()
     tm = setup_time_model(get_setup("opt-66b-4xa100-40gb"))

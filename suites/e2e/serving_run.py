@@ -1,6 +1,6 @@
 """A measured serving run: the engine's decisions drive real forward passes of a model.
 
-The serving engine (`paged.scheduler.Engine`, token mode) decides every step: which
+The serving engine (`paged.serving.engine.Engine`, token mode) decides every step: which
 sequences decode, which prompts prefill how far, who is preempted. Through its step
 hook, `ModelStep` runs that step for real: a random-weight Llama-architecture model
 (transformers, built in code; `ServingModelSpec`) computes the step's new tokens, whose

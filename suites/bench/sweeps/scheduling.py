@@ -1,4 +1,4 @@
-"""Serving sweeps through the scheduler (`paged.scheduler_setup.simulate`): seeded traces
+"""Serving sweeps through the scheduler (`paged.serving.simulation.simulate`): seeded traces
 replayed, memory-only, on the paged cache and the contiguous max-reservation cache with
 the same KV budget, timed by the device profile's model (decode = bytes / bandwidth,
 prefill = FLOPs / peak; see workloads.profiles).
@@ -14,7 +14,7 @@ prefill = FLOPs / peak; see workloads.profiles).
   request preempted whole (vLLM's sequence-group rule) or one sample at a time: what
   keeping a family's shared blocks shared through a swap is worth.
 * serving.replay: how fast the engine itself replays: the issue's benchmark trace
-  (ShareGPT-like, Llama-2-70B, seed 001's 8,400 blocks of 16, prefix caching on,
+  (ShareGPT-like, Llama-2-70B, [PA-deep-dive]'s 8,400 blocks of 16, prefix caching on,
   memory-only, event mode) at 10k requests, and 100k with --full (goal: 20 s on the
   2-core build machine). A token-stepping case replays the 10k trace both ways in one
   process: the event-mode speedup is a ratio that survives a noisy machine, and the case
@@ -41,8 +41,9 @@ def _trace(workload: str, requests: int, seed: int, **sharing: object):  # type:
 
 
 def _simulate(case: Case, ctx: BenchContext, budget: str, max_seqs: int) -> dict:
-    from kvbench.paged.scheduler_model import SchedulerConfig
-    from kvbench.paged.scheduler_setup import CacheSpec, simulate
+    from kvbench.paged.cache_spec import CacheSpec
+    from kvbench.paged.serving.simulation import simulate
+    from kvbench.paged.serving.time_model import SchedulerConfig
 
     trace = _trace(case["workload"], case["requests"], ctx.seed)
     spec = CacheSpec(
@@ -98,7 +99,7 @@ def _batch_cases(full: bool) -> list[Case]:
     "scheduler replay: utilization, peak concurrency and modeled throughput vs batch "
     "size, contiguous (max reservation) vs paged, same 42 GB KV budget",
     _batch_cases,
-    requires=("kvbench.paged.scheduler_setup",),
+    requires=("kvbench.paged.serving.simulation",),
     tags=("serving",),
 )
 def serving_batch(case: Case, ctx: BenchContext) -> list[Measurement]:
@@ -130,7 +131,7 @@ def _block_cases(full: bool) -> list[Case]:
     "scheduler replay under memory pressure: utilization and modeled throughput vs "
     "block size (ShareGPT-like, Alpaca-like)",
     _block_cases,
-    requires=("kvbench.paged.scheduler_setup",),
+    requires=("kvbench.paged.serving.simulation",),
     tags=("serving",),
 )
 def serving_block_size(case: Case, ctx: BenchContext) -> list[Measurement]:
@@ -169,12 +170,13 @@ def _unshared(trace, width: int):  # type: ignore[no-untyped-def]
     "held with forks (copy-on-write; beams pruned and forked every step) vs the same work "
     "as independent sequences; Llama-2-70B, 42 GB, no memory pressure, prefix caching off",
     _sharing_cases,
-    requires=("kvbench.paged.scheduler_setup", "kvbench.paged.beams"),
+    requires=("kvbench.paged.serving.simulation", "kvbench.paged.serving.beams"),
     tags=("serving", "cow"),
 )
 def serving_sharing(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kvbench.paged.scheduler_model import SchedulerConfig
-    from kvbench.paged.scheduler_setup import CacheSpec, simulate
+    from kvbench.paged.cache_spec import CacheSpec
+    from kvbench.paged.serving.simulation import simulate
+    from kvbench.paged.serving.time_model import SchedulerConfig
     from kvbench.workloads.sharing import generate
 
     k = case["width"]
@@ -220,12 +222,13 @@ def _sample_preemption_cases(full: bool) -> list[Case]:
     "running samples swapped as one group, shared blocks copied once, or all recomputed; "
     "vLLM's sequence-group rule) vs one sample at a time; Llama-2-70B, 4 GB KV budget",
     _sample_preemption_cases,
-    requires=("kvbench.paged.scheduler_setup",),
+    requires=("kvbench.paged.serving.simulation",),
     tags=("serving", "cow"),
 )
 def serving_sample_preemption(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kvbench.paged.scheduler_model import SchedulerConfig
-    from kvbench.paged.scheduler_setup import CacheSpec, simulate
+    from kvbench.paged.cache_spec import CacheSpec
+    from kvbench.paged.serving.simulation import simulate
+    from kvbench.paged.serving.time_model import SchedulerConfig
 
     trace = _trace(case["workload"], case["requests"], ctx.seed, sharing="parallel", n=case["n"])
     spec = CacheSpec(kind="paged", model="llama-2-70b", kv_budget=case["kv_budget"])
@@ -240,7 +243,7 @@ def serving_sample_preemption(case: Case, ctx: BenchContext) -> list[Measurement
 
 # --------------------------------------------------------------------- engine speed
 
-#: The replay benchmark's pool: seed 001's 42 GB of Llama-2-70B, 8,400 blocks of 16.
+#: The replay benchmark's pool: [PA-deep-dive]'s 42 GB of Llama-2-70B, 8,400 blocks of 16.
 REPLAY_BUDGET = "42GB"
 #: Requests replayed both ways: the benchmark trace itself (it preempts), token stepping
 #: costing ~4x the event mode's time.
@@ -260,8 +263,9 @@ def _replay_cases(full: bool) -> list[Case]:
 
 
 def _replay(case: Case, ctx: BenchContext, mode: str):  # type: ignore[no-untyped-def]
-    from kvbench.paged.scheduler_model import SchedulerConfig
-    from kvbench.paged.scheduler_setup import CacheSpec, simulate
+    from kvbench.paged.cache_spec import CacheSpec
+    from kvbench.paged.serving.simulation import simulate
+    from kvbench.paged.serving.time_model import SchedulerConfig
 
     trace = _trace(case["workload"], case["requests"], ctx.seed)
     spec = CacheSpec(
@@ -287,7 +291,7 @@ def _decisions(result) -> tuple:  # type: ignore[no-untyped-def]
     "token-stepping cases also replay in event mode and report the speedup (the two must "
     "decide identically)",
     _replay_cases,
-    requires=("kvbench.paged.scheduler_setup",),
+    requires=("kvbench.paged.serving.simulation",),
     tags=("serving", "engine"),
 )
 def serving_replay(case: Case, ctx: BenchContext) -> list[Measurement]:

@@ -11,7 +11,7 @@ paged grows to the batch limit.
 
 Cases:
 * batch (`batch` set): every request waits at t = 0, at most `batch` run at once
-  (seed 001's table shape): measured tokens/s;
+  ([PA-deep-dive]'s table shape): measured tokens/s;
 * rate (`rate` set): Poisson arrivals; measured normalized latency, TTFT and tokens/s,
   beside the same trace modeled with the calibrated CPU profile;
 * calibration (`calibration` set): fits the time model's CPU coefficients (fixed step
@@ -60,7 +60,7 @@ def _cases(full: bool) -> list[Case]:
 def _setup(ctx: BenchContext) -> dict[str, Any]:
     """The model and its time model, built once per process."""
     if "measured_model" not in ctx.cache:
-        from kvbench.paged.scheduler_model import TimeModel
+        from kvbench.paged.serving.time_model import TimeModel
         from kvbench.suites.e2e.serving_run import ServingModelSpec, build_model, param_count
         from kvbench.workloads.profiles import get_profile
 
@@ -73,7 +73,7 @@ def _setup(ctx: BenchContext) -> dict[str, Any]:
 
 
 def _trace(n: int, seed: int, rate: float | None = None, duration: float | None = None):  # type: ignore[no-untyped-def]
-    from kvbench.paged.rate import RateTrace
+    from kvbench.paged.serving.rate import RateTrace
     from kvbench.workloads.sharing import generate
 
     base = generate("alpaca", n, seed=seed, max_total=MAX_SEQ_LEN)
@@ -85,8 +85,8 @@ def _trace(n: int, seed: int, rate: float | None = None, duration: float | None 
 def _run(ctx: BenchContext, system: str, trace, max_num_seqs: int, tm=None):  # type: ignore[no-untyped-def]
     """Serve `trace` with real forward passes; (result, step samples)."""
     from kvbench.paged.cache import PagedKVCache
-    from kvbench.paged.scheduler import Engine
-    from kvbench.paged.scheduler_model import SchedulerConfig
+    from kvbench.paged.serving.engine import Engine
+    from kvbench.paged.serving.time_model import SchedulerConfig
     from kvbench.reference.contiguous import ContiguousKVCache
     from kvbench.suites.e2e.serving_run import ModelStep, cpu_threads
 
@@ -119,7 +119,7 @@ def torch_threads(ctx: BenchContext) -> int:
 
 
 def _work(samples):  # type: ignore[no-untyped-def]
-    from kvbench.paged.calibration import StepWork
+    from kvbench.paged.serving.calibration import StepWork
 
     return [StepWork(s.decoders, s.kv_read, tuple(s.chunks), s.measured_s) for s in samples]
 
@@ -127,7 +127,7 @@ def _work(samples):  # type: ignore[no-untyped-def]
 def _calibrated(ctx: BenchContext):  # type: ignore[no-untyped-def]
     """The fitted CPU profile's time model (fitting it on first use)."""
     if "measured_fit" not in ctx.cache:
-        from kvbench.paged.calibration import fit_profile, with_profile
+        from kvbench.paged.serving.calibration import fit_profile, with_profile
 
         env = _setup(ctx)
         steps = []
@@ -143,7 +143,7 @@ def _calibrated(ctx: BenchContext):  # type: ignore[no-untyped-def]
 
 def _model_check(ctx: BenchContext, samples) -> list[Measurement]:  # type: ignore[no-untyped-def]
     """The calibrated model on these (held-out) steps: per-step error, predicted tokens/s."""
-    from kvbench.paged.calibration import predict_seconds, step_errors
+    from kvbench.paged.serving.calibration import predict_seconds, step_errors
 
     _, tm = _calibrated(ctx)
     work = _work(samples)
@@ -168,7 +168,11 @@ def _model_check(ctx: BenchContext, samples) -> list[Measurement]:  # type: igno
     "budget; the time model's CPU coefficients fitted to separate runs and its per-step "
     "error on these (held out)",
     _cases,
-    requires=("transformers", "kvbench.suites.e2e.serving_run", "kvbench.paged.calibration"),
+    requires=(
+        "transformers",
+        "kvbench.suites.e2e.serving_run",
+        "kvbench.paged.serving.calibration",
+    ),
     tags=("serving", "measured"),
 )
 def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
@@ -202,9 +206,10 @@ def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
             ),
             *checks,
         ]
-    from kvbench.paged.latency import flat
-    from kvbench.paged.rate import served_throughput
-    from kvbench.paged.scheduler_setup import CacheSpec, simulate
+    from kvbench.paged.cache_spec import CacheSpec
+    from kvbench.paged.serving.latency import flat
+    from kvbench.paged.serving.rate import served_throughput
+    from kvbench.paged.serving.simulation import simulate
 
     trace = _trace(
         int(case["rate"] * case["duration"] * 3) + 8, ctx.seed, case["rate"], case["duration"]
@@ -216,7 +221,7 @@ def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
         kind=system, geometry=tm.geometry, num_blocks=KV_SLOTS // BLOCK, block_size=BLOCK,
         max_seq_len=MAX_SEQ_LEN, prefix_caching=False,
     )  # fmt: skip
-    from kvbench.paged.scheduler_model import SchedulerConfig
+    from kvbench.paged.serving.time_model import SchedulerConfig
 
     modeled = simulate(
         trace, spec, "recompute", config=SchedulerConfig(max_num_seqs=256), time_model=tm

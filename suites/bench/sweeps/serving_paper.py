@@ -1,6 +1,6 @@
-"""Seed 001's and the vLLM paper's serving tables, regenerated with the time model (modeled).
+"""[PA-deep-dive]'s and the vLLM paper's serving tables, regenerated with the time model (modeled).
 
-* serving.batch_table: seed 001's throughput against batch size (A100-80GB, Llama-70B,
+* serving.batch_table: [PA-deep-dive]'s throughput against batch size (A100-80GB, Llama-70B,
   its 35 GB of weights and 42 GB KV pool): for each batch size, ShareGPT-like requests
   that share one 500-token system prompt all wait at t = 0 and the engine runs at most
   `batch` of them at once; tokens/s = output tokens / modeled seconds. Systems:
@@ -50,16 +50,16 @@ def _system_prompt_trace(requests: int, seed: int):  # type: ignore[no-untyped-d
 
 @sweep(
     "serving.batch_table",
-    "seed 001's throughput vs batch size regenerated with the time model: Llama-70B on "
+    "[PA-deep-dive]'s throughput vs batch size regenerated with the time model: Llama-70B on "
     "A100-80GB (35 GB weights, 42 GB KV), ShareGPT-like requests behind a shared 500-token "
     "system prompt; contiguous (4,096-token reservations), paged, paged + prefix cache",
     _batch_cases,
-    requires=("kvbench.paged.scheduler_setup",),
+    requires=("kvbench.paged.serving.simulation",),
     tags=("serving", "modeled"),
 )
 def batch_table(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kvbench.paged.scheduler_model import SchedulerConfig
-    from kvbench.paged.scheduler_setup import setup_spec, setup_time_model, simulate
+    from kvbench.paged.serving.simulation import setup_spec, setup_time_model, simulate
+    from kvbench.paged.serving.time_model import SchedulerConfig
     from kvbench.workloads.setups import get_setup
 
     setup = get_setup(case["setup"])
@@ -128,14 +128,14 @@ class _SharingProbe:
     "KV), Alpaca-like parallel sampling / beam search at a Poisson request rate; "
     "time-averaged (blocks named by the sequences' tables - blocks held) / blocks named",
     _cow_cases,
-    requires=("kvbench.paged.scheduler_setup", "kvbench.paged.beams"),
+    requires=("kvbench.paged.serving.simulation", "kvbench.paged.serving.beams"),
     tags=("serving", "cow", "modeled"),
 )
 def cow_load(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kvbench.paged.rate import RateTrace
-    from kvbench.paged.scheduler import Engine
-    from kvbench.paged.scheduler_model import SchedulerConfig
-    from kvbench.paged.scheduler_setup import setup_spec, setup_time_model
+    from kvbench.paged.serving.engine import Engine
+    from kvbench.paged.serving.rate import RateTrace
+    from kvbench.paged.serving.simulation import setup_spec, setup_time_model
+    from kvbench.paged.serving.time_model import SchedulerConfig
     from kvbench.workloads.setups import get_setup
     from kvbench.workloads.sharing import generate
 

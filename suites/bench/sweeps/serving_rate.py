@@ -1,7 +1,7 @@
 """serving.rate: normalized latency against Poisson request rate, per system (modeled).
 
 The vLLM paper's end-to-end experiment (Kwon et al., SOSP 2023, Figure 12) replayed on
-the engine's time model (`paged.rate`): ShareGPT-like and Alpaca-like requests arrive as
+the engine's time model (`paged.serving.rate`): ShareGPT-like and Alpaca-like requests arrive as
 a Poisson process; the systems are paged (kvbench), Orca's three contiguous reservations
 (max, pow2, oracle) and request-level batching (static, FasterTransformer-like), all on
 the same set-up and KV memory (`workloads.setups`: the paper's OPT-13B on one
@@ -14,7 +14,7 @@ Two kinds of case:
   p99, s/token), TTFT (p50, p99), requests and output tokens per second;
 * a knee case (`bound_factor` set, no `rate`) searches the sustained rate: the highest
   rate whose mean normalized latency stays under bound_factor x the set-up's latency
-  floor (one decode step of one sequence; see `paged.rate`).
+  floor (one decode step of one sequence; see `paged.serving.rate`).
 
 Every number is modeled (the engine's time model of the named GPUs), never measured.
 """
@@ -46,7 +46,7 @@ DEFAULT_NOTE = (
     "ShareGPT), OPT-13B also on Alpaca-like; OPT-66B / OPT-175B on Alpaca only with --full, "
     "to keep the default run a few minutes"
 )
-#: Seconds of arrivals per trace (see `paged.rate` on why a duration, not a count):
+#: Seconds of arrivals per trace (see `paged.serving.rate` on why a duration, not a count):
 #: long enough that a 10 x floor bound is crossed at a modest overload (ShareGPT's long
 #: outputs need longer), short enough for the default run.
 DURATION = {"sharegpt": 300.0, "alpaca": 60.0}
@@ -73,7 +73,7 @@ def _cases(full: bool) -> list[Case]:
 
 def _rate_trace(workload: str, seed: int):  # type: ignore[no-untyped-def]
     """The requests of a workload with unit-rate Poisson arrivals, made once per process."""
-    from kvbench.paged.rate import RateTrace
+    from kvbench.paged.serving.rate import RateTrace
     from kvbench.workloads.sharing import generate
 
     key = (workload, seed)
@@ -112,12 +112,12 @@ def _start_rate(setup: str, workload: str) -> float:
     f"mean normalized latency under {BOUND_FACTOR:g} x the set-up's one-sequence decode step; "
     + DEFAULT_NOTE,
     _cases,
-    requires=("kvbench.paged.rate",),
+    requires=("kvbench.paged.serving.rate",),
     tags=("serving", "modeled"),
 )
 def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kvbench.paged.rate import latency_floor, run_at_rate, sustained_rate
-    from kvbench.paged.scheduler_setup import setup_time_model
+    from kvbench.paged.serving.rate import latency_floor, run_at_rate, sustained_rate
+    from kvbench.paged.serving.simulation import setup_time_model
     from kvbench.workloads.setups import get_setup
 
     setup = get_setup(case["setup"])

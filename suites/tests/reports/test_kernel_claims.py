@@ -2,7 +2,7 @@
 contiguous and a scattered layout), only on rows they are about: GPU rows when a GPU ran,
 else the CPU kernel that reads blocks in place (labelled a CPU measurement), and never the
 CPU gather + SDPA stand-in ("not applicable here"). Values below the published range do
-not hold (no tolerance), and seed 001's "growing with length" is checked against the
+not hold (no tolerance), and [PA-deep-dive]'s "growing with length" is checked against the
 spread. The overhead vs SDPA is shown as a second baseline and never judged."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_overhead_claim_judges_only_what_it_is_about(
 
 
 def test_growth_must_exceed_the_spread() -> None:
-    """Inside 4.8-15.0% but flat within the q1-q3 spread: seed 001's 'growing with length'
+    """Inside 4.8-15.0% but flat within the q1-q3 spread: [PA-deep-dive]'s 'growing with length'
     is not shown, so its claim does not hold; the paper's (no growth part) does."""
     flat = _frame([0.10, 0.11], "kernel_path_is_cpp", 1.0, spread=0.02)
     assert _verdict(flat).verdict == claims.FAILS

@@ -12,15 +12,16 @@ import pandas as pd
 import pytest
 
 from kvbench.reports import provenance as P
-from kvbench.reports import results as R
 from kvbench.reports.site import build_site
+from kvbench.reports.store.reader import load_run
+from kvbench.reports.store.writer import ResultWriter
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("prov")
     env = {"device": "cpu", "cpu_model": "Test CPU", "cpu_count": 2}
-    with R.ResultWriter("p", root, environment=env) as w:
+    with ResultWriter("p", root, environment=env) as w:
         case = {
             "setup": "opt-13b-1xa100-40gb",
             "workload": "sharegpt",
@@ -35,7 +36,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         w.record(
             "capacity.footprint", {"model": "m", "dtype": "float16"}, "bytes_per_token", 2.0, "B"
         )
-    build_site([R.load_run(root / "p.jsonl")], root / "site")
+    build_site([load_run(root / "p.jsonl")], root / "site")
     return root / "site"
 
 
@@ -90,3 +91,4 @@ def test_debug_columns_sit_in_details_and_parameters_carry_units(site: Path) -> 
     assert "<th>ctx_len [tokens]</th>" in main
     rate = (site / "sweep-serving.rate.html").read_text()
     assert "<th>rate [requests/s]</th>" in rate
+

@@ -1,0 +1,123 @@
+"""Fitting the step-time model's device coefficients to measured steps.
+
+A measured serving run (`suites.e2e.serving_run`) records, per step, its work (decoders,
+KV tokens they read, prefill chunks) and its measured seconds. The time model prices a
+step as
+
+    fixed + max((weights + KV bytes read) / bandwidth, FLOPs / peak)
+
+(`TimeModel.step_ps`, one rank). `fit_profile` finds the profile's three coefficients
+(fixed per-step seconds, effective bandwidth, effective FLOP/s) that minimize the mean
+absolute relative per-step error, by Nelder-Mead on their logarithms from a start that
+fits a plain least-squares line; `step_errors` reports the error of any profile on any
+steps, so a fit can be judged on steps it never saw (held-out runs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from kvbench.paged.serving.time_model import TimeModel
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.profiles import DeviceProfile
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one step computed: decoders, their KV tokens read (each its context + 1),
+    prefill chunks as (tokens cached before, chunk length), and its measured seconds."""
+
+    decoders: int
+    kv_read: int
+    chunks: tuple[tuple[int, int], ...]
+    seconds: float
+
+
+def _features(tm: TimeModel, steps: Sequence[StepWork]) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes read, FLOPs) per step, one rank, as `TimeModel.step_ps` counts them."""
+    g = tm.geometry
+    q_heads = g.num_q_heads or g.num_kv_heads
+    pair_flops = 4.0 * g.num_layers * q_heads * g.head_dim
+    nbytes, flops = [], []
+    for s in steps:
+        tokens = s.decoders + sum(n for _, n in s.chunks)
+        kv = s.kv_read + sum(c + n for c, n in s.chunks)
+        pairs = s.kv_read + sum(n * c + n * (n + 1) / 2 for c, n in s.chunks)
+        nbytes.append(tm.weight_bytes + g.bytes_per_token * kv)
+        flops.append(2.0 * tm.params * tokens + pair_flops * pairs)
+    return np.asarray(nbytes), np.asarray(flops)
+
+
+def predict_seconds(
+    tm: TimeModel, steps: Sequence[StepWork], fixed: float, bandwidth: float, peak: float
+) -> np.ndarray:
+    nbytes, flops = _features(tm, steps)
+    return fixed + np.maximum(nbytes / bandwidth, flops / peak)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fitted profile and its mean absolute relative per-step error on the fit steps."""
+
+    profile: DeviceProfile
+    error: float
+    steps: int
+
+
+def fit_profile(tm: TimeModel, steps: Sequence[StepWork], name: str = "cpu-fit") -> Fit:
+    """The profile (fixed, bandwidth, peak) that best prices `steps` (module docstring)."""
+    from scipy.optimize import minimize
+
+    work = [s for s in steps if s.seconds > 0 and (s.decoders or s.chunks)]
+    if len(work) < 3:
+        raise ConfigError(f"need at least 3 measured steps to fit, got {len(work)}")
+    meas = np.array([s.seconds for s in work])
+    nbytes, flops = _features(tm, work)
+    # start: time ~ a + b * FLOPs (least squares), memory term small
+    slope, icpt = np.polyfit(flops, meas, 1)
+    slope = slope if slope > 0 else float(np.median(meas / flops))
+    icpt = max(float(icpt), 1e-6)
+    start = np.log([icpt, float(np.median(nbytes)) / icpt, 1.0 / slope])
+
+    def loss(x: np.ndarray) -> float:
+        fixed, bw, peak = np.exp(x)
+        pred = fixed + np.maximum(nbytes / bw, flops / peak)
+        return float(np.mean(np.abs(pred - meas) / meas))
+
+    best = minimize(loss, start, method="Nelder-Mead", options={"maxiter": 4000, "xatol": 1e-4})
+    fixed, bw, peak = (float(v) for v in np.exp(best.x))
+    profile = DeviceProfile(
+        name,
+        bw,
+        peak,
+        tm.profile.host_link_bandwidth,
+        f"fitted to {len(work)} measured steps (mean |error| {best.fun:.1%})",
+        step_overhead_s=fixed,
+        interconnect_bandwidth=tm.profile.interconnect_bandwidth,
+    )
+    return Fit(profile, float(best.fun), len(work))
+
+
+def step_errors(tm: TimeModel, steps: Sequence[StepWork]) -> np.ndarray:
+    """|modeled - measured| / measured per step, priced by `tm`'s own profile (the same
+    formula as `TimeModel.step_ps`, unrounded)."""
+    work = [s for s in steps if s.seconds > 0 and (s.decoders or s.chunks)]
+    if not work:
+        return np.zeros(0)
+    p = tm.profile
+    pred = predict_seconds(tm, work, p.step_overhead_s, p.hbm_bandwidth, p.peak_flops)
+    meas = np.array([s.seconds for s in work])
+    return np.abs(pred - meas) / meas
+
+
+def with_profile(tm: TimeModel, profile: DeviceProfile) -> TimeModel:
+    """`tm` priced on another device profile."""
+    return replace(tm, profile=profile)
+
+
+def mean(values: np.ndarray) -> float:
+    return float(values.mean()) if values.size else math.nan

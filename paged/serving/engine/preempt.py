@@ -1,0 +1,183 @@
+"""Preemption: which sequences go, and how (swap or recompute).
+
+One rule says what is preempted and resumed together (`unit_of`): a beam group always
+(it has one record, its root's), the running samples of an n-sample request when the
+family fits the cache whole (`Engine._family_fits`), otherwise the sequence alone. The
+victim is the latest-arrived running sequence below the preemption bound. A unit is
+swapped (its blocks to the CPU pool, shared blocks copied once) when the policy or the
+cost model says so, every member is decoding and swap space holds them; else each
+member is recomputed (freed and requeued with all its tokens).
+"""
+
+from __future__ import annotations
+
+from heapq import heappush
+
+from kvbench.paged.serving.engine.sequence import RUNNING, SWAPPED, WAITING, Seq, SeqState
+from kvbench.paged.serving.engine.state import EngineBase
+from kvbench.workloads.errors import CapacityError
+
+
+class PreemptMixin(EngineBase):
+    """The preemption half of the decode phase (see the module docstring)."""
+
+    def _add_running(self, seq: Seq) -> None:
+        """Insert into `running`, keeping it sorted by order."""
+        running = self.st.running
+        lo, hi = 0, len(running)
+        order = seq.order
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if running[mid].order < order:
+                lo = mid + 1
+            else:
+                hi = mid
+        running.insert(lo, seq)
+
+    def _remove_running(self, seq: Seq) -> None:
+        self.st.running.remove(seq)
+        if seq in self.st.prefilling:
+            self.st.prefilling.remove(seq)
+
+    def _unit_of(self, seq: Seq, state: SeqState) -> list[Seq]:
+        """The sequences preempted and resumed with `seq`: its beam group (a group has
+        one record, its root's), the members of its n-sample family in `state` that did
+        not finish this step (a family preempted together is swapped together, so the
+        swapped ones come back together), or itself."""
+        if seq.group is not None:
+            return seq.group.beams
+        if seq.family is not None:
+            done = self.st.finished_now
+            return [s for s in seq.family if s.state is state and s not in done]
+        return [seq]
+
+    def _choose_victim(self) -> Seq:
+        """The latest-arrived running sequence below the preemption bound (else the
+        latest-arrived), never one that already finished in this step."""
+        st = self.st
+        fallback = None
+        for cand in reversed(st.running):
+            if cand in st.finished_now:
+                continue
+            if fallback is None:
+                fallback = cand
+            if cand.rec.preemptions < self.cfg.max_preemptions:
+                return cand
+        st.overrides += 1
+        assert fallback is not None, "a preemption with nothing running to preempt"
+        return fallback
+
+    def _detach(self, victim: Seq, t: int) -> int:
+        """Take a sequence out of the running batch; returns its KV length. A decoder
+        that already appended this step (its order is before the cursor) keeps the
+        token; one that had not is no longer counted among this step's decodes."""
+        st = self.st
+        if victim.decoding:
+            appended = 1 if victim.order < st.cursor else 0
+            c = victim.base_c + (t - victim.base_step) + appended
+            victim.generated = victim.base_g + (t - victim.base_step) + appended
+            if not appended:  # it will not decode in this step after all
+                st.dec -= 1
+                st.kv_read -= c + 1
+            self._sync(victim, c)
+            self._stop_decoding(victim)
+        else:
+            c = victim.computed
+            victim.parked = False
+        self._remove_running(victim)
+        return c
+
+    def _preempt(self, victim: Seq, t: int) -> None:
+        """Preempt the victim's unit (`_unit_of`): swap all of it together (shared
+        blocks copied once) when the policy or the cost model says so, every member is
+        decoding and swap space holds them; else recompute them all (each requeued
+        alone with all its tokens). A family is a unit only when it fits the cache
+        whole (`_family_fits`), so a unit can always finish.
+
+        Expects every member RUNNING; leaves each SWAPPED (in `swapped`, with
+        computed = its KV length) or WAITING (in `waiting`, its cache entry freed)."""
+        st, cfg, tm = self.st, self.cfg, self.tm
+        unit = self._unit_of(victim, RUNNING)
+        assert unit and all(s.state is RUNNING for s in unit), "preempting a non-running unit"
+        records = [s.rec for s in unit] if victim.group is None else [unit[0].rec]
+        st.preempted = True
+        st.preemptions += 1
+        for rec in records:
+            rec.preemptions += 1
+        decoders = all(s.decoding for s in unit)
+        lengths = [self._detach(s, t) for s in unit]
+        sids = [s.sid for s in unit]
+        use_swap = False
+        blocks = 0
+        if decoders and self.traits.can_swap:
+            blocks = self.cache.blocks_held(sids)
+            if cfg.preemption == "swap":
+                use_swap = True
+            elif cfg.preemption == "auto":
+                assert tm is not None
+                use_swap = 2 * tm.swap_ps(blocks) <= tm.recompute_ps(sum(lengths))
+        if use_swap:
+            try:
+                self.cache.swap_out_group(sids)
+            except CapacityError:
+                use_swap = False  # swap space full: recompute instead
+        st.epoch += 1
+        self._requeue(unit, lengths, use_swap)
+        if use_swap:
+            if tm is not None:
+                st.swap_ps += tm.swap_ps(blocks)
+            for rec in records:
+                rec.swaps += 1
+            st.swaps += 1
+        else:
+            for rec in records:
+                rec.recomputes += 1
+            st.recomputes += 1
+
+    def _requeue(self, unit: list[Seq], lengths: list[int], swapped: bool) -> None:
+        """Queue the preempted unit: swapped (KV kept on the CPU) or waiting to be
+        recomputed (cache entry freed; it prefills prompt + generated tokens again)."""
+        st = self.st
+        for s, c in zip(unit, lengths, strict=True):
+            if swapped:
+                s.state, s.computed = SWAPPED, c
+                heappush(st.swapped, (s.order, s))
+            else:
+                self.cache.free(s.sid)
+                s.state, s.computed = WAITING, 0
+                s.target = len(s.prompt) + s.generated
+                heappush(st.waiting, (s.order, s))
+
+    def _grow(self, seq: Seq, t: int, c: int) -> bool:
+        """Append the decoder's step-t token at position c, preempting as needed.
+        Returns False when the sequence itself was preempted."""
+        ids = [seq.token(c)] if seq.hashed else None
+        while True:
+            try:
+                self._append(seq, c, 1, ids)
+                return True
+            except CapacityError:
+                self._preempt(self._choose_victim(), t)
+                if seq.state is not RUNNING:  # it was the victim, or in the victim's unit
+                    return False
+
+    def _flush_and_grow(self, seq: Seq, t: int, c: int) -> bool:
+        """Deferred appends plus this step's token in one cache call when it fits;
+        otherwise flush (never allocates) and grow with preemption."""
+        n = c - seq.synced
+        if n > 0:
+            ids = seq.tokens(seq.synced, c + 1) if seq.hashed else None
+            try:
+                self._append(seq, seq.synced, n + 1, ids)
+            except CapacityError:
+                return self._grow_after_flush(seq, t, c)
+            self.st.agg_sync += n
+            seq.synced = c
+            return True
+        return self._grow(seq, t, c)
+
+    def _grow_after_flush(self, seq: Seq, t: int, c: int) -> bool:
+        """The one-call append did not fit: flush the deferred appends (they never
+        allocate) and grow by this step's token with preemption."""
+        self._sync(seq, c)
+        return self._grow(seq, t, c)

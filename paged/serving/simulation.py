@@ -1,0 +1,100 @@
+"""One call from a trace to a SimulationResult: build the cache (from a `CacheSpec`), price
+its steps (a `TimeModel`), run the engine over the trace.
+
+For the bench and report helpers:
+
+    from kvbench.paged.cache_spec import CacheSpec
+    from kvbench.paged.serving.simulation import simulate
+    spec = CacheSpec(kind="paged", model="llama-2-70b", kv_budget="42GB", block_size=16)
+    result = simulate(trace, spec, policy="auto", profile="a100-80gb")
+    result.summary()   # utilization, peak_concurrency, preemptions, swaps, recomputes,
+                       # steps, generated_tokens, tokens_per_step, modeled_seconds,
+                       # tokens_per_second, processed_steps, wall_seconds, mean_running,
+                       # ttft_/tpot_/e2e_/normalized_latency_ + mean/p50/p90/p99 (s)
+    result.latency["normalized_latency"]["mean"]   # s per output token (paged.serving.latency)
+
+The cache kinds and how a KV budget becomes blocks: `paged.cache_spec`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from kvbench.paged.cache_spec import CacheSpec
+from kvbench.paged.serving.engine import Engine
+from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, TimeModel
+from kvbench.reference.contract import KVCache
+from kvbench.workloads.presets import get_preset
+from kvbench.workloads.profiles import get_profile
+from kvbench.workloads.setups import ServingSetup
+from kvbench.workloads.trace import Trace
+
+
+def time_model_for(spec: CacheSpec, profile: str = "a100-80gb") -> TimeModel:
+    """The step pricing of the spec's model on a named device profile."""
+    preset = get_preset(spec.model)
+    return TimeModel(
+        get_profile(profile),
+        spec.resolved_geometry(),
+        preset.weight_bytes,
+        preset.weight_bytes / 2,
+        spec.block_size,
+    )
+
+
+def setup_spec(
+    setup: ServingSetup, kind: str, block_size: int = 16, **options: object
+) -> CacheSpec:
+    """The cache of a serving set-up: its model, KV memory and longest sequence."""
+    setup.check_fits()
+    return CacheSpec(
+        kind=kind,
+        model=setup.model,
+        kv_budget=setup.kv_budget,
+        block_size=block_size,
+        max_seq_len=setup.max_seq_len,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def setup_time_model(setup: ServingSetup, block_size: int = 16) -> TimeModel:
+    """The step pricing of a serving set-up: its weights and FLOPs over `tp` ranks of its
+    device, with the all-reduces tensor parallelism adds."""
+    preset = setup.preset
+    return TimeModel(
+        setup.device,
+        preset.geometry,
+        setup.total_weight_bytes(),
+        preset.weight_bytes / 2,
+        block_size,
+        tp=setup.tp,
+        hidden_size=preset.hidden_size,
+    )
+
+
+def simulate(
+    trace: Trace,
+    spec: CacheSpec | KVCache,
+    policy: str = "auto",
+    profile: str = "a100-80gb",
+    config: SchedulerConfig | None = None,
+    progress: Callable[[int], None] | None = None,
+    model: str = "llama-2-70b",
+    time_model: TimeModel | None = None,
+) -> SimulationResult:
+    """Replay `trace` on a cache built from `spec` (or a given empty cache) with the
+    preemption `policy` ("swap", "recompute", "auto"), priced on device `profile` (or by
+    `time_model`, e.g. a set-up's)."""
+    cfg = replace(config or SchedulerConfig(), preemption=policy)
+    if isinstance(spec, CacheSpec):
+        cache = spec.build()
+        tm = time_model or time_model_for(spec, profile)
+        label = spec.kind
+    else:
+        cache = spec
+        tm = time_model or time_model_for(CacheSpec(model=model, geometry=spec.geometry), profile)
+        label = type(spec).__name__
+    result = Engine(cache, cfg, tm).run(trace, progress)
+    result.info.update(cache=label, policy=policy, profile=profile, batching=cfg.batching)
+    return result
