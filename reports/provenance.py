@@ -58,6 +58,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "prefix.shared_prompt": (COUNTED,),
     "preempt.swap_vs_recompute": (MODELED, MEASURED),
     "utilization.static": (COUNTED, CLOSED_FORM),
+    "trace.prefix_capacity": (COUNTED,),
+    "trace.serving": (MODELED, MEASURED),
 }
 
 #: What each kind means, for the page's one-line note.

@@ -92,3 +92,13 @@ def test_debug_columns_sit_in_details_and_parameters_carry_units(site: Path) -> 
     rate = (site / "sweep-serving.rate.html").read_text()
     assert "<th>rate [requests/s]</th>" in rate
 
+
+def test_every_registered_sweep_names_its_kinds() -> None:
+    """The index's 'numbers produced by' column never falls back to a guess: every sweep
+    the bench registers (trace.* and calibration sweeps included) has an explicit entry."""
+    import kvbench.suites.bench.catalog  # noqa: F401  (registers every sweep)
+    from kvbench.suites.bench import registry
+
+    names = {s.name for s in registry.all_sweeps()}
+    assert names, "no sweep registered"
+    assert not names - set(P.KINDS), f"sweeps without a provenance entry: {names - set(P.KINDS)}"
