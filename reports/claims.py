@@ -39,6 +39,7 @@ from kvbench.reports.claims_model import (
     _pct,
     _range,
     _rows,
+    verdict_counts,
 )
 from kvbench.reports.claims_serving import (
     _calibration,
@@ -61,6 +62,7 @@ __all__ = [
     "Claim",
     "Verdict",
     "evaluate",
+    "verdict_counts",
 ]
 
 

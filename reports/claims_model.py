@@ -19,6 +19,19 @@ HOLDS = "holds"
 FAILS = "does not hold"
 NOT_MEASURED = "not measured"
 NOT_APPLICABLE = "not applicable here"
+#: The verdicts in the order counts of them are shown (the bench's last line, the index).
+VERDICT_ORDER = (HOLDS, FAILS, NOT_APPLICABLE, NOT_MEASURED)
+_PLURAL = {HOLDS: "hold", FAILS: "do not hold"}
+
+
+def verdict_counts(verdicts: list[str]) -> list[tuple[str, str]]:
+    """(verdict, '3 hold') per verdict in `VERDICT_ORDER`, zeros included, so the counts
+    always add up to the number of claims judged; 'hold' / 'do not hold' agree in number."""
+    out = []
+    for v in VERDICT_ORDER:
+        n = verdicts.count(v)
+        out.append((v, f"{n} {v if n == 1 else _PLURAL.get(v, v)}"))
+    return out
 
 
 @dataclass(frozen=True)

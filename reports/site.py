@@ -339,15 +339,12 @@ def build_site(
             if page.name in claims_mod.CLAIM_SUITES.get(c.key, ())
         ]
         write(page.href, "site_sweep.html.j2", title=page.name, sweep=page, claims=related)
-    counts: dict[str, int] = {}
-    for _, v in first:
-        counts[v.verdict] = counts.get(v.verdict, 0) + 1
     write(
         "index.html",
         "site_index.html.j2",
         title="Runs",
         sweeps=pages,
-        claim_counts=sorted(counts.items()),
+        claim_counts=claims_mod.verdict_counts([v.verdict for _, v in first]),
         runs=[_run_view(r) for r in runs],
     )
     claim_links = {

@@ -120,9 +120,5 @@ def claims_line(path) -> str:  # type: ignore[no-untyped-def]
     from kvbench.reports.store.reader import load_run
 
     verdicts = [v.verdict for _, v in claims.evaluate(load_run(path).frame())]
-    plural = {claims.HOLDS: "hold", claims.FAILS: "do not hold"}
-    parts = []
-    for v in (claims.HOLDS, claims.FAILS, claims.NOT_APPLICABLE, claims.NOT_MEASURED):
-        n = verdicts.count(v)
-        parts.append(f"{n} {v if n == 1 else plural.get(v, v)}")
+    parts = [label for _, label in claims.verdict_counts(verdicts)]
     return f"claims: {', '.join(parts)} (of {len(verdicts)}; `kvbench report` shows each one)"

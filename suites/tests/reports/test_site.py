@@ -112,6 +112,15 @@ def test_claims_page_judges_what_was_measured(site: Path, runs: Path) -> None:
     assert 'href="sweep-capacity.footprint.html#claim-kv-footprint"' in text
     sweep = (site / "sweep-capacity.footprint.html").read_text()
     assert 'id="claim-kv-footprint"' in sweep and "Why: exact formula" in sweep
+    # the index counts every verdict, in the bench's order and wording, adding up
+    index = " ".join(re.sub(r"<[^>]+>", " ", (site / "index.html").read_text()).split())
+    counts = re.search(
+        r"Claims: (\d+) holds? (\d+) do(?:es)? not hold (\d+) not applicable here "
+        r"(\d+) not measured",
+        index,
+    )
+    assert counts is not None, index[:300]
+    assert sum(int(n) for n in counts.groups()) == len(claims.CLAIMS)
 
 
 def test_claims_fail_when_the_numbers_say_so(tmp_path: Path) -> None:
