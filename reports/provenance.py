@@ -8,6 +8,8 @@ Every sweep page, figure caption, table heading and the index's sweep table name
     modeled (profile ...)       the serving engine's time model on a device profile (a GPU
                                 the run did not have): numbers of the model, not a machine;
     predicted                   the kernels' cost model over GPU profiles;
+    measured on a GPU (Vidur)   operator times Vidur's profiles published, measured on GPUs
+                                elsewhere (read from a file, not timed here);
     compiled here               what the compiler reports for ahead-of-time builds;
     closed form                 arithmetic on the case's parameters.
 
@@ -27,6 +29,7 @@ MEASURED = "measured here"
 COUNTED = "counted here"
 MODELED = "modeled"
 PREDICTED = "predicted"
+PUBLISHED_GPU = "measured on a GPU (Vidur profiles)"
 COMPILED = "compiled here"
 CLOSED_FORM = "closed form"
 NOT_STATED = "not stated"
@@ -60,6 +63,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "utilization.static": (COUNTED, CLOSED_FORM),
     "trace.prefix_capacity": (COUNTED,),
     "trace.serving": (MODELED, MEASURED),
+    # issue 27's GPU calibration: the kernel model beside Vidur's measured operator times
+    "calibration.gpu": (PREDICTED, PUBLISHED_GPU),
 }
 
 #: What each kind means, for the page's one-line note.
@@ -68,6 +73,7 @@ MEANING: dict[str, str] = {
     COUNTED: "exact block / slot counts from replaying requests through kvbench's allocator",
     MODELED: "the serving engine's time model on a device profile, not a measurement",
     PREDICTED: "the kernels' cost model over GPU profiles, not a measurement",
+    PUBLISHED_GPU: "operator times measured on GPUs by Vidur's authors, read from their files",
     COMPILED: "statistics of ahead-of-time compiles, no kernel run",
     CLOSED_FORM: "arithmetic on the case's parameters",
     NOT_STATED: "the sweep does not say",

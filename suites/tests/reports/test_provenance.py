@@ -81,6 +81,10 @@ def test_fallbacks_read_the_description_then_the_statistics() -> None:
     assert P.kinds_of("trace.new", empty, "") == (P.NOT_STATED,)
     gpu = empty.assign(metric="backend_is_triton")
     assert P.produced("kernel.decode", gpu).tag() == "measured here (GPU)"
+    # numbers measured on GPUs elsewhere (Vidur's profiles) never read as measured here
+    vidur = P.produced("calibration.gpu", empty)
+    assert vidur.tag() == "predicted + measured on a GPU (Vidur profiles)"
+    assert not vidur.measured
 
 
 def test_debug_columns_sit_in_details_and_parameters_carry_units(site: Path) -> None:
