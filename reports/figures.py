@@ -70,6 +70,11 @@ class FigureSpec:
     #: case parameters that never define a series of their own (they follow from others,
     #: e.g. a peer's library version follows from the peer)
     ignore: tuple[str, ...] = ()
+    #: metrics whose value at an x is the same in every series (a trace's ceiling beside
+    #: each policy's hit rate): drawn once, labelled by the metric alone
+    shared: tuple[str, ...] = ()
+    #: base of the log x axis (2 for sizes and batches, 10 for decades of capacity)
+    logx_base: int = 2
 
     @property
     def slug(self) -> str:
@@ -349,6 +354,9 @@ SPECS: tuple[FigureSpec, ...] = (
             logx=True,
             percent=True,
             ylabel="prefix-hit tokens / prompt tokens",
+            ignore=("version",),
+            shared=("hit_rate_ceiling",),
+            logx_base=10,
         )
         for bs in (512, 16)
     ),
@@ -448,7 +456,15 @@ def _select(suite_rows: pd.DataFrame, spec: FigureSpec) -> pd.DataFrame:
     for key, val in spec.fixed.items():
         if key in sub.columns:
             sub = sub[sub[key] == val]
-    return sub[sub["metric"].isin(spec.metrics) & ~sub["metric"].isin(BOOKKEEPING_METRICS)]
+    sub = sub[sub["metric"].isin(spec.metrics) & ~sub["metric"].isin(BOOKKEEPING_METRICS)]
+    shared = sub["metric"].isin(spec.shared)
+    if not shared.any():
+        return sub
+    once = sub[shared].drop_duplicates(subset=[spec.x, "metric"]).copy()
+    for col in case_columns(once):
+        if col != spec.x and col not in spec.fixed:
+            once[col] = None  # no series of its own: the label is the metric's name
+    return pd.concat([sub[~shared], once])
 
 
 #: Legend names of metrics where a figure draws several (the metric names themselves are
@@ -607,11 +623,12 @@ def _axes(ax: Any, spec: FigureSpec, rows: pd.DataFrame) -> None:
     linear y axis includes zero (a truncated axis makes a 4% spread look large), and a
     share that never exceeds 100% is not drawn up to 104%."""
     if spec.logx and spec.kind != "bar":
-        ax.set_xscale("log", base=2)
+        ax.set_xscale("log", base=spec.logx_base)
     if spec.logy:
         ax.set_yscale("log")
     xs = pd.to_numeric(rows[spec.x], errors="coerce").dropna()
-    if spec.kind != "bar" and not xs.empty and bool((xs == xs.round()).all()):
+    decades = spec.logx and spec.logx_base == 10  # 10^4..10^9: matplotlib's decade labels
+    if spec.kind != "bar" and not decades and not xs.empty and bool((xs == xs.round()).all()):
         ticks = sorted(set(xs))
         if spec.logx and len(ticks) <= 12:
             ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))

@@ -31,6 +31,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from kvbench.reports import calibration as calibration_page
 from kvbench.reports import claims as claims_mod
 from kvbench.reports import figures, figures_serving, kernel_labels, table_columns, tables
 from kvbench.reports import provenance as produced_by
@@ -150,7 +151,15 @@ def _sweep_page(
         page.figure_files.append(
             {"src": f"figures/{fname}", "title": title, "spread": "", "width": "1000"}
         )
+    for i, (title, svg) in enumerate(
+        calibration_page.scatter_svgs(frame) if name == calibration_page.SUITE else []
+    ):
+        fname = f"{_slug(name)}-scatter-{i}.svg"
+        (fig_dir / fname).write_text(svg, encoding="utf-8")
+        page.figure_files.append({"src": f"figures/{fname}", "title": title, "spread": ""})
     page.derived = serving_tables.derived_tables(name, frame)
+    if name == calibration_page.SUITE:
+        page.derived += calibration_page.error_tables(frame)
     return page
 
 
