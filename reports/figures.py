@@ -519,8 +519,25 @@ def _series_colors(suite_rows: pd.DataFrame, keys: list[str], drawn: list[str]) 
         labels = sorted({_key_label(keys, k) for k, _ in groups})
     else:
         labels = drawn
+    paired = _measured_modeled_pairs(labels)
+    if paired:  # one colour per series; the line style (solid / dashed) tells the kind
+        series = list(dict.fromkeys(paired.values()))
+        cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
+        return {label: cmap(series.index(paired[label]) % cmap.N) for label in labels}
     cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+
+
+def _measured_modeled_pairs(labels: list[str]) -> dict[str, str]:
+    """label -> its series without the kind, where every label reads 'measured here, X' or
+    'modeled (...), X' and both kinds appear (serving.measured); {} otherwise."""
+    split = {label: label.split(", ", 1) for label in labels}
+    if not labels or any(len(parts) != 2 for parts in split.values()):
+        return {}
+    kinds = {parts[0].split(" (")[0] for parts in split.values()}
+    if kinds != {"measured here", "modeled"}:
+        return {}
+    return {label: parts[1] for label, parts in split.items()}
 
 
 #: At most this many series share one axes; past it a line figure is split into panels

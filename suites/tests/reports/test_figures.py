@@ -82,3 +82,20 @@ def test_integer_ticks_and_a_flat_share_not_drawn_past_100_percent() -> None:
     assert list(ax.get_xticks()) == [128, 512, 2048]
     assert ax.get_ylim()[0] == 0.0 and ax.get_ylim()[1] <= 1.011
     plt.close(fig)
+
+
+def test_measured_and_modeled_lines_of_one_series_share_a_colour() -> None:
+    """serving.measured draws each system measured (solid) and modeled (dashed): the pair
+    gets one colour, so a reader matches them at a glance; other figures are unchanged."""
+    labels = [
+        "measured here, Orca (Max)",
+        "measured here, vLLM (paged)",
+        "modeled (CPU-fitted time model), Orca (Max)",
+        "modeled (CPU-fitted time model), vLLM (paged)",
+    ]
+    colors = figures._series_colors(pd.DataFrame(), ["metric", "system"], labels)
+    assert colors[labels[0]] == colors[labels[2]] and colors[labels[1]] == colors[labels[3]]
+    assert colors[labels[0]] != colors[labels[1]]
+    plain = ["paged kernel, block_size=16", "SDPA on contiguous K/V, block_size=16"]
+    other = figures._series_colors(pd.DataFrame(), ["metric", "block_size"], plain)
+    assert other[plain[0]] != other[plain[1]]
