@@ -65,6 +65,9 @@ KINDS: dict[str, tuple[str, ...]] = {
     "trace.serving": (MODELED, MEASURED),
     # issue 27's GPU calibration: the kernel model beside Vidur's measured operator times
     "calibration.gpu": (PREDICTED, PUBLISHED_GPU),
+    # sweeps of other lanes not yet on main (issue 30's fp8 decode, issue 29's KV specs)
+    "kernel.decode_fp8": (MEASURED,),
+    "capacity.kv_specs": (CLOSED_FORM,),
 }
 
 #: What each kind means, for the page's one-line note.
