@@ -303,8 +303,8 @@ def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int, extra=None) -
         _paired_ratio(samples, "paged", "contiguous"),
         paired_fraction(samples["paged"], samples["copy"], nbytes, probe.bytes_moved),
         paired_fraction(samples["contiguous"], samples["copy"], nbytes, probe.bytes_moved),
-        tuple(probe.rows(samples["copy"])),
-        samples,
+        copy_rows=tuple(probe.rows(samples["copy"])),
+        samples=samples,
     )
 
 
