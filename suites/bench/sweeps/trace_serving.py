@@ -32,7 +32,9 @@ The SLO (TTFT <= 20 s, TPOT <= 0.2 s) is chosen here, not taken from a paper: th
 trace's timestamps come in bursts (1,180 distinct stamps, about 10 requests each) and its
 p99 prompt is 85K tokens, so even a lightly loaded set-up queues requests behind their
 burst-mates and spends over 10 s prefilling the longest prompts (p99 TTFT about 12 s at
-every light load); tighter bounds would leave no time scale meeting them at p99.
+light load with the H100's datasheet peaks, 16 s at time scale 0.25 with the fitted H100
+profile, whose p99 TPOT there is 0.19 s); tighter bounds would leave no time scale
+meeting them at p99.
 """
 
 from __future__ import annotations
