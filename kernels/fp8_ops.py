@@ -26,12 +26,14 @@ def check_kv_scales(
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
     num_kv_heads: int,
+    check_values: bool = True,
 ) -> KVScales | None:
     """The checked (K, V) scales of an fp8 cache, or None for a 16/32-bit cache.
 
     Raises ConfigError when scales are missing for fp8 or given for another dtype, and
-    ShapeError / ConfigError (naming the value) for a wrong shape, dtype, device or a scale
-    that is not finite and > 0. Reads the scales on the host (they are small)."""
+    ShapeError / ConfigError (naming the value) for a wrong shape, dtype, device or (with
+    `check_values`, a host read: the ops pass their `check_indices`) a scale that is not
+    finite and > 0."""
     if not fp8.is_fp8(k_cache.dtype):
         if k_scale is not None or v_scale is not None:
             raise ConfigError(
@@ -44,7 +46,7 @@ def check_kv_scales(
         )
     out = []
     for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-        s = fp8.check_scales(s, num_kv_heads, name)
+        s = fp8.check_scales(s, num_kv_heads, name, check_values)
         if s.device != k_cache.device:
             raise ShapeError(f"{name} is on {s.device} but the cache is on {k_cache.device}")
         out.append(s)

@@ -101,7 +101,7 @@ def write_kv(
             value (any supported float dtype) are quantized with them.
     """
     dims = val.check_write_kv(k_cache, v_cache, key, value, slot_mapping, check_indices)
-    scales = fp8_ops.check_kv_scales(k_cache, k_scale, v_scale, dims.num_kv_heads)
+    scales = fp8_ops.check_kv_scales(k_cache, k_scale, v_scale, dims.num_kv_heads, check_indices)
     if scales is not None:
         if check_indices:
             fp8.check_finite(key, "key")
@@ -205,7 +205,9 @@ def paged_decode_attention(
         query, k_cache, v_cache, block_tables, seq_lens, out, check_indices, max_seq_len
     )
     s = val.check_scale(scale, dims.cache.head_dim)
-    kv_scales = fp8_ops.check_kv_scales(k_cache, k_scale, v_scale, dims.cache.num_kv_heads)
+    kv_scales = fp8_ops.check_kv_scales(
+        k_cache, k_scale, v_scale, dims.cache.num_kv_heads, check_indices
+    )
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if choose_backend(query.device, backend) == "triton":
@@ -286,7 +288,9 @@ def paged_prefill_attention(
         max_q_len,
     )
     s = val.check_scale(scale, dims.cache.head_dim)
-    kv_scales = fp8_ops.check_kv_scales(k_cache, k_scale, v_scale, dims.cache.num_kv_heads)
+    kv_scales = fp8_ops.check_kv_scales(
+        k_cache, k_scale, v_scale, dims.cache.num_kv_heads, check_indices
+    )
     chosen = choose_backend(query.device, backend)
     if kv_scales is not None:
         if chosen == "triton":

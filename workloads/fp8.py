@@ -105,9 +105,11 @@ def check_finite(x: torch.Tensor, what: str) -> None:
         )
 
 
-def check_scales(scales: torch.Tensor, num_kv_heads: int, what: str) -> torch.Tensor:
-    """A kernel's per-KV-head scales: float32 `[num_kv_heads]`, finite, > 0 (read on the
-    host). Returns them contiguous."""
+def check_scales(
+    scales: torch.Tensor, num_kv_heads: int, what: str, read_values: bool = True
+) -> torch.Tensor:
+    """A kernel's per-KV-head scales: float32 `[num_kv_heads]`, and (with `read_values`,
+    a host read) finite and > 0. Returns them contiguous."""
     if not isinstance(scales, torch.Tensor):
         raise ShapeError(f"{what} must be a torch.Tensor, got {type(scales).__name__}")
     if scales.dtype != torch.float32 or tuple(scales.shape) != (num_kv_heads,):
@@ -115,6 +117,8 @@ def check_scales(scales: torch.Tensor, num_kv_heads: int, what: str) -> torch.Te
             f"{what} must be float32 [{num_kv_heads}] (one scale per KV head), got "
             f"{scales.dtype} {tuple(scales.shape)}"
         )
+    if not read_values:
+        return scales.contiguous()
     host = scales.detach().to("cpu")
     bad = ~(torch.isfinite(host) & (host > 0))
     if bool(bad.any()):
