@@ -7,6 +7,7 @@ Everything else (block bytes, capacity, concurrency) derives from this one numbe
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 
@@ -45,11 +46,20 @@ def canonical_dtype(name: str) -> str:
     return key
 
 
-def require_positive(name: str, value: int) -> int:
-    """Return `value` if it is a positive integer, else raise ConfigError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    return value
+def require_positive(name: str, value: object, maximum: int | None = None) -> int:
+    """`value` as an int if it is a whole number >= 1 (and <= `maximum` when given), else
+    ConfigError naming it. The one positive-integer check of kvbench: sizes, counts and
+    lengths everywhere go through it (a bool is not a number here)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value <= 0
+        or (maximum is not None and value > maximum)
+    ):
+        if maximum is None:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{name} must be an integer in [1, {maximum:,}], got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
