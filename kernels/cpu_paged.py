@@ -5,7 +5,7 @@ before it attends; this path walks the blocks where they lie in the pool instead
 softmax, fp32 accumulation, each KV head read once for its group of query heads), which is
 what a CPU serving engine does. Measured on the 2-core build machine it was the only route
 that reached the issue-16 goals (torch.compile and FlexAttention stayed 1.5-8x slower than
-SDPA on contiguous K/V; see the README section "CPU paged attention").
+SDPA on contiguous K/V; see docs/cpu-kernel.md).
 
 Build: compiled at first use with `torch.utils.cpp_extension.load` (g++ and ninja, -O3
 -march=native, OpenMP through ATen's thread pool) into a cache folder keyed by the source,

@@ -4,9 +4,11 @@ Every block is in exactly one of three states:
 
     free       reference count 0, holds no cached prefix; on the free stack. Reused
                last-freed-first (its memory is the most likely to be warm).
-    evictable  reference count 0, holds a cached prefix (it is in the prefix index); in an
-               LRU queue. Still findable by a prefix lookup; reallocated only when the free
-               stack is empty, least recently freed first, and dropped from the index then.
+    evictable  reference count 0, holds a cached prefix (it is in the prefix index); in the
+               eviction queue. Still findable by a prefix lookup; reallocated only when the
+               free stack is empty, in the queue's order (`paged.eviction`: LRU, least
+               recently freed first, by default; LFU on request), and dropped from the
+               index then.
     used       reference count >= 1 (held by that many request block-table entries);
                may or may not be in the prefix index.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from kvbench.paged.eviction import make_queue
 from kvbench.paged.prefix_cache import PrefixCache
 from kvbench.reference.validation import MAX_INDEX
 from kvbench.workloads.errors import CapacityError, ConfigError
@@ -36,12 +39,19 @@ from kvbench.workloads.geometry import require_positive
 class BlockPool:
     """Physical block bookkeeping for one device (no tensors; see module docstring)."""
 
-    def __init__(self, num_blocks: int, block_size: int, prefix: PrefixCache | None = None):
-        # the one check of the pool's size on the cache's construction path; block ids and
-        # slots go to kernels as int32
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        prefix: PrefixCache | None = None,
+        eviction: str = "lru",
+    ):
+        # block ids and slots go to kernels as int32
         self.num_blocks = require_positive("num_blocks", num_blocks, MAX_INDEX)
         self.block_size = require_positive("block_size", block_size, MAX_INDEX)
         self.prefix = prefix
+        self._evictable: OrderedDict[int, None] = make_queue(eviction)  # type: ignore[assignment]
+        self.eviction = eviction
         try:
             self.ref: list[int] = [0] * num_blocks
             self.fill: list[int] = [0] * num_blocks
@@ -51,7 +61,6 @@ class BlockPool:
             raise CapacityError(
                 f"cannot hold the bookkeeping of {num_blocks:,} blocks in host memory"
             ) from None
-        self._evictable: OrderedDict[int, None] = OrderedDict()
         self.num_used = 0
         self.live_slots = 0
 

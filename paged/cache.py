@@ -58,6 +58,7 @@ from kvbench.paged.accounting import CacheAccounting, CacheLimits
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.block_table import RequestState, block_table_tensor
 from kvbench.paged.device_kv import DeviceKV
+from kvbench.paged.eviction import make_queue
 from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, PrefixCacheStats, block_key
 from kvbench.paged.requests import RequestTable
 from kvbench.paged.swap import CpuBlockPool, SwapSpace
@@ -98,6 +99,8 @@ class PagedKVCache:
         key_fn: block key function (tests inject weak ones to force collisions).
         kernel_backend: "torch" or "triton" to force the kernels' backend; None lets
             `kernels.ops` choose (Triton on CUDA, torch on CPU unless TRITON_INTERPRET=1).
+        eviction_policy: which evictable cached block is reallocated first
+            (`paged.eviction.POLICIES`: "lru", the default, or "lfu").
     """
 
     def __init__(
@@ -114,8 +117,10 @@ class PagedKVCache:
         store_kv: bool = True,
         key_fn: KeyFn = block_key,
         kernel_backend: str | None = None,
+        eviction_policy: str = "lru",
     ) -> None:
         validate_geometry(geometry)
+        make_queue(eviction_policy)  # ConfigError on an unknown name, before anything
         # block ids and slots go to kernels as int32; checked before anything is allocated
         num_blocks = require_positive("num_blocks", num_blocks, MAX_INDEX)
         block_size = require_positive("block_size", block_size, MAX_INDEX)
@@ -145,7 +150,7 @@ class PagedKVCache:
         )  # fmt: skip
         # the pool's bookkeeping after the tensors: a pool too big to hold fails first there
         self.prefix: PrefixCache | None = PrefixCache(key_fn) if enable_prefix_caching else None
-        self.pool = BlockPool(num_blocks, block_size, self.prefix)
+        self.pool = BlockPool(num_blocks, block_size, self.prefix, eviction_policy)
         cpu = CpuBlockPool(
             num_cpu_blocks,
             self.kv.block_shape if store_kv else None,

@@ -5,7 +5,7 @@ typed as the contract's `KVCache`.
 This is the one place the serving simulator (`paged.serving`) gets a cache from: the
 serving package names no cache class and reads caches only through
 `reference.contract`. `CacheSpec.kind` is "paged" or "contiguous-max" / "contiguous-pow2"
-/ "contiguous-oracle". The KV budget is converted as seed 001 does ("42GB" = 42,000 MiB =
+/ "contiguous-oracle". The KV budget is converted as [PA-deep-dive] does ("42GB" = 42,000 MiB =
 8,400 blocks of 5 MiB for the 70B geometry at block 16); a contiguous cache gets the same
 bytes as token slots. Caches are memory-only unless `store_kv=True`.
 """

@@ -1,13 +1,13 @@
-"""Slot utilization measured from real caches (not formulas): seed 002's experiments.
+"""Slot utilization measured from real caches (not formulas): [paged-sim]'s experiments.
 
 1. Naive vs paged utilization at several batch sizes. Each request's length is drawn from
-   normal(mean, std), truncated to an integer and clipped to [min_len, max_len] (seed 002:
+   normal(mean, std), truncated to an integer and clipped to [min_len, max_len] ([paged-sim]:
    normal(500, 200) clipped to [200, 2048], numpy's legacy generator seeded with 42, one
    draw of `batch` lengths per batch size in order 10, 25, 50, 100, 200). Every request is
    admitted into a ContiguousKVCache reserving max_len slots per request and into a
    PagedKVCache (block 16), and all its tokens are appended; utilization is the caches'
    own live_slots / reserved_slots.
-2. A shared system prompt (seed 002: 200 tokens, 10 requests): device blocks used with no
+2. A shared system prompt ([paged-sim]: 200 tokens, 10 requests): device blocks used with no
    sharing, with fork sharing (copy-on-write; the seed's mechanism), after one request
    diverges, and with automatic prefix caching (full blocks only, so each request keeps
    a private copy of the partial last block).
@@ -76,7 +76,7 @@ def seed002_lengths(
     min_len: int = 200,
     max_len: int = 2048,
 ) -> list[np.ndarray]:
-    """Request lengths per batch, drawn as seed 002 draws them (legacy numpy generator:
+    """Request lengths per batch, drawn as [paged-sim] draws them (legacy numpy generator:
     normal, truncate to int, clip), one batch after another from one stream."""
     if not 1 <= min_len <= max_len:
         raise ConfigError(f"need 1 <= min_len <= max_len, got {min_len} and {max_len}")
@@ -131,7 +131,7 @@ def utilization_table(
     min_len: int = 200,
     max_len: int = 2048,
 ) -> list[UtilizationRow]:
-    """Seed 002's utilization table, measured."""
+    """[paged-sim]'s utilization table, measured."""
     batches = seed002_lengths(
         batch_sizes, seed=seed, mean=mean, std=std, min_len=min_len, max_len=max_len
     )

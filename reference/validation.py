@@ -10,6 +10,7 @@ import torch
 
 from kvbench.workloads.errors import CapacityError, ConfigError, ShapeError
 from kvbench.workloads.geometry import KVGeometry
+from kvbench.workloads.prompt_ids import KnownIds
 
 
 def validate_kv_append(
@@ -54,10 +55,11 @@ def validate_prompt(
 ) -> Sequence[int]:
     """Check a prompt is a non-empty sequence of at most max_seq_len non-negative ints.
 
-    Returns the ids as an immutable sequence of ints (a tuple, or the range given); with `check_ids=False` (a memory-only cache that
-    only needs the length) returns the prompt as given after the length checks. The common
-    case, plain ints or a range, is checked at C speed: this runs once per admission in
-    100k-request replays.
+    Returns the ids as an immutable sequence of ints (a tuple, or the range or
+    `workloads.prompt_ids.KnownIds` given, unchecked and uncopied); with
+    `check_ids=False` (a memory-only cache that only needs the length) returns the prompt
+    as given after the length checks. The common case, plain ints or a range, is checked
+    at C speed: this runs once per admission in 100k-request replays.
     """
     try:
         n = len(prompt)
@@ -69,9 +71,13 @@ def validate_prompt(
         raise ConfigError(f"prompt of {n} tokens is longer than max_seq_len={max_seq_len}")
     if not check_ids:
         return prompt
+    if isinstance(prompt, KnownIds):
+        return prompt  # immutable, its ids valid by construction (workloads.prompt_ids)
     if isinstance(prompt, range):
         if prompt[0] >= 0 and prompt[-1] >= 0:
             return prompt  # immutable already
+    elif getattr(prompt, "nonnegative_ids", False) is True:
+        return prompt  # immutable ids known >= 0 (workloads.trace.BlockTokenIds)
     elif set(map(type, prompt)) == {int} and min(prompt) >= 0:
         return tuple(prompt)
     _find_bad_token(prompt, allow_none=False)

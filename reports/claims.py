@@ -43,6 +43,7 @@ from kvbench.reports.claims_serving import (
     _seed001_batch,
     _throughput,
 )
+from kvbench.reports.claims_traces import MOONCAKE_PAPER, prefix_capacity
 from kvbench.reports.tables import latest
 
 __all__ = [
@@ -328,7 +329,7 @@ CLAIMS: tuple[Claim, ...] = (
         "utilization",
         "Contiguous allocators keep live KV in only 20.4-38.2% of their memory; paged "
         "allocation keeps utilization above 96%.",
-        f"{VLLM_PAPER}, as quoted in seed 000",
+        f"{VLLM_PAPER}, as quoted in [KV-capacity]",
         "20.4-38.2% vs 96.3%",
         _util_paper,
     ),
@@ -338,7 +339,7 @@ CLAIMS: tuple[Claim, ...] = (
         "With lengths ~ normal(500, 200) clipped to [200, 2048], a max-length contiguous "
         "cache is ~24% utilized and a 16-token paged cache ~98.5%, at every batch size "
         "from 10 to 200.",
-        "seed 002",
+        "[paged-sim]",
         "~24% vs ~98.5%",
         _util_seed002,
     ),
@@ -347,7 +348,7 @@ CLAIMS: tuple[Claim, ...] = (
         "kernel",
         "Paged attention costs 4-15% more than contiguous attention, from 128 to 4096 "
         "tokens, growing with length.",
-        "seed 001 (measured-overhead table)",
+        "[PA-deep-dive] (measured-overhead table)",
         "4.8-15.0%",
         _overhead(0.04, 0.15, 0.05),
     ),
@@ -364,7 +365,7 @@ CLAIMS: tuple[Claim, ...] = (
         "block size",
         "Block size 16 is the best default: 16-128 on ShareGPT-like traces, 16 or 32 on "
         "Alpaca-like traces, 32 for long contexts.",
-        "seed 000 (vLLM ablation), seed 001 (block-size tables)",
+        "[KV-capacity] (vLLM ablation), [PA-deep-dive] (block-size tables)",
         "16 / 16-32 / 32",
         _block_size,
     ),
@@ -389,7 +390,7 @@ CLAIMS: tuple[Claim, ...] = (
         "prefix caching",
         "100 requests reusing one 1,000-token prefix at block size 16 need 63 prefix "
         "blocks instead of 6,300: 99.0% of prefix-block storage saved.",
-        "seed 000",
+        "[KV-capacity]",
         "99.0%",
         _prefix_99,
     ),
@@ -399,7 +400,7 @@ CLAIMS: tuple[Claim, ...] = (
             "prefix caching",
             f"Prefix caching saves {int(pub * 100)}% of KV memory in the '{name}' scenario "
             f"({sp} shared prompt tokens, {un} unique tokens, {n} concurrent requests).",
-            "seed 001 (prefix-caching savings table)",
+            "[PA-deep-dive] (prefix-caching savings table)",
             f"{int(pub * 100)}%",
             _prefix_scenario(name, pub),
         )
@@ -416,7 +417,7 @@ CLAIMS: tuple[Claim, ...] = (
         "preemption",
         "Swapping a preempted request to CPU memory and back is cheaper than recomputing "
         "it, at every length from 128 to 4096 tokens.",
-        "seed 001 (swap vs recompute table, A100 + Llama-70B)",
+        "[PA-deep-dive] (swap vs recompute table, A100 + Llama-70B)",
         "swap 3.2-102.4 ms vs recompute 12-380 ms",
         _swap,
     ),
@@ -425,7 +426,7 @@ CLAIMS: tuple[Claim, ...] = (
         "capacity",
         "At 4K tokens, 80 layers x 128 dims in fp16: MHA-64 10.00 GiB, GQA-8 1.25 GiB, "
         "MQA-1 0.16 GiB (320 KiB per token for GQA-8).",
-        "seed 000",
+        "[KV-capacity]",
         "10.00 / 1.25 / 0.16 GiB",
         _footprint,
     ),
@@ -433,7 +434,7 @@ CLAIMS: tuple[Claim, ...] = (
         "budget-8400",
         "capacity",
         "A 42 GB KV budget holds 8,400 blocks of 16 tokens of Llama-2-70B.",
-        "seed 001 (memory budget example)",
+        "[PA-deep-dive] (memory budget example)",
         "8,400 blocks",
         _budget,
     ),
@@ -442,7 +443,7 @@ CLAIMS: tuple[Claim, ...] = (
         "throughput",
         "Paged allocation serves 2-4x the throughput of contiguous allocation; the "
         "contiguous cache hits the memory wall first.",
-        f"seed 001; {VLLM_PAPER}",
+        f"[PA-deep-dive]; {VLLM_PAPER}",
         "2-4x",
         _throughput,
     ),
@@ -461,7 +462,7 @@ CLAIMS: tuple[Claim, ...] = (
         "On an A100-80GB with Llama-70B the contiguous cache runs out of memory at batch 32; "
         "peak throughput 1,247 vs 5,234 tok/s paged (4.2x), 8,150 tok/s with a shared "
         "500-token system prompt in the prefix cache (6.5x).",
-        "seed 001 (throughput vs batch size table)",
+        "[PA-deep-dive] (throughput vs batch size table)",
         "4.2x / 6.5x, OOM at 32",
         _seed001_batch,
     ),
@@ -490,6 +491,15 @@ CLAIMS: tuple[Claim, ...] = (
         f"{VLLM_PAPER}, Section 6.3",
         "37.6-55.2%",
         _cow_load("cow.beam_search", "beam", 0.376, 0.552),
+    ),
+    Claim(
+        "mooncake-capacity",
+        "prefix caching",
+        "A 3M-token prefix cache reaches under half of the maximum (unbounded) hit rate on "
+        "most workloads; a 50M-token cache reaches nearly all of it.",
+        MOONCAKE_PAPER,
+        "< 50% at 3M / ~100% at 50M",
+        prefix_capacity,
     ),
 )
 
@@ -530,4 +540,5 @@ CLAIM_SUITES: dict[str, tuple[str, ...]] = {
     "seed001-batch": ("serving.batch_table",),
     "cow-parallel-load": ("serving.cow_load", "cow.parallel_sampling"),
     "cow-beam-load": ("serving.cow_load", "cow.beam_search"),
+    "mooncake-capacity": ("trace.prefix_capacity",),
 }

@@ -1,5 +1,5 @@
 """Checks of the serving claims: the paper's sustained request-rate ratios, the
-throughput claim, seed 001's throughput-vs-batch table, copy-on-write savings under load,
+throughput claim, [PA-deep-dive]'s throughput-vs-batch table, copy-on-write savings under load,
 and the calibration of the step-time model. Every figure they judge is labelled modeled
 (the engine's time model) or measured (serving.measured), never mixed."""
 

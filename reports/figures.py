@@ -45,6 +45,10 @@ X_LABELS: dict[str, str] = {
     "avg_len": "mean request length [tokens]",
     "n": "samples per request (n)",
     "width": "beam width",
+    "capacity_tokens": "prefix-cache capacity [tokens]",
+    "time_scale": "time scale [x the trace's own arrival rate]",
+    "t_s": "modeled time [s]",
+    "window_s": "trace replayed [first s of arrivals]",
 }
 
 
@@ -314,7 +318,7 @@ SPECS: tuple[FigureSpec, ...] = (
     ),
     FigureSpec(
         "serving.batch_table",
-        "Throughput vs batch size, Llama-70B on A100-80GB (modeled; seed 001's table)",
+        "Throughput vs batch size, Llama-70B on A100-80GB (modeled; [PA-deep-dive]'s table)",
         "batch",
         ("tokens_per_second",),
         fixed={"setup": "llama-2-70b-a100-80gb"},
@@ -335,6 +339,88 @@ SPECS: tuple[FigureSpec, ...] = (
         logy=True,
         ylabel="mean normalized latency [s/token]",
         ignore=("duration",),
+    ),
+    *(
+        FigureSpec(
+            "trace.prefix_capacity",
+            f"Prefix hit rate vs cache capacity, Mooncake conversation trace, block {bs} "
+            "(computed exactly)",
+            "capacity_tokens",
+            ("hit_rate", "hit_rate_ceiling"),
+            fixed={"block_size": bs, "trace": "mooncake-conversation"},
+            logx=True,
+            percent=True,
+            ylabel="prefix-hit tokens / prompt tokens",
+        )
+        for bs in (512, 16)
+    ),
+    *(
+        FigureSpec(
+            "trace.serving",
+            title,
+            "time_scale",
+            metrics,
+            fixed={"view": "grid"},
+            logy=logy,
+            percent=percent,
+            ylabel=ylabel,
+        )
+        for title, metrics, ylabel, logy, percent in (
+            (
+                "Goodput and throughput vs time scale (modeled)",
+                ("goodput", "requests_per_second"),
+                "requests/s (modeled)",
+                False,
+                False,
+            ),
+            (
+                "SLO attainment vs time scale (modeled)",
+                ("slo_attainment",),
+                "requests meeting the SLO",
+                False,
+                True,
+            ),
+            (
+                "TTFT vs time scale (modeled)",
+                ("ttft_p50", "ttft_p90", "ttft_p99"),
+                "time to first token [s] (modeled)",
+                True,
+                False,
+            ),
+            (
+                "TPOT vs time scale (modeled)",
+                ("tpot_p50", "tpot_p90", "tpot_p99"),
+                "time per output token [s] (modeled)",
+                True,
+                False,
+            ),
+        )
+    ),
+    FigureSpec(
+        "trace.serving",
+        "Timeline: running and waiting sequences (modeled)",
+        "t_s",
+        ("window_running", "window_waiting"),
+        fixed={"view": "timeline"},
+        ylabel="sequences (window mean)",
+    ),
+    FigureSpec(
+        "trace.serving",
+        "Timeline: KV in use, KV utilization, prefix hit rate (modeled)",
+        "t_s",
+        ("window_kv_used", "window_kv_utilization", "window_prefix_hit_rate"),
+        fixed={"view": "timeline"},
+        percent=True,
+        ylabel="fraction (window)",
+    ),
+    FigureSpec(
+        "trace.serving",
+        "Engine replay time at time scale 1 (measured here, one run)",
+        "window_s",
+        ("replay_wall_time", "replay_cpu_time"),
+        fixed={"view": "replay"},
+        kind="bar",
+        ylabel="host seconds (measured here)",
     ),
     FigureSpec(
         "preempt.swap_vs_recompute",

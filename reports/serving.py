@@ -1,4 +1,4 @@
-"""Derived serving tables: sustained-rate ratios (serving.rate) and the regenerated seed 001
+"""Derived serving tables: sustained-rate ratios (serving.rate) and the regenerated [PA-deep-dive]
 throughput-vs-batch table (serving.batch_table), from result rows alone.
 
 Each table is (title, note, header, rows) with rows of preformatted strings, shown on
@@ -96,7 +96,7 @@ def sustained_table(frame: pd.DataFrame) -> DerivedTable | None:
     return table
 
 
-# --------------------------------------------------------------------- seed 001 batch table
+# --------------------------------------------------------------------- [PA-deep-dive] batch table
 
 BATCH_SYSTEMS = ("contiguous-max", "paged", "paged-prefix")
 BATCH_LABELS = {
@@ -104,7 +104,7 @@ BATCH_LABELS = {
     "paged": "PagedAttention (tok/s)",
     "paged-prefix": "PagedAttention + prefix cache (tok/s)",
 }
-#: Seed 001's table (A100-80GB, Llama-70B): batch -> tok/s per system; 0 = OOM.
+#: [PA-deep-dive]'s table (A100-80GB, Llama-70B): batch -> tok/s per system; 0 = OOM.
 SEED001_BATCH = {
     "batch": (1, 4, 8, 16, 32, 48, 64, 96, 128),
     "contiguous-max": (142, 548, 1047, 1247, 0, 0, 0, 0, 0),
@@ -133,15 +133,15 @@ def batch_table(frame: pd.DataFrame) -> DerivedTable | None:
     if wide.empty:
         return None
     table = DerivedTable(
-        "Seed 001's throughput vs batch size, regenerated (A100-80GB, Llama-70B)",
-        "Modeled here (the engine's time model of an A100-80GB with seed 001's 35 GB of "
+        "[PA-deep-dive]'s throughput vs batch size, regenerated (A100-80GB, Llama-70B)",
+        "Modeled here (the engine's time model of an A100-80GB with [PA-deep-dive]'s 35 GB of "
         "weights and 42 GB KV pool) beside the seed's published numbers; 'OOM' where the "
         "contiguous cache cannot hold the batch's max-length reservations.",
     )
     systems = [s for s in BATCH_SYSTEMS if s in wide.columns]
     table.header = ["batch"]
     for s in systems:
-        table.header += [f"{BATCH_LABELS[s]} modeled", "seed 001"]
+        table.header += [f"{BATCH_LABELS[s]} modeled", "[PA-deep-dive]"]
     for b in wide.index:
         cells = [str(int(b))]
         for s in systems:

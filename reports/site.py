@@ -32,12 +32,14 @@ import jinja2
 import pandas as pd
 
 from kvbench.reports import claims as claims_mod
-from kvbench.reports import figures, tables
+from kvbench.reports import figures, kernel_labels, tables
 from kvbench.reports import serving as serving_tables
-from kvbench.reports.results import ResultsError, Run, to_frame
 from kvbench.reports.site_common import slug as _slug
 from kvbench.reports.site_peers import PEERS_HREF, peers_view
 from kvbench.reports.site_status import SweepOutcomes, run_outcomes, sweep_outcomes
+from kvbench.reports.store.frame import to_frame
+from kvbench.reports.store.reader import Run
+from kvbench.reports.store.schema import ResultsError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent
 
@@ -132,21 +134,9 @@ def _sweep_page(
 
 
 def backends(frame: pd.DataFrame) -> list[str]:
-    """The kernel backends a suite's rows name: a `backend` case parameter, or the
-    `backend_is_triton` metric kernel sweeps record; [] when the rows name none. The torch
-    backend names the CPU path its rows record (`kernel_path_is_cpp`): "torch" alone read
-    as the gather + SDPA version on pages where the C++ in-place kernel ran."""
-    out: list[str] = []
-    if "backend" in frame.columns:
-        out += sorted({str(b) for b in frame["backend"].dropna()})
-    flags = frame[frame["metric"] == "backend_is_triton"]["value"]
-    if not flags.empty:
-        out += sorted({"triton" if v > 0 else "torch" for v in flags})
-    paths = frame[frame["metric"] == "kernel_path_is_cpp"]["value"]
-    if "torch" in out and not paths.empty:
-        named = sorted({"C++ in-place kernel" if v > 0 else "gather + SDPA" for v in paths})
-        out[out.index("torch")] = f"torch ({' and '.join(named)})"
-    return list(dict.fromkeys(out))
+    """The kernel paths a suite's rows name (`cpu-cpp`, `torch-sdpa`, `triton`; `torch`
+    where old rows do not say which CPU path ran): see `kernel_labels.labels_of`."""
+    return kernel_labels.labels_of(frame)
 
 
 def provenance(run: Run, frame: pd.DataFrame) -> str:

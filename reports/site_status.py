@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvbench.reports.results import CaseStatus, Run
+from kvbench.reports.store.reader import Run
+from kvbench.reports.store.schema import CaseStatus, Status
 
 
 @dataclass
@@ -29,15 +30,15 @@ def sweep_outcomes(runs: Sequence[Run]) -> dict[str, SweepOutcomes]:
     latest: dict[str, tuple[str, CaseStatus]] = {}
     for run in runs:
         for key, status in run.outcomes().items():
-            if key not in latest or latest[key][1].status != "measured":
+            if key not in latest or latest[key][1].status is not Status.MEASURED:
                 latest[key] = (run.run_id, status)
     out: dict[str, SweepOutcomes] = {}
     for run_id, status in latest.values():
-        if status.status == "measured":
+        if status.status is Status.MEASURED:
             continue
         entry = {"run": run_id, "case": _case_text(status), "message": status.message}
         bucket = out.setdefault(status.suite, SweepOutcomes())
-        if status.status == "failed":
+        if status.status is Status.FAILED:
             bucket.failed.append({**entry, "error": status.error})
         else:
             bucket.skipped.append(entry)
@@ -49,9 +50,9 @@ def run_outcomes(run: Run) -> dict[str, Any]:
     line that marks a killed run ("" when the run is complete or its plan is unknown)."""
     outcomes = run.outcomes()
     ended, planned = len(outcomes), run.planned_cases
-    counts = {s: 0 for s in ("measured", "failed", "skipped")}
+    counts = {s.value: 0 for s in Status}
     for status in outcomes.values():
-        counts[status.status] += 1
+        counts[status.status.value] += 1
     incomplete = (
         f"incomplete: {ended} of {planned} cases" if planned is not None and ended < planned else ""
     )

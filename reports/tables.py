@@ -1,7 +1,7 @@
 """Result rows -> pandas tables: the last value per case and metric, case parameters as
 columns, metrics side by side, and two-run comparisons.
 
-Input is the long frame of `reports.results.to_frame` (one row per measurement).
+Input is the long frame of `reports.store.frame.to_frame` (one row per measurement).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.reports.results import BASE_COLUMNS
+from kvbench.reports.store.frame import BASE_COLUMNS
 from kvbench.workloads.units import format_quantity, format_spread
 
 #: Metrics the runner writes for its own bookkeeping; shown in tables, never plotted.

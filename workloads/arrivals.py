@@ -1,13 +1,19 @@
 """Seeded request arrival processes (times in seconds from the start of a trace).
 
-Three processes cover the serving benchmarks the seeds discuss:
+Four processes cover the serving benchmarks the seeds discuss:
 
     all        every request at t = 0 (an offline batch: the throughput setting);
     poisson    exponential inter-arrival gaps at `rate` requests per second;
+    gamma      gamma inter-arrival gaps at `rate` requests per second with a burstiness
+               factor b, as `vllm bench serve --burstiness` draws them: shape b, scale
+               1 / (rate * b), so the mean gap is 1 / rate for every b and the gaps'
+               coefficient of variation is 1 / sqrt(b). b = 1 is the exponential
+               distribution (Poisson arrivals); b < 1 is burstier, b > 1 more regular;
     burst      groups of `size` requests arriving together every `interval` seconds.
 
 Every function returns a non-decreasing float64 array of length n, the order a trace
-requires. Spec strings for the CLI: "all", "poisson:RATE", "burst:SIZE:INTERVAL".
+requires. Spec strings for the CLI: "all", "poisson:RATE", "gamma:RATE:BURSTINESS",
+"burst:SIZE:INTERVAL".
 """
 
 from __future__ import annotations
@@ -40,6 +46,24 @@ def poisson(n: int, rng: np.random.Generator, rate: float) -> np.ndarray:
     return np.cumsum(rng.exponential(1.0 / rate, size=n))
 
 
+def check_burstiness(burstiness: float) -> float:
+    """A burstiness factor must be a finite number > 0 (the gamma shape)."""
+    b = burstiness
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not (np.isfinite(b) and b > 0):
+        raise ConfigError(f"burstiness must be a finite number > 0, got {burstiness!r}")
+    return float(b)
+
+
+def gamma(n: int, rng: np.random.Generator, rate: float, burstiness: float = 1.0) -> np.ndarray:
+    """n arrivals with gamma gaps of mean 1 / `rate` s: shape `burstiness`, scale
+    1 / (rate * burstiness) (vLLM's definition; module docstring). The first gap is
+    included, as in `poisson`."""
+    _check_n(n)
+    poisson(0, rng, rate)  # the rate's checks
+    b = check_burstiness(burstiness)
+    return np.cumsum(rng.gamma(b, 1.0 / (rate * b), size=n))
+
+
 def bursts(n: int, size: int, interval: float) -> np.ndarray:
     """Bursts of `size` requests at t = 0, interval, 2 * interval, ..."""
     _check_n(n)
@@ -51,7 +75,8 @@ def bursts(n: int, size: int, interval: float) -> np.ndarray:
 
 
 def parse_arrivals(spec: str) -> ArrivalProcess:
-    """An arrival process from a spec string: 'all', 'poisson:RATE', 'burst:SIZE:INTERVAL'."""
+    """An arrival process from a spec string: 'all', 'poisson:RATE',
+    'gamma:RATE:BURSTINESS', 'burst:SIZE:INTERVAL'."""
     parts = str(spec).strip().lower().split(":")
     try:
         if parts == ["all"]:
@@ -60,6 +85,10 @@ def parse_arrivals(spec: str) -> ArrivalProcess:
             rate = float(parts[1])
             poisson(0, np.random.default_rng(0), rate)  # validate now, not at first use
             return lambda n, rng: poisson(n, rng, rate)
+        if parts[0] == "gamma" and len(parts) == 3:
+            rate, b = float(parts[1]), float(parts[2])
+            gamma(0, np.random.default_rng(0), rate, b)
+            return lambda n, rng: gamma(n, rng, rate, b)
         if parts[0] == "burst" and len(parts) == 3:
             size, interval = int(parts[1]), float(parts[2])
             bursts(0, size, interval)
@@ -69,5 +98,6 @@ def parse_arrivals(spec: str) -> ArrivalProcess:
             raise
         raise ConfigError(f"bad number in arrival spec {spec!r}: {exc}") from None
     raise ConfigError(
-        f"cannot parse arrival spec {spec!r}; use 'all', 'poisson:RATE' or 'burst:SIZE:INTERVAL'"
+        f"cannot parse arrival spec {spec!r}; use 'all', 'poisson:RATE', "
+        "'gamma:RATE:BURSTINESS' or 'burst:SIZE:INTERVAL'"
     )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, require_positive
 
-#: Seed 000 applies the PagedAttention paper's "under 4%" tail waste as a 1.04 factor.
+#: [KV-capacity] applies the PagedAttention paper's "under 4%" tail waste as a 1.04 factor.
 DEFAULT_TAIL_ALLOWANCE = 1.04
 
 
@@ -187,7 +187,7 @@ def prefix_sharing(num_requests: int, prefix_tokens: int, block_size: int) -> Pr
 
     With sharing, one physical copy of the prefix's blocks serves every request: full
     blocks are shared for good, and the partial last block is shared until a request
-    writes into it (copy-on-write), which is how seed 000 counts 63 blocks for 100
+    writes into it (copy-on-write), which is how [KV-capacity] counts 63 blocks for 100
     requests sharing 1,000 tokens at block 16 (99.0% saved).
     """
     require_positive("num_requests", num_requests)

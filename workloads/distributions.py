@@ -8,7 +8,7 @@ sample ever falls outside [lo, hi]).
 
 Named distributions and how they were fitted
 --------------------------------------------
-The PagedAttention paper (Kwon et al., 2023; figures quoted in seed 001 and the issue)
+The PagedAttention paper (Kwon et al., 2023; figures quoted in [PA-deep-dive] and the issue)
 reports dataset means only: ShareGPT prompts 161.31 / outputs 337.99 tokens, Alpaca
 19.31 / 58.45, both right-skewed with lengths up to about 2,000 tokens. We model each
 as a log-normal, discretised to integers (mass of k = P(k - 0.5 < X <= k + 0.5)) and
@@ -31,7 +31,7 @@ baseline reserves), which would shorten both means by about 3% (ShareGPT); the
 workloads therefore use `named_pair`, a joint fit whose mu's put the means *of the kept
 pairs* on the published figures (the marginal fits above remain available by name).
 
-Seed 002's workload is a normal(500, 200) clipped to [200, 2048] (clipping puts the
+[paged-sim]'s workload is a normal(500, 200) clipped to [200, 2048] (clipping puts the
 mass below 200 on 200 itself, as `np.clip` would); its exact mean is 505.86.
 
 Spec strings (for the CLI and sweep grids): "fixed:N", "uniform:LO:HI",

@@ -150,7 +150,7 @@ def parse_bytes(text: str | int | float, *, decimal_gb_as_mib: bool = False) -> 
     """Parse a size such as '42GB', '8 GiB', '512MiB' or a plain number of bytes.
 
     KB/MB/GB are decimal (10^3), KiB/MiB/GiB binary (2^10). With `decimal_gb_as_mib`,
-    "N GB" is read as N x 1,000 MiB, the convention seed 001 uses for its "42 GB" pool
+    "N GB" is read as N x 1,000 MiB, the convention [PA-deep-dive] uses for its "42 GB" pool
     (42,000 MiB = 8,400 blocks of 5 MiB).
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):

@@ -19,7 +19,8 @@ Figures (vendor datasheets, dense fp16/bf16 tensor throughput, no sparsity):
     a100-80gb   2.039e12   312e12       25e9           300e9             80      A100 80GB SXM;
                                                                                  PCIe Gen4 x16
                                                                                  "~25 GB/s
-                                                                                 effective" (seed 001)
+                                                                                 effective"
+                                                                                 ([PA-deep-dive])
     h100        3.35e12    989e12       50e9           450e9             80      H100 SXM; PCIe Gen5
     h200        4.8e12     989e12       50e9           450e9             141     H200 SXM
     cpu         8e9        25e9         8e9            8e9               -       this 2-core build
@@ -35,7 +36,7 @@ H100: 18 NVLink4 links, 450 GB/s). Fixed per-step cost on the GPUs: 1 ms, an ass
 (kernel launches, scheduling and sampling of one engine iteration), not a measurement;
 all-reduce latency: 10 us per call (NCCL on NVLink, small messages), also an assumption.
 
-Note on seed 001's swap-vs-recompute table: its recompute column (2,048 tokens of
+Note on [PA-deep-dive]'s swap-vs-recompute table: its recompute column (2,048 tokens of
 Llama-2-70B in 190 ms) implies ~1.5e15 FLOP/s, several A100s' worth; with FLOPs / peak on
 one A100 the recompute cost is ~5x higher, so `auto` picks swap even more clearly.
 """

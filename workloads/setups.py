@@ -12,11 +12,13 @@ The vLLM paper's set-ups (Kwon et al., SOSP 2023, Table 1, as commonly quoted) a
     opt-66b-4xa100-40gb    21 GiB         2.25 MiB       9,557    9.7K (needs 21.3 GiB)
     opt-175b-8xa100-80gb   264 GiB        4.5 MiB       60,074    60.1K
     llama-2-70b-a100-80gb  42 GB (seed:   320 KiB      134,400    8,400 blocks of 16
-                           42,000 MiB)                            (seed 001)
+                           42,000 MiB)                            ([PA-deep-dive])
     llama-2-70b-h100       the same on an H100-80GB
+    llama-3-70b-8xh100-tp8 400 GiB        320 KiB    1,310,720    (Mooncake's model; see
+                                                                  its `source`)
 
 The paper's KV figures are binary gigabytes: 12 and 264 GiB give its slot counts; its
-21 GB for OPT-66B gives 9,557 slots, 1.5% under the quoted 9.7K. Seed 001 serves
+21 GB for OPT-66B gives 9,557 slots, 1.5% under the quoted 9.7K. [PA-deep-dive] serves
 Llama-2-70B on one 80 GB GPU with "~35 GB" of weights: that is what its budget and its
 throughput tables assume, though fp16 weights of a 70B model are ~140 GB (35 GB is a
 4-bit model); the set-up takes the seed's 35 GB so its tables can be regenerated.
@@ -42,7 +44,7 @@ class ServingSetup:
         profile: device profile name (one device; `tp` of them).
         tp: tensor-parallel ranks.
         kv_budget: KV memory of the whole set-up ("12GiB"; "42GB" is read as 42,000 MiB,
-            seed 001's convention).
+            [PA-deep-dive]'s convention).
         max_seq_len: longest request (the contiguous max reservation).
         source: where the figures come from.
         weight_bytes: overrides the preset's fp16 weight bytes (0: the preset's).
@@ -129,7 +131,7 @@ SETUPS: dict[str, ServingSetup] = {
             1,
             "42GB",
             4096,
-            "seed 001: Llama-2-70B on A100-80GB, ~35 GB weights, 42 GB KV pool (8,400 "
+            "[PA-deep-dive]: Llama-2-70B on A100-80GB, ~35 GB weights, 42 GB KV pool (8,400 "
             "blocks of 16); 4,096-token context",
             weight_bytes=35 * 10**9,
             quoted_slots=134_400,
@@ -141,9 +143,22 @@ SETUPS: dict[str, ServingSetup] = {
             1,
             "42GB",
             4096,
-            "seed 001's Llama-2-70B set-up on an H100-80GB",
+            "[PA-deep-dive]'s Llama-2-70B set-up on an H100-80GB",
             weight_bytes=35 * 10**9,
             quoted_slots=134_400,
+        ),
+        ServingSetup(
+            "llama-3-70b-8xh100-tp8",
+            "llama-3-70b",
+            "h100",
+            8,
+            "400GiB",
+            131_072,
+            "Mooncake paper (FAST'25) model on 8 x H100-80GB, tensor parallel 8: 90% of "
+            "640 GB (vLLM's default memory use) less 141 GB of fp16 weights and ~4 GB of "
+            "activations per GPU leaves ~50 GB of KV per GPU, taken as 400 GiB (1.31M "
+            "slots); 128K-token context (Llama 3.1), which the trace's longest request "
+            "(126,527 tokens) needs",
         ),
     )
 }

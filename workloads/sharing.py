@@ -82,7 +82,7 @@ def workload(name: str) -> Workload:
             key,
             fixed(1),
             named("seed002"),
-            "seed 002: a 1-token prompt then normal(500, 200) clipped [200, 2048] generated "
+            "[paged-sim]: a 1-token prompt then normal(500, 200) clipped [200, 2048] generated "
             "tokens, i.e. the request grows token by token as in the seed's simulation",
         )
     if key == "uniform":

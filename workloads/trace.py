@@ -2,7 +2,7 @@
 
 Format (UTF-8, one JSON object per line):
 
-    line 1      header: {"format": "kvbench-trace", "version": 1, "num_requests": N,
+    line 1      header: {"format": "kvbench-trace", "version": 1 or 2, "num_requests": N,
                          "meta": {...free-form: generator, seed, ...}}
     line 2..N+1 one request each, fields:
         id            str or int, unique in the trace                        (required)
@@ -14,6 +14,22 @@ Format (UTF-8, one JSON object per line):
         n             parallel samples of this prompt, >= 1 (default 1)       (optional)
         beam_width    beam search width, >= 1 (default 1; not with n > 1)     (optional)
         output_tokens token ids the request will generate (len == output_len) (optional)
+      version 2 adds a compact prompt description (for imported production traces, whose
+      prompts are too long to store as ids: 145M tokens in the Mooncake trace):
+        prompt_blocks        block ids (ints >= 0), one per prompt_block_tokens tokens of
+                             the prompt: ceil(prompt_len / prompt_block_tokens) of them;
+                             needs prompt_len, excludes prompt                  (optional)
+        prompt_block_tokens  tokens per described block, >= 1 (with prompt_blocks)
+
+A file is written as version 1 unless a request uses `prompt_blocks` (so version-1 files
+stay byte-identical); both versions are read.
+
+A request given by `prompt_blocks` gets synthesized prompt ids (`block_token_ids`): the
+ids of a block depend only on its block id and the position within the block, and
+differ from every other block's and from every other synthetic id. So kvbench's sha256
+block-key chain (`paged.prefix_cache`) shares a block exactly when the trace's block ids
+say so, at every block size dividing prompt_block_tokens; the last, partial block keeps
+prompt_len (its first prompt_len mod prompt_block_tokens ids).
 
 A request given by `prompt_len` only gets synthetic prompt ids that depend on its
 position in the trace and never coincide with another request's (see
@@ -38,7 +54,9 @@ from typing import Any
 from kvbench.workloads.errors import ConfigError
 
 FORMAT = "kvbench-trace"
-VERSION = 1
+#: The newest version written (a trace without `prompt_blocks` is written as version 1).
+VERSION = 2
+READ_VERSIONS = (1, 2)
 _HEADER_FIELDS = {"format", "version", "num_requests", "meta"}
 _REQUEST_FIELDS = {
     "id",
@@ -50,9 +68,89 @@ _REQUEST_FIELDS = {
     "n",
     "beam_width",
     "output_tokens",
+    "prompt_blocks",
+    "prompt_block_tokens",
 }
 #: Synthetic prompt ids of request i occupy [SYNTH_BASE * (i + 1), SYNTH_BASE * (i + 2)).
 SYNTH_BASE = 1 << 24
+#: Ids synthesized from block ids occupy [BLOCK_ID_BASE, 2**63): above every per-request
+#: synthetic id (SYNTH_BASE * (i + 2) < 2**56 for any trace that fits in memory), below
+#: the int64 the block keys encode ids as.
+BLOCK_ID_BASE = 1 << 56
+#: Largest block id * prompt_block_tokens + position that stays inside that range.
+MAX_BLOCK_SPAN = (1 << 63) - BLOCK_ID_BASE
+
+
+class BlockTokenIds(Sequence[int]):
+    """The prompt ids a list of block ids describes, without building them: id
+    BLOCK_ID_BASE + block * block_tokens + position (injective in (block, position)),
+    `length` ids in all (the last block keeps only the ids up to `length`).
+
+    Immutable; a slice is a tuple of ints, built from ranges at C speed (a prefix-cache
+    lookup slices one block at a time), so a 10^4-token prompt costs nothing until read.
+    Every id is an int >= BLOCK_ID_BASE (`nonnegative_ids`: `validate_prompt` trusts it).
+    """
+
+    __slots__ = ("_blocks", "_bt", "_len")
+    nonnegative_ids = True
+
+    def __init__(self, blocks: Sequence[int], block_tokens: int, length: int) -> None:
+        self._blocks = tuple(blocks)
+        self._bt = block_tokens
+        self._len = length
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _spans(self, start: int, stop: int) -> Iterator[range]:
+        bt, blocks = self._bt, self._blocks
+        pos = start
+        while pos < stop:
+            k, off = divmod(pos, bt)
+            base = BLOCK_ID_BASE + blocks[k] * bt
+            take = min(bt - off, stop - pos)
+            yield range(base + off, base + off + take)
+            pos += take
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            if step != 1:
+                return tuple(self)[index]
+            if stop - start <= self._bt - start % self._bt:  # inside one block
+                k, off = divmod(start, self._bt)
+                base = BLOCK_ID_BASE + self._blocks[k] * self._bt + off
+                return tuple(range(base, base + max(0, stop - start)))
+            out: list[int] = []
+            for span in self._spans(start, stop):
+                out.extend(span)
+            return tuple(out)
+        i = range(self._len)[index]  # IndexError / TypeError like a tuple
+        k, off = divmod(i, self._bt)
+        return BLOCK_ID_BASE + self._blocks[k] * self._bt + off
+
+    def __iter__(self) -> Iterator[int]:
+        for span in self._spans(0, self._len):
+            yield from span
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockTokenIds):
+            return (self._blocks, self._bt, self._len) == (other._blocks, other._bt, other._len)
+        if isinstance(other, (tuple, list)):
+            return len(other) == self._len and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self._blocks, self._bt, self._len))
+
+    def __repr__(self) -> str:
+        return f"BlockTokenIds({len(self._blocks)} blocks of {self._bt}, {self._len} ids)"
+
+
+def block_token_ids(blocks: Sequence[int], block_tokens: int, length: int) -> BlockTokenIds:
+    """The `length` prompt ids described by `blocks` of `block_tokens` tokens each
+    (`BlockTokenIds`)."""
+    return BlockTokenIds(blocks, block_tokens, length)
 
 
 class TraceError(ConfigError):
@@ -80,15 +178,20 @@ class TraceRequest:
     n: int = 1
     beam_width: int = 1
     output_tokens: tuple[int, ...] | None = field(default=None, repr=False)
+    prompt_blocks: tuple[int, ...] | None = field(default=None, repr=False)
+    prompt_block_tokens: int | None = None
 
     def __post_init__(self) -> None:
         _validate_request(self, line=0)
 
     def prompt_ids(self, index: int) -> Sequence[int]:
-        """The prompt's token ids: the given ones (a tuple), or synthetic ids unique to
-        `index`, the request's position in its trace (a range: no list is built)."""
+        """The prompt's token ids: the given ones (a tuple), the ids synthesized from
+        `prompt_blocks` (`block_token_ids`), or synthetic ids unique to `index`, the
+        request's position in its trace (a range: no list is built)."""
         if self.prompt is not None:
             return self.prompt
+        if self.prompt_blocks is not None and self.prompt_block_tokens is not None:
+            return block_token_ids(self.prompt_blocks, self.prompt_block_tokens, self.prompt_len)
         base = SYNTH_BASE * (index + 1)
         return range(base, base + self.prompt_len)
 
@@ -99,6 +202,9 @@ class TraceRequest:
             out["prompt"] = list(self.prompt)
         else:
             out["prompt_len"] = self.prompt_len
+        if self.prompt_blocks is not None:
+            out["prompt_blocks"] = list(self.prompt_blocks)
+            out["prompt_block_tokens"] = self.prompt_block_tokens
         out["output_len"] = self.output_len
         if self.salt is not None:
             out["salt"] = self.salt
@@ -138,9 +244,10 @@ class Trace:
         return len(self.requests)
 
     def header(self) -> dict[str, Any]:
+        compact = any(r.prompt_blocks is not None for r in self.requests)
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": VERSION if compact else 1,
             "num_requests": len(self.requests),
             "meta": self.meta,
         }
@@ -218,9 +325,11 @@ class Trace:
                 raise TraceError(f"unknown header field (value {header[key]!r})", 1, key)
         if header.get("format") != FORMAT:
             raise TraceError(f"expected {FORMAT!r}, got {header.get('format')!r}", 1, "format")
-        if header.get("version") != VERSION:
+        version = header.get("version")
+        if isinstance(version, bool) or version not in READ_VERSIONS:
             raise TraceError(
-                f"unsupported version {header.get('version')!r} (this kvbench reads {VERSION})",
+                f"unsupported version {version!r} (this kvbench reads "
+                f"{' and '.join(map(str, READ_VERSIONS))})",
                 1,
                 "version",
             )
@@ -237,6 +346,10 @@ class Trace:
             if not raw.strip():
                 raise TraceError("empty line (each line must be one request)", lineno)
             req = _request_from_obj(_parse_object(raw, lineno), lineno)
+            if version == 1 and req.prompt_blocks is not None:
+                raise TraceError(
+                    "is a version-2 field; the header says version 1", lineno, "prompt_blocks"
+                )
             if req.id in seen:
                 raise TraceError(f"duplicate request id {req.id!r}", lineno, "id")
             if req.arrival < last_arrival:
@@ -323,6 +436,20 @@ def _request_from_obj(obj: dict[str, Any], lineno: int) -> TraceRequest:
     out_tokens = None
     if "output_tokens" in obj:
         out_tokens = _token_list(obj["output_tokens"], lineno, "output_tokens")
+    blocks = None
+    if "prompt_blocks" in obj:
+        blocks = _token_list(obj["prompt_blocks"], lineno, "prompt_blocks")
+        if "prompt" in obj:
+            raise TraceError("give 'prompt' or 'prompt_blocks', not both", lineno, "prompt_blocks")
+        if "prompt_block_tokens" not in obj:
+            raise TraceError("missing: 'prompt_blocks' needs it", lineno, "prompt_block_tokens")
+        if "prompt_len" not in obj:
+            raise TraceError("missing: 'prompt_blocks' needs it", lineno, "prompt_len")
+    elif "prompt_block_tokens" in obj:
+        raise TraceError("given without 'prompt_blocks'", lineno, "prompt_block_tokens")
+    block_tokens = (
+        _int_field(obj, "prompt_block_tokens", lineno, 1, None) if blocks is not None else None
+    )
     values = dict(
         id=rid,
         arrival=float(arrival),
@@ -333,6 +460,8 @@ def _request_from_obj(obj: dict[str, Any], lineno: int) -> TraceRequest:
         n=_int_field(obj, "n", lineno, 1, 1),
         beam_width=_int_field(obj, "beam_width", lineno, 1, 1),
         output_tokens=out_tokens,
+        prompt_blocks=blocks,
+        prompt_block_tokens=block_tokens,
     )
     try:
         return TraceRequest(**values)
@@ -373,6 +502,35 @@ def _validate_request(req: TraceRequest, line: int) -> None:
         )
     if req.salt is not None and not isinstance(req.salt, str):
         raise TraceError(f"must be a string or null, got {req.salt!r}", line, "salt")
+    if req.prompt_blocks is not None or req.prompt_block_tokens is not None:
+        _validate_blocks(req, line)
+
+
+def _validate_blocks(req: TraceRequest, line: int) -> None:
+    """`prompt_blocks` and `prompt_block_tokens` go together, exclude `prompt`, and the
+    ids cover the prompt exactly: ceil(prompt_len / prompt_block_tokens) of them."""
+    bt, blocks = req.prompt_block_tokens, req.prompt_blocks
+    if blocks is None or bt is None:
+        raise TraceError("prompt_blocks and prompt_block_tokens go together", line, "prompt_blocks")
+    if isinstance(bt, bool) or not isinstance(bt, int) or bt < 1:
+        raise TraceError(f"must be an integer >= 1, got {bt!r}", line, "prompt_block_tokens")
+    if req.prompt is not None:
+        raise TraceError("give 'prompt' or 'prompt_blocks', not both", line, "prompt_blocks")
+    need = -(-req.prompt_len // bt)
+    if len(blocks) != need:
+        raise TraceError(
+            f"has {len(blocks)} block ids; prompt_len {req.prompt_len} in blocks of {bt} "
+            f"tokens needs {need}",
+            line,
+            "prompt_blocks",
+        )
+    for b in blocks:
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0 or (b + 1) * bt > MAX_BLOCK_SPAN:
+            raise TraceError(
+                f"block id {b!r} is not an integer in [0, {MAX_BLOCK_SPAN // bt})",
+                line,
+                "prompt_blocks",
+            )
 
 
 def requests_from_arrays(

@@ -42,10 +42,11 @@ LATENCY_METRICS: dict[str, str] = {
 LATENCY_STATS: tuple[str, ...] = ("mean", "p50", "p90", "p99")
 
 
-def request_latencies(records: Iterable[SeqRecord]) -> dict[str, list[float]]:
-    """Each metric's value per request (records of one request grouped by `request`),
-    in order of each request's first record."""
-    spans: dict[object, list[float]] = {}
+def request_spans(records: Iterable[SeqRecord]) -> list[tuple[float, float, float, int]]:
+    """(arrival, first token, finish, output_len) per request: the records of one
+    request grouped by `request` (the first token of any sample, the finish of the
+    last), in order of each request's first record."""
+    spans: dict[object, list] = {}
     for rec in records:
         span = spans.get(rec.request)
         if span is None:
@@ -53,8 +54,14 @@ def request_latencies(records: Iterable[SeqRecord]) -> dict[str, list[float]]:
         else:
             span[1] = min(span[1], rec.first_token_s)
             span[2] = max(span[2], rec.finish_s)
+    return [(a, f, e, n) for a, f, e, n in spans.values()]
+
+
+def request_latencies(records: Iterable[SeqRecord]) -> dict[str, list[float]]:
+    """Each metric's value per request (`request_spans`), in order of each request's
+    first record."""
     out: dict[str, list[float]] = {name: [] for name in LATENCY_METRICS}
-    for arrival, first, finish, output_len in spans.values():
+    for arrival, first, finish, output_len in request_spans(records):
         out["ttft"].append(first - arrival)
         out["e2e"].append(finish - arrival)
         out["normalized_latency"].append((finish - arrival) / output_len)

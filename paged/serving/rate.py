@@ -46,7 +46,9 @@ import numpy as np
 
 from kvbench.paged.serving.latency import flat
 from kvbench.paged.serving.simulation import setup_spec, setup_time_model, simulate
+from kvbench.paged.serving.slo import SLO, goodput
 from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, TimeModel
+from kvbench.workloads.arrivals import check_burstiness, gamma
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.setups import ServingSetup
 from kvbench.workloads.trace import Trace
@@ -90,15 +92,21 @@ def check_bound(bound: float) -> float:
 
 @dataclass(frozen=True)
 class RateTrace:
-    """A trace's requests plus unit-rate Poisson arrival times (seconds at 1 request/s)."""
+    """A trace's requests plus unit-rate arrival times (seconds at 1 request/s): Poisson,
+    or gamma gaps of shape `burstiness` and mean 1 (`workloads.arrivals.gamma`; dividing
+    them by a rate r gives vLLM's gamma arrivals at r)."""
 
     base: Trace
     unit_arrivals: np.ndarray
+    burstiness: float = 1.0
 
     @classmethod
-    def make(cls, base: Trace, seed: int) -> RateTrace:
+    def make(cls, base: Trace, seed: int, burstiness: float = 1.0) -> RateTrace:
         rng = np.random.default_rng([seed, 0x5EED])
-        return cls(base, np.cumsum(rng.exponential(1.0, len(base.requests))))
+        n = len(base.requests)
+        if check_burstiness(burstiness) == 1.0:
+            return cls(base, np.cumsum(rng.exponential(1.0, n)))
+        return cls(base, gamma(n, rng, 1.0, burstiness), float(burstiness))
 
     def max_rate(self, duration: float) -> float:
         """The highest rate at which the requests last `duration` seconds."""
@@ -122,7 +130,10 @@ class RateTrace:
             replace(r, arrival=float(a / rate))
             for r, a in zip(self.base.requests[:n], self.unit_arrivals[:n], strict=True)
         )
-        return Trace(reqs, {**self.base.meta, "arrivals": f"poisson:{rate:g}"})
+        shape = (
+            f"poisson:{rate:g}" if self.burstiness == 1.0 else f"gamma:{rate:g}:{self.burstiness:g}"
+        )
+        return Trace(reqs, {**self.base.meta, "arrivals": shape})
 
 
 def latency_floor(tm: TimeModel) -> float:
@@ -139,16 +150,46 @@ def run_at_rate(
     duration: float | None = None,
     block_size: int = 16,
     max_num_seqs: int = 256,
+    *,
+    max_concurrency: int = 0,
+    slo: SLO | None = None,
 ) -> dict[str, float]:
-    """Serve `trace` at `rate` on `setup` with `system`: latency metrics
-    (`SimulationResult.latency`, flat: "normalized_latency_mean", ...), throughput
-    (`served_throughput`) plus peak concurrency, preemptions and the
-    engine's wall time."""
-    kind, batching = SYSTEMS[check_system(system)]
-    spec = setup_spec(setup, kind, block_size, prefix_caching=False)
-    cfg = SchedulerConfig(max_num_seqs=max_num_seqs, batching=batching)
-    result = simulate(
+    """Serve `trace` at `rate` on `setup` with `system` (`run_system`)."""
+    return run_system(
+        setup,
+        system,
         trace.at(rate, duration),
+        block_size,
+        max_num_seqs,
+        max_concurrency=max_concurrency,
+        slo=slo,
+    )
+
+
+def run_system(
+    setup: ServingSetup,
+    system: str,
+    trace: Trace,
+    block_size: int = 16,
+    max_num_seqs: int = 256,
+    *,
+    max_concurrency: int = 0,
+    slo: SLO | None = None,
+    prefix_caching: bool = False,
+) -> dict[str, float]:
+    """Serve `trace` (its own arrivals) on `setup` with `system`: latency metrics
+    (`SimulationResult.latency`, flat: "normalized_latency_mean", ...), throughput
+    (`served_throughput`) plus peak concurrency, preemptions and the engine's wall
+    time; with `slo`, "goodput" (requests/s) and "slo_attainment" (`paged.serving.slo`).
+    `max_concurrency` caps the requests in flight (0: none); `prefix_caching` applies
+    to the paged cache."""
+    kind, batching = SYSTEMS[check_system(system)]
+    spec = setup_spec(setup, kind, block_size, prefix_caching=prefix_caching)
+    cfg = SchedulerConfig(
+        max_num_seqs=max_num_seqs, batching=batching, max_concurrency=max_concurrency
+    )
+    result = simulate(
+        trace,
         spec,
         "auto",
         config=cfg,
@@ -156,6 +197,8 @@ def run_at_rate(
     )
     out = flat(result.latency)
     out.update(served_throughput(result))
+    if slo is not None:
+        out.update(goodput(result.records, slo).as_dict())
     out.update(
         peak_concurrency=float(result.peak_concurrency),
         preemptions=float(result.preemptions),

@@ -62,6 +62,12 @@ class SchedulerConfig:
         hash_outputs: pass generated token ids to the cache so generated blocks are
             prefix-cacheable. "auto": only for trace-given output tokens (multi-turn);
             synthetic outputs are private to their request.
+        max_concurrency: most requests in flight at once (0: no cap), as
+            `vllm bench serve --max-concurrency` caps its client: a request whose arrival
+            time has come joins the engine only while fewer than this many requests are
+            in flight (joined and not finished: waiting, running or swapped); the rest
+            queue outside, FCFS, and join as requests finish. Its latencies count from
+            when it joined (as vLLM's client times a request from when it is sent).
         sample_preemption: what preemption takes of an n-sample request: "request"
             (every running sample together, as vLLM preempts a sequence group, when the
             whole family fits the cache) or "sequence" (the victim sample alone; its
@@ -79,6 +85,7 @@ class SchedulerConfig:
     mode: str = "event"
     hash_outputs: str = "auto"
     sample_preemption: str = "request"
+    max_concurrency: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_batched_tokens", "max_num_seqs", "max_preemptions"):
@@ -98,6 +105,9 @@ class SchedulerConfig:
             raise ConfigError(f"unknown batching {self.batching!r}; known: {BATCHING_POLICIES}")
         if self.mode not in MODES:
             raise ConfigError(f"unknown mode {self.mode!r}; known: {MODES}")
+        mc = self.max_concurrency
+        if isinstance(mc, bool) or not isinstance(mc, int) or mc < 0:
+            raise ConfigError(f"max_concurrency must be an integer >= 0 (0: no cap), got {mc!r}")
         if self.static_batch_size < 0:
             raise ConfigError(f"static_batch_size must be >= 0, got {self.static_batch_size!r}")
         if self.hash_outputs not in ("auto", "always", "never"):
@@ -288,7 +298,8 @@ class SeqRecord:
     """What happened to one sequence (a request, or a child `id#k` of an n-sample one).
 
     Steps are engine iterations; times are modeled seconds from the trace's t = 0
-    (`kvbench.paged.serving.latency`): `arrival_s` the trace's arrival, `first_token_s` the end of
+    (`kvbench.paged.serving.latency`): `arrival_s` the trace's arrival (with a concurrency
+    cap, the later time the request joined the engine), `first_token_s` the end of
     the step that sampled its first token, `finish_s` the end of the step that generated
     its last (-1.0 until stamped; 0.0 throughout without a time model).
     """

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvbench.reports.store.reader import Run
 from kvbench.reports.store.schema import ResultRow, case_key
 from kvbench.workloads.errors import ConfigError
+
+if TYPE_CHECKING:  # the reader imports this module (Run.frame); no import back at run time
+    from kvbench.reports.store.reader import Run
 
 #: Columns every results DataFrame has, before the case parameters and stats.
 BASE_COLUMNS = ("run_id", "suite", "metric", "value", "unit", "time", "case_key")

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvbench.reports.store.environment import new_run_id
+from kvbench.reports.store.files import DEFAULT_RESULTS_DIR
 from kvbench.reports.store.reader import Run
 from kvbench.reports.store.schema import ResultsError, case_key
-from kvbench.reports.store.writer import DEFAULT_RESULTS_DIR, ResultWriter, check_run_id
+from kvbench.reports.store.writer import ResultWriter, check_run_id
 
 #: Bench options every shard of one run shares (the shard spec aside).
 _SHARED_BENCH_OPTIONS = ("sweeps", "full", "seed")

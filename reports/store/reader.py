@@ -16,16 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvbench.reports.store.files import DEFAULT_RESULTS_DIR, read_header, run_files
+from kvbench.reports.store.frame import to_frame
 from kvbench.reports.store.schema import (
     CaseStatus,
     RecordError,
     ResultRow,
     ResultsError,
     RunHeader,
+    Status,
     case_key,
     check_schema,
 )
-from kvbench.reports.store.writer import DEFAULT_RESULTS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +100,6 @@ class Run:
 
     def frame(self) -> Any:
         """The run's rows as a pandas DataFrame (see `kvbench.reports.store.frame`)."""
-        from kvbench.reports.store.frame import to_frame
-
         return to_frame([self])
 
     def outcomes(self) -> dict[str, CaseStatus]:
@@ -108,7 +108,7 @@ class Run:
         out: dict[str, CaseStatus] = {}
         for row in self.rows:
             if row.metric == DONE_METRIC:
-                out[row.key] = CaseStatus(row.suite, row.case, "measured")
+                out[row.key] = CaseStatus(row.suite, row.case, Status.MEASURED)
         for status in self.statuses:
             out[status.key] = status
         return out
@@ -202,20 +202,6 @@ def _add_record(run: Run, path: Path, lineno: int, obj: dict[str, Any]) -> str |
     return f"unknown line kind {kind!r:.40}"
 
 
-def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The first line of a results file as a dict ({} when it is not a JSON object).
-    Reads at most 16 MiB, so a binary file without newlines costs little."""
-    try:
-        with open(path, "rb") as fh:
-            obj = json.loads(fh.readline(16 * 2**20).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return {}
-    return obj if isinstance(obj, dict) else {}
-
-
-_header_of = read_header
-
-
 def latest_run(
     results_dir: str | os.PathLike[str] = DEFAULT_RESULTS_DIR, kind: str | None = None
 ) -> Path:
@@ -226,7 +212,7 @@ def latest_run(
     best: tuple[str, float, str] | None = None
     chosen: Path | None = None
     for f in run_files(folder):
-        header = _header_of(f)
+        header = read_header(f)
         if kind is not None and kind not in header:
             continue
         key = (str(header.get("created", "")), f.stat().st_mtime, f.name)
@@ -264,14 +250,6 @@ def resolve_run(
         names = ", ".join(f.name.removesuffix(".jsonl") for f in matches[:5])
         raise ResultsError(f"run {text!r} is ambiguous in {folder}: {names}")
     raise RunNotFoundError(f"no run {text!r}: not a file and not a run id in {folder}")
-
-
-def run_files(results_dir: str | os.PathLike[str] = DEFAULT_RESULTS_DIR) -> list[Path]:
-    """Result files in `results_dir`, sorted by name (run ids sort by start time)."""
-    folder = Path(results_dir)
-    if not folder.is_dir():
-        return []
-    return sorted(f for f in folder.glob("*.jsonl") if f.is_file())
 
 
 def load_runs(
@@ -325,8 +303,8 @@ def summarize(run: Run) -> RunSummary:
         suites=tuple(run.suites),
         problems=len(run.problems),
         resumes=len(run.resumes),
-        failed=sum(s.status == "failed" for s in outcomes.values()),
-        skipped=sum(s.status == "skipped" for s in outcomes.values()),
+        failed=sum(s.status is Status.FAILED for s in outcomes.values()),
+        skipped=sum(s.status is Status.SKIPPED for s in outcomes.values()),
         ended=len(outcomes),
         planned=run.planned_cases,
     )

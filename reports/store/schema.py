@@ -21,14 +21,25 @@ import json
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from kvbench.workloads.errors import ConfigError, KVBenchError
 
 #: Version of the line format this module writes and the newest it can read.
 SCHEMA_VERSION = 1
-#: How a case can end.
-STATUSES: tuple[str, ...] = ("measured", "failed", "skipped")
+
+
+class Status(str, Enum):
+    """How a case of a run ended. The value is what a status line stores (and shows)."""
+
+    MEASURED = "measured"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
 
 _SCALAR_TYPES = (str, int, float, bool, type(None))
 
@@ -43,6 +54,16 @@ class SchemaVersionError(ResultsError):
 
 class RecordError(ConfigError):
     """A record (header, row, status) is malformed; the message says which field."""
+
+
+def parse_status(value: object) -> Status:
+    """`value` as a `Status` (a member, or its string value as a file stores it); else
+    RecordError naming it."""
+    try:
+        return Status(value)
+    except ValueError:
+        allowed = ", ".join(s.value for s in Status)
+        raise RecordError(f"status must be one of {allowed}, got {value!r:.40}") from None
 
 
 def case_key(suite: str, case: Mapping[str, Any]) -> str:
@@ -192,11 +213,11 @@ class ResultRow(Mapping[str, Any]):
 
 @dataclass(frozen=True)
 class CaseStatus:
-    """How one case of a run ended (see `STATUSES`)."""
+    """How one case of a run ended (see `Status`; a plain string is converted)."""
 
     suite: str
     case: dict[str, Any]
-    status: str
+    status: Status
     error: str = ""  # failed: the exception's class name
     message: str = ""  # failed: the exception's message; skipped: the reason
     time: str = ""
@@ -204,14 +225,13 @@ class CaseStatus:
     def __post_init__(self) -> None:
         _name("suite", self.suite)
         object.__setattr__(self, "case", check_case(self.case))
-        if self.status not in STATUSES:
-            raise RecordError(f"status must be one of {STATUSES}, got {self.status!r:.40}")
+        object.__setattr__(self, "status", parse_status(self.status))
         _text("error", self.error)
         _text("message", self.message)
         _text("time", self.time)
-        if self.status == "failed" and not self.error:
+        if self.status is Status.FAILED and not self.error:
             raise RecordError("a failed case must name its error class")
-        if self.status == "skipped" and not self.message:
+        if self.status is Status.SKIPPED and not self.message:
             raise RecordError("a skipped case must say why")
 
     @classmethod
@@ -222,7 +242,7 @@ class CaseStatus:
         return cls(
             obj["suite"],
             obj["case"],
-            obj["status"],
+            parse_status(obj["status"]),
             obj.get("error") or "",
             obj.get("message") or "",
             obj.get("time") or "",
@@ -234,7 +254,7 @@ class CaseStatus:
             "schema": SCHEMA_VERSION,
             "suite": self.suite,
             "case": dict(self.case),
-            "status": self.status,
+            "status": self.status.value,
             "error": self.error,
             "message": self.message,
             "time": self.time,

@@ -18,18 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.reports.store.environment import collect_environment, new_run_id, utc_now
+from kvbench.reports.store.files import DEFAULT_RESULTS_DIR, read_header
 from kvbench.reports.store.schema import (
     CaseStatus,
     ResultRow,
     ResultsError,
     RunHeader,
+    Status,
+    parse_status,
 )
 from kvbench.workloads.errors import CaseSkipped, ConfigError
 
 log = logging.getLogger(__name__)
-
-#: Where runs go unless told otherwise (relative to the working directory).
-DEFAULT_RESULTS_DIR = "out/results"
 
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
@@ -50,8 +50,6 @@ def check_appendable(path: str | os.PathLike[str]) -> None:
     """Refuse (ResultsError) to append to an existing, non-empty file that is not a
     kvbench results file (its first line is no results header): a writer would mix rows
     into someone else's file."""
-    from kvbench.reports.store.reader import read_header
-
     p = Path(path)
     if p.is_dir():
         raise ResultsError(f"cannot write results to {p}: it is a folder")
@@ -166,7 +164,7 @@ class ResultWriter:
         self,
         suite: str,
         case: Mapping[str, Any],
-        status: str,
+        status: Status | str,
         *,
         error: str = "",
         message: str = "",
@@ -179,7 +177,7 @@ class ResultWriter:
 
         Raises ConfigError for a bad argument (nothing is written).
         """
-        line = CaseStatus(suite, case, status, error, message, utc_now()).to_json()
+        line = CaseStatus(suite, case, parse_status(status), error, message, utc_now()).to_json()
         self._write_line(line)
         return line
 
@@ -187,10 +185,12 @@ class ResultWriter:
         """Record `exc` as the end of a case: a `CaseSkipped` is a skip with its reason,
         anything else a failure with its class and message."""
         if isinstance(exc, CaseSkipped):
-            self.record_status(suite, case, "skipped", message=str(exc) or type(exc).__name__)
+            self.record_status(suite, case, Status.SKIPPED, message=str(exc) or type(exc).__name__)
         else:
             message = str(exc)[:2000]
-            self.record_status(suite, case, "failed", error=type(exc).__name__, message=message)
+            self.record_status(
+                suite, case, Status.FAILED, error=type(exc).__name__, message=message
+            )
 
     def record_many(
         self,

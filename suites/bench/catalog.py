@@ -12,5 +12,7 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     serving_paper,
     serving_rate,
     static,
+    trace_capacity,
+    trace_serving,
     utilization,
 )

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvbench.reports.results import ResultWriter
+from kvbench.reports.store.writer import ResultWriter
 from kvbench.suites.bench.harness import COPY_PEAK_BYTES, CopyProbe, TimingConfig, time_fn
 
 log = logging.getLogger(__name__)

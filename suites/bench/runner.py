@@ -18,16 +18,11 @@ from pathlib import Path
 
 import torch
 
-from kvbench.reports.results import (
-    DEFAULT_RESULTS_DIR,
-    ResultWriter,
-    case_key,
-    check_run_id,
-    load_run,
-    read_header,
-    resolve_run,
-)
-from kvbench.reports.results import DONE_METRIC as STORE_DONE_METRIC
+from kvbench.reports.store.files import DEFAULT_RESULTS_DIR, read_header
+from kvbench.reports.store.reader import DONE_METRIC as STORE_DONE_METRIC
+from kvbench.reports.store.reader import load_run, resolve_run
+from kvbench.reports.store.schema import Status, case_key
+from kvbench.reports.store.writer import ResultWriter, check_run_id
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import TimingConfig
 from kvbench.suites.bench.registry import Case, Sweep, select
@@ -232,7 +227,7 @@ def run_bench(
                     writer.record(
                         pc.sweep.name, pc.case, DONE_METRIC, time.perf_counter() - t0, "s"
                     )
-                    writer.record_status(pc.sweep.name, pc.case, "measured")
+                    writer.record_status(pc.sweep.name, pc.case, Status.MEASURED)
                     measured += 1
                 if bar is not None:
                     bar.update(1)

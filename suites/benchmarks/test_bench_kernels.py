@@ -1,7 +1,7 @@
 """CPU benchmark: the torch paged decode path against SDPA over the same KV laid out
 contiguously (batch 8, contexts 512 / 1024 / 4096, block size 16, float32).
 
-Seed 001 puts the cost of paging at 4-15% of attention kernel time on GPUs; on a CPU the
+[PA-deep-dive] puts the cost of paging at 4-15% of attention kernel time on GPUs; on a CPU the
 torch path pays one gather of the blocks in use, so its overhead is the gather against
 one pass of attention over the same bytes. Both sides use the same SDPA call with the
 query heads of a GQA group as query rows, so the ratio isolates the paging.

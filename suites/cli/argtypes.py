@@ -152,8 +152,8 @@ def check_input_file(path: str | os.PathLike[str], what: str = "input file") -> 
 
 
 def run_id_arg(text: str) -> str:
-    """An argparse type: a usable run id (see `reports.results.check_run_id`)."""
-    from kvbench.reports.results import check_run_id
+    """An argparse type: a usable run id (see `reports.store.writer.check_run_id`)."""
+    from kvbench.reports.store.writer import check_run_id
 
     try:
         return check_run_id(text)

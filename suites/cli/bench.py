@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvbench.reports.results import DEFAULT_RESULTS_DIR
+from kvbench.reports.store.files import DEFAULT_RESULTS_DIR
 from kvbench.suites.bench.harness import TimingConfig
 from kvbench.suites.cli.argtypes import check_output_dir, int_range, run_id_arg
 
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 def claims_line(path) -> str:  # type: ignore[no-untyped-def]
     """'claims: 3 hold, 1 does not hold, 14 not measured (of 18)' for the run at `path`."""
     from kvbench.reports import claims
-    from kvbench.reports.results import load_run
+    from kvbench.reports.store.reader import load_run
 
     verdicts = [v.verdict for _, v in claims.evaluate(load_run(path).frame())]
     plural = {claims.HOLDS: "hold", claims.FAILS: "do not hold"}

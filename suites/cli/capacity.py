@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Print what a KV-cache budget holds for a model: bytes per token and block, "
             "blocks and token slots, concurrent requests at an average length (paged) vs "
             "at the maximum length (contiguous), and per-rank figures under tensor "
-            "parallelism. Sizes: KB/MB/GB are decimal, KiB/MiB/GiB binary (seed 001's "
+            "parallelism. Sizes: KB/MB/GB are decimal, KiB/MiB/GiB binary ([PA-deep-dive]'s "
             "'42 GB' pool is 42000MiB)."
         ),
     )

@@ -23,7 +23,9 @@ import logging
 import sys
 from pathlib import Path
 
-from kvbench.reports.results import DEFAULT_RESULTS_DIR, load_run, resolve_run, utc_now
+from kvbench.reports.store.environment import utc_now
+from kvbench.reports.store.files import DEFAULT_RESULTS_DIR
+from kvbench.reports.store.reader import load_run, resolve_run
 from kvbench.suites.cli.argtypes import (
     check_output_file,
     float_range,

@@ -29,7 +29,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from kvbench.kernels import aot
-from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultWriter, check_appendable
+from kvbench.reports.store.files import DEFAULT_RESULTS_DIR
+from kvbench.reports.store.writer import ResultWriter, check_appendable
 from kvbench.suites.cli.argtypes import (
     check_output_dir,
     check_output_file,

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 
-from kvbench.reports.results import DEFAULT_RESULTS_DIR, load_runs, merge_runs
+from kvbench.reports.store.files import DEFAULT_RESULTS_DIR
+from kvbench.reports.store.merge import merge_runs
+from kvbench.reports.store.reader import load_runs
 from kvbench.suites.cli.argtypes import folder_arg, run_id_arg
 
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultsError, load_runs, resolve_run
+from kvbench.reports.store.files import DEFAULT_RESULTS_DIR
+from kvbench.reports.store.reader import load_runs, resolve_run
+from kvbench.reports.store.schema import ResultsError
 from kvbench.suites.cli.argtypes import check_output_dir, folder_arg
 
 

@@ -13,15 +13,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvbench.reports.results import (
-    DEFAULT_RESULTS_DIR,
-    ResultsError,
-    export_frame,
-    load_runs,
-    run_files,
-    summarize,
-    to_frame,
-)
+from kvbench.reports.store.files import DEFAULT_RESULTS_DIR, run_files
+from kvbench.reports.store.frame import export_frame, to_frame
+from kvbench.reports.store.reader import load_runs, summarize
+from kvbench.reports.store.schema import ResultsError
 from kvbench.suites.cli.argtypes import check_output_file, folder_arg
 
 

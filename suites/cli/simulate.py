@@ -16,6 +16,15 @@ normalized_latency_s, in modeled seconds) and its
 per-step metrics (`timeline-<kind>.jsonl`: running, decoding, waiting, swapped, free /
 used / cached blocks, live tokens, reserved slots, modeled picoseconds; a row with
 span > 1 stands for that many quiet steps) are written.
+
+Load shapes (as `vllm bench serve` offers them): `--burstiness B` turns generated Poisson
+arrivals (`--arrivals poisson:RATE`) into gamma arrivals of shape B at the same rate (1 is
+Poisson, lower is burstier); `--time-scale S` divides every arrival, generated or read
+with `--trace`, by S (2 replays twice as fast); `--max-concurrency N` lets at most N
+requests be in flight (the rest wait outside; their latency counts from when they are
+let in). With `--slo-ttft` / `--slo-tpot` (seconds) a third table gives each kind's
+goodput (requests/s meeting both bounds, DistServe's definition as vLLM computes it)
+and SLO attainment (the fraction that does; `paged.serving.slo`). Modeled, like every time here.
 """
 
 from __future__ import annotations
@@ -31,7 +40,9 @@ from tqdm import tqdm
 
 from kvbench.paged.cache_spec import CACHE_KINDS, CacheSpec
 from kvbench.paged.serving.latency import LATENCY_METRICS, LATENCY_STATS
+from kvbench.paged.serving.rate import served_throughput
 from kvbench.paged.serving.simulation import simulate, time_model_for
+from kvbench.paged.serving.slo import SLO, goodput
 from kvbench.paged.serving.time_model import SchedulerConfig
 from kvbench.suites.cli.argtypes import (
     check_input_file,
@@ -39,8 +50,10 @@ from kvbench.suites.cli.argtypes import (
     float_range,
     int_range,
 )
+from kvbench.suites.cli.load_args import add_load_args, slo_from_args
 from kvbench.suites.cli.workload import add_generator_args, trace_from_args
 from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.time_scale import time_scaled
 from kvbench.workloads.trace import Trace
 from kvbench.workloads.units import format_bytes
 
@@ -148,9 +161,41 @@ def _kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
+def _arrivals_with_burstiness(args: argparse.Namespace) -> None:
+    """`--burstiness B` with `--arrivals poisson:RATE`: gamma arrivals of shape B at RATE
+    (ConfigError for anything else)."""
+    if args.burstiness is None:
+        return
+    if args.trace is not None:
+        raise ConfigError("--burstiness shapes generated arrivals; a --trace has its own")
+    parts = str(args.arrivals).strip().lower().split(":")
+    if parts[0] != "poisson" or len(parts) != 2:
+        raise ConfigError(
+            f"--burstiness needs --arrivals poisson:RATE (got {args.arrivals!r}): it draws "
+            "gamma gaps at that rate"
+        )
+    args.arrivals = f"gamma:{parts[1]}:{args.burstiness!r}"
+
+
+def _slo_rows(rows: list[dict], slo: SLO) -> str:
+    """A plain-text table of each cache's goodput and SLO attainment."""
+    lines = [f"goodput, modeled (a good request meets {slo.describe()})"]
+    for row in rows:
+        lines.append(
+            f"  {row['cache']:18s} goodput {row['goodput']:.3f} requests/s, SLO attainment "
+            f"{row['slo_attainment']:.1%} ({row['good_requests']:.0f} of "
+            f"{row['requests']:.0f} requests)"
+        )
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     validate_args(args, _kinds(args.cache))
+    _arrivals_with_burstiness(args)
+    slo = slo_from_args(args)
     trace = Trace.read(args.trace) if args.trace else trace_from_args(args)
+    if args.time_scale is not None:
+        trace = time_scaled(trace, args.time_scale)
     kinds = _kinds(args.cache)
     if args.cache == "all" and any(r.beam_width > 1 for r in trace.requests):
         kinds = tuple(k for k in kinds if k.startswith("paged"))
@@ -165,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
         static_batch_size=args.static_batch_size,
         mode=args.mode,
         sample_preemption=args.sample_preemption,
+        max_concurrency=args.max_concurrency or 0,
     )
     out = Path(args.out) if args.out else None
     if out is not None:
@@ -192,6 +238,9 @@ def run(args: argparse.Namespace) -> int:
                 trace, spec, args.policy, args.profile, config, bar.update, args.model
             )
         row = result.summary()
+        if slo is not None:
+            row.update(goodput(result.records, slo).as_dict())
+            row.update(served_throughput(result))
         rows.append(row)
         if out is not None:
             with (out / "summary.jsonl").open("a", encoding="utf-8") as fh:
@@ -209,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(format_table(rows) + "\n")
     sys.stdout.write(format_latency(rows) + "\n")
+    if slo is not None:
+        sys.stdout.write(_slo_rows(rows, slo) + "\n")
     return 0
 
 
@@ -236,6 +287,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="request (an n-sample request's running samples go together) | sequence",
     )
     p.add_argument("--no-chunked-prefill", action="store_true")
+    add_load_args(p, "with --arrivals poisson:RATE: gamma gaps of this shape (1 = Poisson)")
+    p.add_argument(
+        "--time-scale",
+        type=float_range(0.0, 1e6, lo_open=True),
+        default=None,
+        help="divide every arrival by this (2 = twice as fast)",
+    )
     p.add_argument("--mode", default="event", help="event | token")
     p.add_argument("--out", default=None, help="folder for trace, summaries and records")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

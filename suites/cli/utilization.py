@@ -1,6 +1,6 @@
 """`kvbench utilization`: naive vs paged slot utilization, measured from real caches.
 
-Reproduces seed 002's experiment (see paged/utilization.py): normal(500, 200) lengths
+Reproduces [paged-sim]'s experiment (see paged/utilization.py): normal(500, 200) lengths
 clipped to [200, 2048], block 16, batch sizes 10..200, and the shared 200-token system
 prompt across 10 requests. Published figures: about 24% naive vs about 98.5% paged; 130
 pages without sharing vs 13 with copy-on-write sharing.
@@ -52,12 +52,12 @@ def _batch_sizes(text: str) -> list[int]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "utilization",
-        help="naive vs paged KV slot utilization and shared-prompt block counts (seed 002)",
+        help="naive vs paged KV slot utilization and shared-prompt block counts ([paged-sim])",
         description=(
             "Fill a contiguous cache (max-length reservation) and a paged cache with the "
             "same requests and print each one's live / reserved slots per batch size; then "
             "count the device blocks 10 requests with one shared system prompt use with "
-            "and without sharing. Defaults reproduce seed 002's experiment."
+            "and without sharing. Defaults reproduce [paged-sim]'s experiment."
         ),
     )
     p.add_argument(
@@ -81,7 +81,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="std of request length (200)",
     )
     p.add_argument("--min-len", type=_length, default=200, help="lengths clipped below (200)")
-    p.add_argument("--seed", type=seed_int, default=42, help="legacy numpy seed (42, as seed 002)")
+    p.add_argument(
+        "--seed", type=seed_int, default=42, help="legacy numpy seed (42, as in [paged-sim])"
+    )
     p.add_argument("--system-prompt", type=_length, default=200, help="shared prompt tokens (200)")
     p.add_argument(
         "--shared-requests",
@@ -101,7 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _record(
     run_id: str, rows: list[UtilizationRow], sharing: dict, args: argparse.Namespace
 ) -> None:
-    from kvbench.reports.results import ResultWriter
+    from kvbench.reports.store.writer import ResultWriter
 
     with ResultWriter(run_id) as writer:
         for row in rows:
@@ -130,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     if args.min_len > args.max_len:
         raise ConfigError(f"--min-len {args.min_len} is above --max-len {args.max_len}")
     if args.results:
-        from kvbench.reports.results import DEFAULT_RESULTS_DIR, check_appendable, check_run_id
+        from kvbench.reports.store.files import DEFAULT_RESULTS_DIR
+        from kvbench.reports.store.writer import check_appendable, check_run_id
 
         check_appendable(Path(DEFAULT_RESULTS_DIR) / f"{check_run_id(args.results)}.jsonl")
     batches = seed002_lengths(
@@ -174,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
             f"{r.batch_size:>6} {r.live_tokens:>12} {r.naive_utilization:>8.1%} "
             f"{r.paged_utilization:>8.1%} {r.paged_blocks:>13}"
         )
-    print("seed 002 reports: naive about 24%, paged about 98.5%")
+    print("[paged-sim] reports: naive about 24%, paged about 98.5%")
     s = sharing
     print(
         f"\nShared {s.prompt_len}-token system prompt across {s.requests} requests "
@@ -184,5 +187,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"  fork sharing (copy-on-write)   {s.fork_sharing:>5}")
     print(f"  ... after one request diverges {s.after_one_diverges:>5}")
     print(f"  automatic prefix caching       {s.prefix_caching:>5}  (full blocks only)")
-    print("seed 002 reports: 130 pages naive vs 13 with copy-on-write sharing")
+    print("[paged-sim] reports: 130 pages naive vs 13 with copy-on-write sharing")
     return 0

@@ -1,8 +1,15 @@
-"""`kvbench workload`: write a trace file from a seeded generator.
+"""`kvbench workload`: write a trace file from a seeded generator, or import one.
 
-Example:
+Examples:
     kvbench workload --workload sharegpt --requests 1000 --arrivals poisson:2 \
         --sharing system-prompt --system-tokens 500 --tenants 4 --out out/traces/sg.jsonl
+    kvbench workload --import mooncake:conversation_trace.jsonl --out out/traces/mc.jsonl
+    kvbench workload --import azure:AzureLLMInferenceTrace_conv.csv --speed 2 --out az.jsonl
+
+`--import FORMAT:PATH` reads a production trace (`workloads.trace_import`: mooncake JSONL
+or azure CSV, also gzip-compressed) instead of generating; `--speed S` divides its
+arrival times by S. A bad file is refused (exit 2, one line naming the line and field)
+and nothing is written.
 """
 
 from __future__ import annotations
@@ -10,9 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvbench.suites.cli.argtypes import check_output_file, int_range
+from kvbench.suites.cli.argtypes import check_output_file, float_range, int_range
 from kvbench.workloads.arrivals import parse_arrivals
 from kvbench.workloads.distributions import parse_distribution
+from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.sharing import SHARING_PATTERNS, WORKLOAD_NAMES, generate
 
 #: Bounds of the generator options: far past any sweep, small enough to fit in memory.
@@ -63,7 +71,14 @@ def trace_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
-    trace = trace_from_args(args)
+    if args.import_spec is not None:
+        from kvbench.workloads.trace_import import import_trace
+
+        trace = import_trace(args.import_spec, args.speed)
+    elif args.speed != 1.0:
+        raise ConfigError("--speed applies to an imported trace (--import FORMAT:PATH)")
+    else:
+        trace = trace_from_args(args)
     path = trace.write(args.out)
     prompts = sum(r.prompt_len for r in trace.requests)
     outputs = sum(r.output_len for r in trace.requests)
@@ -79,4 +94,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("workload", help="write a trace file from a seeded generator")
     add_generator_args(p)
     p.add_argument("--out", default="out/traces/trace.jsonl", help="trace file to write")
+    p.add_argument(
+        "--import",
+        dest="import_spec",
+        default=None,
+        metavar="FORMAT:PATH",
+        help="import a production trace instead: mooncake:FILE.jsonl or azure:FILE.csv",
+    )
+    p.add_argument(
+        "--speed",
+        type=float_range(0.0, 1e6, lo_open=True),
+        default=1.0,
+        help="divide an imported trace's arrival times by this (2 = twice as fast)",
+    )
     p.set_defaults(func=run)

@@ -7,7 +7,7 @@ the operation is refused (not enough free blocks, nothing changed), and the free
 cached block counts after it. Physical block ids are not modelled: blocks without a key
 are interchangeable, so only the order of cached evictable blocks matters.
 
-Rules (shared by kvbench and vLLM, see README "Plug in your own implementation"):
+Rules (shared by kvbench and vLLM, see docs/plugins.md):
     * only full blocks are keyed; a key is (salt, every token id up to the block's end),
       so equal keys mean equal whole prefixes under the same salt;
     * a hit is the longest run of leading full blocks whose keys are indexed, capped so

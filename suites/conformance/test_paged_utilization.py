@@ -1,4 +1,4 @@
-"""`kvbench utilization`: cache-measured utilization equals seed 002's formulas on the same
+"""`kvbench utilization`: cache-measured utilization equals [paged-sim]'s formulas on the same
 draws, the seed's figures are reproduced, and the shared-prompt block counts are exact."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the same hypothesis-drawn paged layouts (`test_kernels_attention.make_paged`: sh
 blocks of a junk-filled pool, table padding -1), outputs poisoned with NaN, the float64
 oracle and the per-dtype tolerance.
 
-Findings kept as documented behaviour (README "vLLM as a peer"):
+Findings kept as documented behaviour (docs/plugins.md, "vLLM as a peer"):
     * Triton 3.9's interpreter multiplies bfloat16 `tl.dot` operands as raw uint16 bit
       patterns: vLLM's kernels return garbage in bfloat16 under the stock interpreter
       (asserted, with a 16 x 16 minimal kernel), and are within tolerance once the

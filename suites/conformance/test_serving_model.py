@@ -141,7 +141,7 @@ def test_setups_give_the_papers_slots() -> None:
     assert slots["opt-13b-1xa100-40gb"] == 15_728  # "15.7K"
     assert slots["opt-66b-4xa100-40gb"] == 9_557  # quoted 9.7K (module docstring)
     assert slots["opt-175b-8xa100-80gb"] == 60_074  # "60.1K"
-    assert slots["llama-2-70b-a100-80gb"] == 134_400  # seed 001: 8,400 blocks of 16
+    assert slots["llama-2-70b-a100-80gb"] == 134_400  # [PA-deep-dive]: 8,400 blocks of 16
     for s in SETUPS.values():
         s.check_fits()
     tm = setup_time_model(get_setup("opt-66b-4xa100-40gb"))

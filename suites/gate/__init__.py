@@ -29,7 +29,7 @@ A baseline file (JSON, under version control, e.g. ``reports/baselines/sm90.json
 ``kvbench gate --update-baseline`` command) and carries a digest of its data, so a
 hand-edited, damaged or truncated file is refused rather than half-read.
 
-A candidate comes from a results run (`reports.results`) whose rows use the suites
+A candidate comes from a results run (`reports.store.reader.Run`) whose rows use the suites
 `STATIC_SUITE`, `TIMING_SUITE` and `CONFORMANCE_SUITE` (written by `run`).
 
 One package, one job per module. Measuring (imports kernels and paged): `timing` (same-run
@@ -68,13 +68,7 @@ from kvbench.suites.gate.model import (
     BASELINE_KIND,
     BASELINE_SCHEMA,
     CONFORMANCE_SUITE,
-    FAILED,
     FAILING,
-    IMPROVED,
-    MISSING,
-    NEW,
-    PASS,
-    REGRESSION,
     STATIC_METRICS,
     STATIC_SUITE,
     TIMING_SUITE,
@@ -82,6 +76,7 @@ from kvbench.suites.gate.model import (
     Baseline,
     Candidate,
     GateInputError,
+    GateVerdict,
     StaticRecord,
     Thresholds,
     TimingSeries,
@@ -103,13 +98,7 @@ __all__ = [
     "BASELINE_KIND",
     "BASELINE_SCHEMA",
     "CONFORMANCE_SUITE",
-    "FAILED",
     "FAILING",
-    "IMPROVED",
-    "MISSING",
-    "NEW",
-    "PASS",
-    "REGRESSION",
     "STATIC_METRICS",
     "STATIC_SUITE",
     "TEMPLATE_PATH",
@@ -120,6 +109,7 @@ __all__ = [
     "GateInputError",
     "GateResult",
     "GateRow",
+    "GateVerdict",
     "StaticRecord",
     "Thresholds",
     "TimingJudgement",

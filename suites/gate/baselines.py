@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvbench._old_names import modernize_imports
 from kvbench.suites.gate.model import (
     BASELINE_KIND,
     BASELINE_SCHEMA,
@@ -219,9 +218,7 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
             raise GateInputError(f"baseline {p}: bad timing entry {e!r:.200}") from exc
     if not static and not timing:
         raise GateInputError(f"baseline {p} holds no entries")
-    # a baseline frozen before the `kvbench.` namespace imports by the old names: run (and
-    # identify) the code as it runs today
-    frozen_source = modernize_imports(str(frozen["source"])) if frozen else None
+    frozen_source = str(frozen["source"]) if frozen else None
     return Baseline(
         path=str(p),
         target=target,

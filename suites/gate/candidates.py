@@ -27,7 +27,7 @@ def timing_device_of(environment: Mapping[str, Any]) -> str:
 
 
 def candidate_from_run(run: Any) -> Candidate:
-    """Collect the gate rows of a loaded results run (`reports.results.Run`).
+    """Collect the gate rows of a loaded results run (`reports.store.reader.Run`).
 
     Static rows: suite `STATIC_SUITE`, case {kernel, arch, config (canonical JSON)},
     one row per metric. Timing rows: suite `TIMING_SUITE`, metric "ratio", case

@@ -1,13 +1,14 @@
 """The gate's conformance check: do the kernels still compute the right thing?
 
-A run that fails it can be gated (its failures are FAILED rows) but never becomes a
+A run that fails it can be gated (its failures are `failed` rows) but never becomes a
 baseline: `kvbench gate --update-baseline` refuses it. Concretely, on small fixed cases
 (random inputs from a fixed seed, outputs poisoned with NaN first, shuffled physical
 blocks, lengths of 1, a block multiple, one past, and a split over several partitions):
 
 * paged decode and paged prefill, float32 and float16, with both backends (torch, and
   Triton -- under the interpreter on CPU, compiled on CUDA), are within the per-dtype
-  tolerance of the float64 oracle (`reference.oracle`) by ||out - ref|| / ||ref||;
+  tolerance of the float64 oracle (`reference.oracle`) by ||out - ref|| / ||ref||; their
+  cases name the path that ran (`cpu-cpp`, `torch-sdpa` or `triton`);
 * write_kv and copy_blocks (both backends) leave exactly the expected cache contents.
 
 It takes a few seconds on CPU (the interpreter runs a few dozen programs). The full
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from kvbench.reference import oracle
+from kvbench.reports.kernel_labels import TORCH_SDPA, kernel_label
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,20 @@ class CheckResult:
     @property
     def passed(self) -> bool:
         return self.error <= self.tolerance  # NaN (an unwritten element) fails
+
+
+def _attention_path(backend: str, device: torch.device) -> str:
+    """What runs for paged attention with `backend` here, as a label (`triton`, `cpu-cpp`
+    or `torch-sdpa`; see `reports.kernel_labels`): the case records the path, not only the
+    `backend=` argument that chose it."""
+    if backend != "torch":
+        return kernel_label(backend, None)
+    if device.type != "cpu":
+        return TORCH_SDPA
+    from kvbench.kernels import cpu_paged
+
+    cpp = cpu_paged.status().path == "cpp" and cpu_paged.MAX_BLOCK_SIZE >= BLOCK
+    return kernel_label(backend, cpp)
 
 
 def _pool(lens: list[int], dtype: torch.dtype, device: torch.device, gen: torch.Generator):
@@ -85,7 +101,7 @@ def check_decode(backend: str, dtype: torch.dtype, device: torch.device, seed: i
         )
         case = {
             "check": "paged_decode",
-            "backend": backend,
+            "backend": _attention_path(backend, device),
             "dtype": str(dtype).split(".")[-1],
             "partition": partition or 0,
         }
@@ -115,7 +131,11 @@ def check_prefill(backend: str, dtype: torch.dtype, device: torch.device, seed: 
             )
         )
         start += n_q
-    case = {"check": "paged_prefill", "backend": backend, "dtype": str(dtype).split(".")[-1]}
+    case = {
+        "check": "paged_prefill",
+        "backend": _attention_path(backend, device),
+        "dtype": str(dtype).split(".")[-1],
+    }
     yield CheckResult(
         case, oracle.relative_error(out.cpu(), torch.cat(refs)), oracle.tolerance(dtype)
     )

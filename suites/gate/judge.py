@@ -11,17 +11,12 @@ from typing import Any
 
 from kvbench.suites.gate.baselines import check_compatible
 from kvbench.suites.gate.model import (
-    FAILED,
     FAILING,
-    IMPROVED,
-    MISSING,
-    NEW,
-    PASS,
-    REGRESSION,
     STATIC_METRICS,
     Baseline,
     Candidate,
     GateInputError,
+    GateVerdict,
     StaticRecord,
     Thresholds,
     TimingSeries,
@@ -40,7 +35,7 @@ class GateRow:
     baseline: float | None
     candidate: float | None
     change: str
-    verdict: str
+    verdict: GateVerdict
     detail: str = ""
 
     @property
@@ -65,8 +60,8 @@ def compare_static(
     """Verdict rows for the static costs of one architecture.
 
     Every (kernel, config) and metric present on both sides gives a row. A configuration
-    missing from the candidate is MISSING (removing one needs a deliberate baseline
-    update); one only in the candidate is NEW (passes unless it spills).
+    missing from the candidate is `missing` (removing one needs a deliberate baseline
+    update); one only in the candidate is `new` (passes unless it spills).
     """
     rows: list[GateRow] = []
     base = {r.key: r for r in baseline if r.arch == target}
@@ -89,7 +84,7 @@ def compare_static(
                     None,
                     None,
                     "",
-                    MISSING,
+                    GateVerdict.MISSING,
                     "in the baseline, not compiled by the candidate",
                 )
             )
@@ -104,7 +99,7 @@ def compare_static(
                     None,
                     c.spills,
                     "",
-                    REGRESSION if spill else NEW,
+                    GateVerdict.REGRESSION if spill else GateVerdict.NEW,
                     "new configuration" + (" that spills" if spill else ""),
                 )
             )
@@ -113,7 +108,7 @@ def compare_static(
             old, new = getattr(b, metric), getattr(c, metric)
             limit = limits[metric](old)
             if new > limit:
-                verdict = REGRESSION
+                verdict = GateVerdict.REGRESSION
                 detail = (
                     f"new spill ({new} B)"
                     if metric == "spills" and old == 0
@@ -121,9 +116,9 @@ def compare_static(
                     + (f" + slack (limit {limit:g})" if limit != old else "")
                 )
             elif new < old:
-                verdict, detail = IMPROVED, "below baseline: consider --update-baseline"
+                verdict, detail = GateVerdict.IMPROVED, "below baseline: consider --update-baseline"
             else:
-                verdict, detail = PASS, ""
+                verdict, detail = GateVerdict.PASS, ""
             rows.append(GateRow(target, label, metric, old, new, _pct(old, new), verdict, detail))
     return rows
 
@@ -132,7 +127,7 @@ def compare_static(
 class TimingJudgement:
     """Outcome of `judge_timing` on one pair of sample sets."""
 
-    verdict: str
+    verdict: GateVerdict
     effect: float  # median(candidate) / median(baseline) - 1
     p_slower: float  # one-sided p-value that the candidate is slower
     p_faster: float
@@ -146,9 +141,9 @@ def judge_timing(
 ) -> TimingJudgement:
     """Mann-Whitney U (one-sided each way) plus a minimum effect on the medians.
 
-    REGRESSION when the candidate is significantly larger (p < alpha) and its median is
-    more than `min_effect` (default `th.min_effect`) above the baseline's; IMPROVED
-    symmetrically; PASS otherwise.
+    `regression` when the candidate is significantly larger (p < alpha) and its median is
+    more than `min_effect` (default `th.min_effect`) above the baseline's; `improved`
+    symmetrically; `pass` otherwise.
     """
     effect_floor = th.min_effect if min_effect is None else min_effect
     from scipy.stats import mannwhitneyu
@@ -165,11 +160,11 @@ def judge_timing(
     p_slower = float(mannwhitneyu(candidate, baseline, alternative="greater").pvalue)
     p_faster = float(mannwhitneyu(candidate, baseline, alternative="less").pvalue)
     if p_slower < th.alpha and effect > effect_floor:
-        verdict = REGRESSION
+        verdict = GateVerdict.REGRESSION
     elif p_faster < th.alpha and effect < -effect_floor:
-        verdict = IMPROVED
+        verdict = GateVerdict.IMPROVED
     else:
-        verdict = PASS
+        verdict = GateVerdict.PASS
     return TimingJudgement(verdict, effect, p_slower, p_faster)
 
 
@@ -203,7 +198,7 @@ def compare_timing(
                     b.median,
                     None,
                     "",
-                    MISSING,  # type: ignore[union-attr]
+                    GateVerdict.MISSING,  # type: ignore[union-attr]
                     "in the baseline, not measured by the candidate",
                 )
             )
@@ -211,7 +206,14 @@ def compare_timing(
         if b is None:
             rows.append(
                 GateRow(
-                    target, label, "ratio", None, c.median, "", NEW, "no baseline for this case"
+                    target,
+                    label,
+                    "ratio",
+                    None,
+                    c.median,
+                    "",
+                    GateVerdict.NEW,
+                    "no baseline for this case",
                 )
             )
             continue
@@ -221,17 +223,17 @@ def compare_timing(
             f"p={j.p_slower:.2g} (slower), min effect {floor:.0%}, "
             f"n={len(b.samples)}/{len(c.samples)}"
         )
-        if j.verdict == IMPROVED:
+        if j.verdict == GateVerdict.IMPROVED:
             detail = f"p={j.p_faster:.2g} (faster): consider --update-baseline"
         verdict = j.verdict
         if unchanged_source and against_own_code(c.name):
             aa = f"A/A: kernels unchanged (torch_ops sha256 {unchanged_source[:12]})"
-            if verdict != PASS:
+            if verdict != GateVerdict.PASS:
                 detail = (
                     f"{aa}, so this {verdict} verdict ({detail}) is timing noise on identical "
                     "code: not judged"
                 )
-                verdict = PASS
+                verdict = GateVerdict.PASS
             else:
                 detail = f"{aa}; {detail}"
         rows.append(
@@ -291,7 +293,7 @@ def evaluate(
     baselines: Sequence[Baseline], candidate: Candidate, th: Thresholds | None = None
 ) -> GateResult:
     """Compare `candidate` with every baseline (after `check_compatible`), plus its own
-    conformance record: a failed check is a FAILED row. `th` defaults to `Thresholds()`."""
+    conformance record: a failed check is a `failed` row. `th` defaults to `Thresholds()`."""
     th = th if th is not None else Thresholds()
     if not baselines:
         raise GateInputError("no baseline given")
@@ -308,7 +310,7 @@ def evaluate(
                     None,
                     None,
                     "",
-                    FAILED,
+                    GateVerdict.FAILED,
                     "kernel output outside the oracle tolerance",
                 )
             )

@@ -9,6 +9,7 @@ import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from kvbench.workloads.errors import KVBenchError
@@ -31,16 +32,24 @@ BASELINE_SCHEMA = 1
 #: Timing targets a baseline may have (architectures are "sm_NN").
 TIMING_TARGETS = ("cpu", "cuda")
 
-#: Verdicts. FAILING ones make the gate exit 1.
-PASS, IMPROVED, NEW, REGRESSION, MISSING, FAILED = (
-    "pass",
-    "improved",
-    "new",
-    "REGRESSION",
-    "MISSING",
-    "FAILED",
-)
-FAILING = frozenset({REGRESSION, MISSING, FAILED})
+
+class GateVerdict(str, Enum):
+    """A verdict of the gate on one row. The value (lower case) is what the text table,
+    the HTML fragment and `--json` show; a `FAILING` verdict makes the gate exit 1."""
+
+    PASS = "pass"
+    IMPROVED = "improved"
+    NEW = "new"
+    REGRESSION = "regression"
+    MISSING = "missing"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: The verdicts that fail the gate.
+FAILING = frozenset({GateVerdict.REGRESSION, GateVerdict.MISSING, GateVerdict.FAILED})
 
 
 class GateInputError(KVBenchError):

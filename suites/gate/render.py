@@ -27,14 +27,13 @@ from kvbench.suites.gate.judge import (
 from kvbench.suites.gate.model import (
     CONFORMANCE_SUITE,
     FAILING,
-    IMPROVED,
-    PASS,
     STATIC_METRICS,
     STATIC_SUITE,
     TIMING_SUITE,
     Baseline,
     Candidate,
     GateInputError,
+    GateVerdict,
     StaticRecord,
     Thresholds,
     TimingSeries,
@@ -54,9 +53,9 @@ def _fmt(v: float | None) -> str:
 def format_table(result: GateResult, *, show_all: bool = False) -> str:
     """The verdict table as text: failing rows first, then (with `show_all`, or when
     there are few rows) the rest; a summary line at the end."""
-    shown = sorted(result.rows, key=lambda r: (not r.failing, r.verdict != IMPROVED))
+    shown = sorted(result.rows, key=lambda r: (not r.failing, r.verdict != GateVerdict.IMPROVED))
     if not show_all:
-        shown = [r for r in shown if r.verdict != PASS] or []
+        shown = [r for r in shown if r.verdict != GateVerdict.PASS] or []
     header = ("target", "kernel / case", "metric", "baseline", "candidate", "change", "verdict")
     lines = [
         [
@@ -111,8 +110,8 @@ def render_html(result: GateResult | Mapping[str, Any], *, show_all: bool = True
     import jinja2
 
     data = result.to_dict() if isinstance(result, GateResult) else dict(result)
-    rows = [r for r in data["rows"] if show_all or r["verdict"] != PASS]
-    rows.sort(key=lambda r: (r["verdict"] not in FAILING, r["verdict"] != IMPROVED))
+    rows = [r for r in data["rows"] if show_all or r["verdict"] != GateVerdict.PASS]
+    rows.sort(key=lambda r: (r["verdict"] not in FAILING, r["verdict"] != GateVerdict.IMPROVED))
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = env.from_string(TEMPLATE_PATH.read_text(encoding="utf-8"))
     return template.render(gate=data, rows=rows, failing=sorted(FAILING), fmt=_fmt)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from kvbench.reports.results import DEFAULT_RESULTS_DIR, ResultWriter
+from kvbench.reports.store.files import DEFAULT_RESULTS_DIR
+from kvbench.reports.store.writer import ResultWriter
 from kvbench.suites.gate import (
     CONFORMANCE_SUITE,
     STATIC_METRICS,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 
-from kvbench._old_names import old_name_hint
 from kvbench.suites.peers.base import AllocatorAdapter, AttentionAdapter, PeerSpec
 from kvbench.workloads.errors import ConfigError
 
@@ -39,8 +38,13 @@ def _entry_point_specs() -> list[PeerSpec]:
         try:
             spec = ep.load()()
         except Exception as exc:  # a broken plug-in must not break the suites
-            reason = old_name_hint(exc) or f"{type(exc).__name__}: {exc}"
-            log.warning("peer entry point %s (%s) failed to load: %s", ep.name, ep.value, reason)
+            log.warning(
+                "peer entry point %s (%s) failed to load: %s: %s",
+                ep.name,
+                ep.value,
+                type(exc).__name__,
+                exc,
+            )
             continue
         if not isinstance(spec, PeerSpec):
             log.warning("peer entry point %s returned %r, not a PeerSpec", ep.name, spec)

@@ -28,29 +28,38 @@ except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
 import kvbench
-from kvbench._old_names import OLD_NAMES, modernize_imports, old_name_hint
 from kvbench.suites.peers import registry
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 STANDIN_MARKER = "the stand-in kernel hub"
+#: The repository's package folders, each installed as `kvbench.<folder>`.
+FOLDERS = ("kernels", "paged", "reference", "reports", "suites", "workloads")
+#: The tooling tests: run from a checkout, kept out of the wheel (the conformance suite,
+#: which plug-ins run against their own implementations, ships in it).
+TOOLING_TESTS = Path("suites", "tests")
 
 
 def _package_folders() -> set[str]:
     """Every package of the checkout as its installed name (`kvbench.<folder>.<sub>`)."""
     names = {"kvbench"}
-    for root in sorted(OLD_NAMES):
+    for root in FOLDERS:
         for init in (REPO / root).rglob("__init__.py"):
             rel = init.parent.relative_to(REPO)
             if "_kvbench" in rel.parts or any(p.startswith(".") for p in rel.parts):
+                continue
+            if rel == TOOLING_TESTS or TOOLING_TESTS in rel.parents:
                 continue
             names.add("kvbench." + ".".join(rel.parts))
     return names
 
 
 def test_every_package_folder_is_listed_in_pyproject():
-    """pyproject lists packages explicitly (the mapping needs it): a new folder must be added."""
+    """pyproject lists packages explicitly (the mapping needs it): a new folder must be added.
+    The tooling tests are not listed: they stay out of the wheel."""
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    assert not [p for p in listed if p.startswith("kvbench.suites.tests")], listed
+    assert "kvbench.suites.conformance" in listed
     missing = _package_folders() - listed
     assert not missing, (
         f"add these packages to pyproject.toml [tool.setuptools] packages: {missing}"
@@ -61,7 +70,7 @@ def test_every_package_folder_is_listed_in_pyproject():
 
 def test_the_six_folders_map_under_kvbench():
     mapping = PYPROJECT["tool"]["setuptools"]["package-dir"]
-    assert mapping == {"kvbench": "suites/_kvbench", **{f"kvbench.{n}": n for n in OLD_NAMES}}
+    assert mapping == {"kvbench": "suites/_kvbench", **{f"kvbench.{n}": n for n in FOLDERS}}
     assert PYPROJECT["project"]["scripts"] == {"kvbench": "kvbench.suites.cli:main"}
 
 
@@ -120,7 +129,11 @@ def test_wheel_has_one_top_level_package(kvbench_wheel):
         "kvbench",
         f"{kvbench_wheel.name.split('-')[0]}-{kvbench.__version__}.dist-info",
     }
+    assert not [n for n in names if n.startswith("kvbench/suites/tests/")], "tooling tests"
     for expected in (
+        "kvbench/suites/conftest.py",
+        "kvbench/suites/conformance/__init__.py",
+        "kvbench/suites/conformance/test_kernels_ops.py",
         "kvbench/__init__.py",
         "kvbench/__main__.py",
         "kvbench/kernels/ops.py",
@@ -145,7 +158,11 @@ def _fresh_env(path: Path) -> Path:
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
-    (Path(purelib) / "zz_outer.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # this environment's site folders, including ones its own .pth files added (a venv
+    # layered over another one): a .pth line is not itself searched for further .pth files
+    outer = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    lines = dict.fromkeys([sysconfig.get_path("purelib"), *outer])
+    (Path(purelib) / "zz_outer.pth").write_text("\n".join(lines) + "\n")
     return python
 
 
@@ -184,80 +201,39 @@ def test_kvbench_and_a_top_level_kernels_package_live_side_by_side(kvbench_wheel
     assert cli.returncode == 0, cli.stderr
 
 
-def test_old_names_from_a_checkout_fail_with_the_new_name():
-    """From the repository root (the old folders on sys.path) `import paged` would import a
-    second copy of kvbench; the guard loads nothing of it and names the new module, while a
-    probe (transformers' find_spec + import + version check) sees no real package."""
-    code = textwrap.dedent(
-        """
-        import importlib, importlib.util, sys
-        import kvbench
-        for stmt in ("import paged.cache", "from suites.peers.base import PeerSpec",
-                     "import kernels; kernels.ops"):
-            try:
-                exec(stmt)
-            except ImportError as e:
-                print(e)
-        probe = importlib.import_module("kernels")
-        assert importlib.util.find_spec("kernels") is not None
-        assert getattr(probe, "__version__", "N/A") == "N/A"
-        assert getattr(probe, "__file__", None) is None
-        assert not any(m == "paged.cache" or m.startswith("suites.") for m in sys.modules)
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    lines = out.stdout.splitlines()
-    assert len(lines) == 3, out.stdout
-    for line, new in zip(
-        lines,
-        ("kvbench.paged.cache", "kvbench.suites.peers", "kvbench.kernels.ops"),
-        strict=True,
-    ):
-        assert f"import `{new}` instead" in line
-
-
-@pytest.mark.parametrize("old", sorted(OLD_NAMES))
-def test_old_name_hint_names_the_new_module(old):
-    hint = old_name_hint(ModuleNotFoundError(f"No module named '{old}'", name=f"{old}.x"))
-    assert hint is not None and f"`kvbench.{old}.x`" in hint
-    assert old_name_hint(ModuleNotFoundError("nope", name="vllm")) is None
-    assert old_name_hint(RuntimeError("x")) is None
-
-
-def test_a_plugin_on_old_names_is_skipped_with_the_fix(monkeypatch, caplog):
-    class OldPlugin:
-        name, value = "oldplugin", "oldplugin.adapter:peer_spec"
+def test_a_plugin_that_fails_to_import_is_skipped_with_its_error(monkeypatch, caplog):
+    class BrokenPlugin:
+        name, value = "brokenplugin", "brokenplugin.adapter:peer_spec"
 
         def load(self):
-            raise ModuleNotFoundError("No module named 'suites'", name="suites")
+            raise ModuleNotFoundError("No module named 'brokenplugin'", name="brokenplugin")
 
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [OldPlugin()])
-    with caplog.at_level(logging.WARNING, logger="kvbench.suites.peers.base"):
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [BrokenPlugin()])
+    with caplog.at_level(logging.WARNING, logger="kvbench.suites.peers.registry"):
         specs = registry.peer_specs()
-    assert "oldplugin" not in specs
-    assert "import `kvbench.suites` instead" in caplog.text
+    assert "brokenplugin" not in specs
+    assert "ModuleNotFoundError: No module named 'brokenplugin'" in caplog.text
 
 
-def test_modernize_imports_rewrites_only_import_statements():
-    source = (
-        "from kernels.validation import check\nimport paged.cache as pc\n"
-        "    from workloads import errors\nfrom kernelsx import y\nx = 'from kernels import z'\n"
-    )
-    assert modernize_imports(source) == (
-        "from kvbench.kernels.validation import check\nimport kvbench.paged.cache as pc\n"
-        "    from kvbench.workloads import errors\nfrom kernelsx import y\n"
-        "x = 'from kernels import z'\n"
-    )
-
-
-def test_a_baseline_frozen_before_the_namespace_still_runs():
-    """The committed CPU baseline froze torch_ops under the old names; loaded, it runs."""
+def test_committed_baselines_import_only_kvbench_names():
+    """The frozen kernel source a baseline stores runs as stored: it imports kvbench's
+    modules by their `kvbench.` names, so no rewriting of older import names is needed."""
     from kvbench.suites.gate import load_baseline
     from kvbench.suites.gate.timing import load_frozen
 
-    baseline = load_baseline(REPO / "reports" / "baselines" / "cpu.json")
-    assert baseline.frozen_source is not None
-    module = load_frozen(baseline.frozen_source)
-    assert callable(module.paged_decode_attention)
+    frozen = {}
+    for path in sorted((REPO / "reports" / "baselines").glob("*.json")):
+        source = load_baseline(path).frozen_source
+        if source is not None:
+            frozen[path.name] = source
+    assert "cpu.json" in frozen, "the CPU baseline freezes its torch kernels"
+    for name, source in frozen.items():
+        imports = [
+            line.split()[1]
+            for line in source.splitlines()
+            if line.lstrip().startswith(("import ", "from "))
+        ]
+        stale = [m for m in imports if m.split(".")[0] in FOLDERS]
+        assert not stale, f"{name}: frozen source imports {stale}"
+        assert any(m.startswith("kvbench.") for m in imports), name
+        assert callable(load_frozen(source).paged_decode_attention), name

@@ -5,7 +5,8 @@ The engine replays a `workloads.trace.Trace` against any `ServingCache`
 records what a serving loop would do with it. One step (iteration) is, in this order
 (`Engine.step`, each phase a method):
 
-1. arrivals whose modeled time has come join the waiting queue (FCFS by trace order);
+1. arrivals whose modeled time has come join the waiting queue (FCFS by trace order),
+   while fewer than `max_concurrency` requests are in flight when a cap is set;
 2. every decoding sequence appends the KV of its last token (oldest first). When the
    cache cannot grow it, the latest-arrived running sequence (below the preemption
    bound) is preempted with the rest of its unit (a beam group, or every running

@@ -3,7 +3,8 @@
 `Engine.step` runs, in this order (each phase is a method; its docstring states what it
 relies on and leaves, and `Engine.check` asserts those invariants between steps):
 
-1. `arrivals`: requests whose modeled time has come join the waiting queue (FCFS);
+1. `arrivals`: requests whose modeled time has come join the waiting queue (FCFS),
+   up to the `max_concurrency` cap of requests in flight;
 2. `decode`: every due decoder appends its last token's KV, oldest first; when the cache
    cannot grow it, victims are preempted (`kvbench.paged.serving.engine.preempt`) until it fits
    or the decoder itself went;
@@ -49,6 +50,7 @@ from kvbench.paged.serving.latency import summarize
 from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, StepRow, TimeModel
 from kvbench.reference.contract import ServingCache
 from kvbench.workloads.errors import CapacityError, ConfigError
+from kvbench.workloads.prompt_ids import max_token_id
 from kvbench.workloads.trace import SYNTH_BASE, Trace, TraceRequest
 
 log = logging.getLogger(__name__)
@@ -156,7 +158,8 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
             raise ConfigError("arrivals after t=0 need a time model (device profile)")
         # Synthetic output ids can only be matched by prompts that contain ids that large.
         self.big_prompt_ids = any(
-            r.prompt is not None and r.prompt and max(r.prompt) >= SYNTH_BASE for r in self.reqs
+            r.prompt is not None and r.prompt and max_token_id(r.prompt) >= SYNTH_BASE
+            for r in self.reqs
         )
 
     def _new_seq(self, req: TraceRequest, index: int, child: int, prompt: Sequence[int]) -> Seq:
@@ -218,14 +221,30 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         return True
 
     def arrivals(self) -> None:
-        """Phase 1: requests whose arrival time (picoseconds) is <= now join `waiting`."""
+        """Phase 1: requests whose arrival time (picoseconds) is <= now join `waiting`,
+        while fewer than `max_concurrency` requests are in flight (0: no cap). A request
+        held back by the cap joins at the end of the step whose finish freed its slot
+        (now), and its record's arrival is that time (`SchedulerConfig.max_concurrency`)."""
         st, arrivals_ps, reqs = self.st, self.arrivals_ps, self.reqs
+        cap = self.cfg.max_concurrency
+        if st.slot_freed:
+            st.freed_ps, st.slot_freed = st.now_ps, False
         while st.next_arrival < len(reqs) and arrivals_ps[st.next_arrival] <= st.now_ps:
+            if cap and st.in_flight >= cap:
+                break
             i = st.next_arrival
             r = reqs[i]
             seq = self._new_seq(r, i, 0, r.prompt_ids(i))
+            if cap and st.freed_ps > arrivals_ps[i]:
+                seq.rec.arrival_s = st.freed_ps / 1e12
             heappush(st.waiting, (seq.order, seq))
             st.next_arrival += 1
+            st.in_flight += 1
+
+    def capped(self) -> bool:
+        """Whether the concurrency cap holds the next arrival back now."""
+        cap = self.cfg.max_concurrency
+        return bool(cap) and self.st.in_flight >= cap
 
     def continue_prefills(self, budget: int) -> tuple[list[tuple[Seq, int]], int]:
         """Phase 3: this step's chunks of the sequences already prefilling, in order,
@@ -442,6 +461,16 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         st.events += 1
         st.generated += seq.generated * sequences
         st.finished += 1
+        n = seq.req.n
+        if n > 1 and seq.group is None:  # an n-sample request leaves with its last sample
+            done = st.samples_done.get(seq.index, 0) + 1
+            st.samples_done[seq.index] = done
+            if done < n:
+                return
+            del st.samples_done[seq.index]
+        if st.in_flight == self.cfg.max_concurrency:
+            st.slot_freed = True
+        st.in_flight -= 1
 
     def _record_step(self, t: int, step_ps: int) -> tuple[int, int, int, int, int]:
         """Append this step's timeline row, add it to the metric sums and the clock;
@@ -533,7 +562,7 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         if not (quiet and horizon > t + 1 and d):
             return t + 1
         stop = horizon
-        if not st.waiting and st.next_arrival < len(self.reqs):
+        if not st.waiting and st.next_arrival < len(self.reqs) and not self.capped():
             arrival = self.arrivals_ps[st.next_arrival]
             stop = arrival_step(t + 1, st.now_ps, arrival, a, d, self.tm, horizon)
         if stop <= t + 1:

@@ -36,6 +36,7 @@ class GroupMixin(EngineBase):
                 child.family = family
                 family.append(child)
             child.rec.admit_step = parent.rec.admit_step
+            child.rec.arrival_s = parent.rec.arrival_s  # later under a concurrency cap
             child.rec.first_token_step = t
             st.first_now.append(child.rec)
             child.rec.cached_tokens = parent.rec.cached_tokens

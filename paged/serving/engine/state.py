@@ -52,6 +52,14 @@ class EngineState:
     #: retries only once one of them changed)
     fail_key: tuple | None = None
     next_arrival: int = 0  # index of the next trace request to arrive
+    #: requests joined and not finished (the max_concurrency cap counts these)
+    in_flight: int = 0
+    #: finished samples per n-sample request index (a request leaves with its last)
+    samples_done: dict[int, int] = field(default_factory=dict)
+    #: a finish freed a slot under the cap in the step just run (its end is now_ps)
+    slot_freed: bool = False
+    #: when the cap last freed a slot (ps): a held-back request joins no earlier
+    freed_ps: int = 0
     # ---- per-step scratch, reset by Engine.step
     preempted: bool = False  # this step preempted (no swap-in or admission then)
     cursor: int = -1  # order of the sequence decoding now (NEVER after the phase)

@@ -1,8 +1,8 @@
 """Capacity sweeps: KV footprint per model and dtype, contiguous vs paged concurrency in a
 memory budget, and prefix-block sharing, from the exact formulas in workloads.capacity.
 
-These are closed-form (no timing); they regenerate the seeds' worked examples (seed 000's
-MHA / GQA / MQA table and 100 x 1,000-token prefix example, seed 001's 42 GB budget).
+These are closed-form (no timing); they regenerate the seeds' worked examples ([KV-capacity]'s
+MHA / GQA / MQA table and 100 x 1,000-token prefix example, [PA-deep-dive]'s 42 GB budget).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ prefill = FLOPs / peak; see workloads.profiles).
   request preempted whole (vLLM's sequence-group rule) or one sample at a time: what
   keeping a family's shared blocks shared through a swap is worth.
 * serving.replay: how fast the engine itself replays: the issue's benchmark trace
-  (ShareGPT-like, Llama-2-70B, seed 001's 8,400 blocks of 16, prefix caching on,
+  (ShareGPT-like, Llama-2-70B, [PA-deep-dive]'s 8,400 blocks of 16, prefix caching on,
   memory-only, event mode) at 10k requests, and 100k with --full (goal: 20 s on the
   2-core build machine). A token-stepping case replays the 10k trace both ways in one
   process: the event-mode speedup is a ratio that survives a noisy machine, and the case
@@ -242,7 +242,7 @@ def serving_sample_preemption(case: Case, ctx: BenchContext) -> list[Measurement
 
 # --------------------------------------------------------------------- engine speed
 
-#: The replay benchmark's pool: seed 001's 42 GB of Llama-2-70B, 8,400 blocks of 16.
+#: The replay benchmark's pool: [PA-deep-dive]'s 42 GB of Llama-2-70B, 8,400 blocks of 16.
 REPLAY_BUDGET = "42GB"
 #: Requests replayed both ways: the benchmark trace itself (it preempts), token stepping
 #: costing ~4x the event mode's time.

@@ -1,6 +1,6 @@
 """Sharing and preemption sweeps driven through `paged.PagedKVCache` (memory-only mode):
 copy-on-write savings for parallel sampling and beam search, prefix-caching savings for
-seed 001's scenarios and seed 000's 100 x 1,000-token example, and swap vs recompute.
+[PA-deep-dive]'s scenarios and [KV-capacity]'s 100 x 1,000-token example, and swap vs recompute.
 
 Each sharing sweep runs the same work twice on the same cache class: once sharing (fork /
 prefix cache on) and once without (independent requests, prefix cache off), and reports
@@ -246,7 +246,7 @@ def beam_search(case: Case, ctx: BenchContext) -> list[Measurement]:
 
 # --------------------------------------------------------------------- prefix caching
 
-#: Seed 001's prefix-caching table: scenario -> (shared prompt tokens, unique tokens per
+#: [PA-deep-dive]'s prefix-caching table: scenario -> (shared prompt tokens, unique tokens per
 #: request, concurrent requests, published saving).
 SCENARIOS: dict[str, tuple[int, int, int, float]] = {
     "chatbot": (500, 200, 64, 0.70),
@@ -275,7 +275,7 @@ def _held_blocks(prefix_len: int, unique: int, n: int, bs: int, caching: bool) -
 
 @sweep(
     "prefix.scenarios",
-    "KV memory saved by prefix caching in seed 001's scenarios (shared prompt + unique)",
+    "KV memory saved by prefix caching in [PA-deep-dive]'s scenarios (shared prompt + unique)",
     _scenario_cases,
     requires=("kvbench.paged.cache",),
     tags=("prefix", "serving"),
@@ -306,7 +306,7 @@ def _shared_cases(full: bool) -> list[Case]:
 
 @sweep(
     "prefix.shared_prompt",
-    "prefix blocks held by 100 requests sharing a 1,000-token prompt (seed 000 example)",
+    "prefix blocks held by 100 requests sharing a 1,000-token prompt ([KV-capacity] example)",
     _shared_cases,
     requires=("kvbench.paged.cache",),
     tags=("prefix", "serving"),
@@ -375,7 +375,7 @@ def measured_host_link(ctx: BenchContext) -> dict[str, float]:
 @sweep(
     "preempt.swap_vs_recompute",
     "cost of preempting one request: swap out + in over the host link vs recomputing "
-    "its prefill (seed 001's cost model), per device profile and with the link measured "
+    "its prefill ([PA-deep-dive]'s cost model), per device profile and with the link measured "
     "here (one contiguous pinned copy each way)",
     _swap_cases,
     requires=("kvbench.kernels.ops",),

@@ -11,7 +11,7 @@ paged grows to the batch limit.
 
 Cases:
 * batch (`batch` set): every request waits at t = 0, at most `batch` run at once
-  (seed 001's table shape): measured tokens/s;
+  ([PA-deep-dive]'s table shape): measured tokens/s;
 * rate (`rate` set): Poisson arrivals; measured normalized latency, TTFT and tokens/s,
   beside the same trace modeled with the calibrated CPU profile;
 * calibration (`calibration` set): fits the time model's CPU coefficients (fixed step

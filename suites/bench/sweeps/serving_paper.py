@@ -1,6 +1,6 @@
-"""Seed 001's and the vLLM paper's serving tables, regenerated with the time model (modeled).
+"""[PA-deep-dive]'s and the vLLM paper's serving tables, regenerated with the time model (modeled).
 
-* serving.batch_table: seed 001's throughput against batch size (A100-80GB, Llama-70B,
+* serving.batch_table: [PA-deep-dive]'s throughput against batch size (A100-80GB, Llama-70B,
   its 35 GB of weights and 42 GB KV pool): for each batch size, ShareGPT-like requests
   that share one 500-token system prompt all wait at t = 0 and the engine runs at most
   `batch` of them at once; tokens/s = output tokens / modeled seconds. Systems:
@@ -50,7 +50,7 @@ def _system_prompt_trace(requests: int, seed: int):  # type: ignore[no-untyped-d
 
 @sweep(
     "serving.batch_table",
-    "seed 001's throughput vs batch size regenerated with the time model: Llama-70B on "
+    "[PA-deep-dive]'s throughput vs batch size regenerated with the time model: Llama-70B on "
     "A100-80GB (35 GB weights, 42 GB KV), ShareGPT-like requests behind a shared 500-token "
     "system prompt; contiguous (4,096-token reservations), paged, paged + prefix cache",
     _batch_cases,

@@ -1,7 +1,7 @@
 """Static utilization: N requests of sampled lengths held at once, contiguous (each
-reserves max_len slots) vs paged (whole blocks), as seed 002 measures it.
+reserves max_len slots) vs paged (whole blocks), as [paged-sim] measures it.
 
-Lengths come from a seeded workload distribution (seed 002's normal(500, 200) clipped to
+Lengths come from a seeded workload distribution ([paged-sim]'s normal(500, 200) clipped to
 [200, 2048], or ShareGPT-like / Alpaca-like prompt + output). The contiguous figure is
 read from the reference `ContiguousKVCache` (memory-only) holding the requests; the paged
 figure from `paged.PagedKVCache` (memory-only) when it is importable, otherwise from the block formula
@@ -82,7 +82,7 @@ def _paged_cache(lengths: np.ndarray, block_size: int):  # type: ignore[no-untyp
 
 @sweep(
     "utilization.static",
-    "KV slots holding live tokens / slots held, N requests at once (seed 002)",
+    "KV slots holding live tokens / slots held, N requests at once ([paged-sim])",
     _cases,
     tags=("utilization",),
 )

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from kvbench.reports import claims
-from kvbench.reports import results as R
 from kvbench.reports.site import backends, build_site
+from kvbench.reports.store.reader import load_run, load_runs
+from kvbench.reports.store.writer import ResultWriter
 from kvbench.suites.cli import main as kvbench
 from kvbench.suites.conformance.hostile import run_cli
 from kvbench.workloads.units import format_quantity
@@ -66,7 +67,7 @@ def test_fractions_of_ten_or_more_and_seconds_of_one_or_more_keep_their_unit() -
 # ----------------------------------------------------------------- a site of two runs
 
 
-def _timed(w: R.ResultWriter, suite: str, case: dict, metric: str, median: float, spread: float):
+def _timed(w: ResultWriter, suite: str, case: dict, metric: str, median: float, spread: float):
     stats = {"median": median, "q1": median * (1 - spread), "q3": median * (1 + spread), "n": 9}
     w.record(suite, case, metric, median, "s", stats)
 
@@ -74,7 +75,7 @@ def _timed(w: R.ResultWriter, suite: str, case: dict, metric: str, median: float
 def _write_runs(folder: Path) -> None:
     header = {"planned_cases": 3, "bench": {"sweeps": "all", "shard": None, "seed": 0}}
     for rid, slow in (("a", 1.0), ("b", 3.0)):
-        with R.ResultWriter(rid, folder, environment=ENV, header_fields=header) as w:
+        with ResultWriter(rid, folder, environment=ENV, header_fields=header) as w:
             for i, ctx in enumerate((128, 1024)):
                 case = {"block_size": 16, "ctx_len": ctx, "batch": 2}
                 _timed(w, "kernel.decode", case, "time_paged", 0.002 * (i + 1), 0.05)
@@ -102,7 +103,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("honest")
     _write_runs(folder / "results")
     out = folder / "site"
-    runs = R.load_runs(["a", "b"], folder / "results")
+    runs = load_runs(["a", "b"], folder / "results")
     build_site(runs, out)
     return out
 
@@ -142,25 +143,33 @@ def test_sweep_page_names_run_device_and_backend(site: Path) -> None:
     ("rows", "expected"),
     [
         ([("backend_is_triton", 0.0)], ["torch"]),
-        (
-            [("backend_is_triton", 0.0), ("kernel_path_is_cpp", 1.0)],
-            ["torch (C++ in-place kernel)"],
-        ),
-        ([("backend_is_triton", 0.0), ("kernel_path_is_cpp", 0.0)], ["torch (gather + SDPA)"]),
+        ([("backend_is_triton", 0.0), ("kernel_path_is_cpp", 1.0)], ["cpu-cpp"]),
+        ([("backend_is_triton", 0.0), ("kernel_path_is_cpp", 0.0)], ["torch-sdpa"]),
         (
             [("backend_is_triton", 0.0), ("kernel_path_is_cpp", 1.0), ("kernel_path_is_cpp", 0.0)],
-            ["torch (C++ in-place kernel and gather + SDPA)"],
+            ["cpu-cpp", "torch-sdpa"],
         ),
         ([("backend_is_triton", 1.0), ("kernel_path_is_cpp", 0.0)], ["triton"]),
+        ([("backend_is_triton", 1.0), ("backend_is_triton", 0.0)], ["torch", "triton"]),
     ],
 )
 def test_backend_names_the_cpu_path_that_ran(rows: list, expected: list[str]) -> None:
     """A page where the C++ kernel ran said "kernel backend torch", which read as the
-    gather + SDPA version; the CPU path the rows record is named beside the backend."""
+    gather + SDPA version; the label names the path the rows record (`cpu-cpp` or
+    `torch-sdpa`), and rows that record none (older runs) keep "torch"."""
     import pandas as pd
 
     frame = pd.DataFrame([{"metric": m, "value": v} for m, v in rows])
     assert backends(frame) == expected
+
+
+def test_a_backend_case_column_keeps_its_label() -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        [{"metric": "passed", "value": 1.0, "backend": b} for b in ("cpu-cpp", "torch", "triton")]
+    )
+    assert backends(frame) == ["cpu-cpp", "torch", "triton"]
 
 
 def test_compare_page_leads_with_the_largest_significant_change(site: Path) -> None:
@@ -186,13 +195,13 @@ def test_wide_tables_scroll_with_the_key_column_in_view(site: Path) -> None:
 
 def test_a_killed_run_is_reported_incomplete(tmp_path: Path) -> None:
     header = {"planned_cases": 5, "bench": {"sweeps": "all", "shard": None, "seed": 0}}
-    with R.ResultWriter("killed", tmp_path, environment=ENV, header_fields=header) as w:
+    with ResultWriter("killed", tmp_path, environment=ENV, header_fields=header) as w:
         w.record("capacity.footprint", {"model": "m"}, "bytes_per_token", 1.0, "B")
         w.record("capacity.footprint", {"model": "m"}, "case_wall_time", 0.1, "s")
     with open(tmp_path / "killed.jsonl", "ab") as fh:
         fh.write(b'{"kind":"row","schema":1,"suite":"capacity.foot')  # killed mid-line
     out = tmp_path / "site"
-    build_site(R.load_runs(["killed"], tmp_path), out)
+    build_site(load_runs(["killed"], tmp_path), out)
     index = html.unescape((out / "index.html").read_text())
     assert "Incomplete:" in index and "incomplete: 1 of 5 cases ended" in index
     assert "torn" in index
@@ -277,6 +286,6 @@ def test_bench_names_what_copy_peak_is_and_ends_with_the_claim_count(tmp_path: P
     assert re.fullmatch(
         rf"claims: \d+ holds?, \d+ do(?:es)? not hold, \d+ not measured \(of {n};.*\)", last
     ), last
-    desc = R.load_run(tmp_path / "cp.jsonl").header["bench"]["descriptions"]["copy_peak"]
+    desc = load_run(tmp_path / "cp.jsonl").header["bench"]["descriptions"]["copy_peak"]
     assert desc.endswith(".") and "bandwidth_fraction" in desc
     assert kvbench(["report", "cp", "--dir", str(tmp_path), "--out", str(tmp_path / "s")]) == 0

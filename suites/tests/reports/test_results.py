@@ -16,19 +16,29 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvbench.reports import results as R
+from kvbench.reports.store.environment import collect_environment
+from kvbench.reports.store.frame import BASE_COLUMNS, export_frame, parquet_available, to_frame
+from kvbench.reports.store.reader import (
+    RunNotFoundError,
+    latest_run,
+    load_run,
+    load_runs,
+    resolve_run,
+)
+from kvbench.reports.store.schema import SCHEMA_VERSION, ResultsError, SchemaVersionError, case_key
+from kvbench.reports.store.writer import ResultWriter
 from kvbench.suites.cli import main as kvbench
 from kvbench.workloads.errors import ConfigError
 
 ENV = {"device": "test-device", "cpu_model": "test-cpu", "git_revision": "abc", "git_dirty": True}
 
 
-def _writer(tmp_path: Path, run_id: str | None = None) -> R.ResultWriter:
-    return R.ResultWriter(run_id, tmp_path, environment=ENV)
+def _writer(tmp_path: Path, run_id: str | None = None) -> ResultWriter:
+    return ResultWriter(run_id, tmp_path, environment=ENV)
 
 
 def test_collected_environment_names_device_versions_and_git() -> None:
-    env = R.collect_environment({"copy_peak_bytes_per_s": 1.0})
+    env = collect_environment({"copy_peak_bytes_per_s": 1.0})
     for key in ("device", "cpu_model", "torch", "triton", "python", "git_revision", "git_dirty"):
         assert key in env, key
     assert env["python"] == ".".join(map(str, sys.version_info[:3]))
@@ -46,16 +56,16 @@ def test_roundtrip_header_and_rows(tmp_path: Path) -> None:
             {"median": 1.5e-4, "q1": 1.4e-4, "q3": 1.6e-4, "n": 20},
         )
         w.record("capacity", {"model": "llama-2-70b"}, "bytes_per_token", 327680, "B")
-    run = R.load_run(tmp_path / "run-a.jsonl")
+    run = load_run(tmp_path / "run-a.jsonl")
     assert run.run_id == "run-a"
     assert run.environment == ENV
-    assert run.header["schema"] == R.SCHEMA_VERSION
+    assert run.header["schema"] == SCHEMA_VERSION
     assert run.problems == []
     assert [r["metric"] for r in run.rows] == ["time", "bytes_per_token"]
     assert run.rows[0]["stats"]["n"] == 20
     assert run.suites == ["kernel.decode", "capacity"]
     frame = run.frame()
-    assert list(frame.columns[:7]) == list(R.BASE_COLUMNS)
+    assert list(frame.columns[:7]) == list(BASE_COLUMNS)
     assert frame.loc[0, "block_size"] == 16
     assert frame.loc[0, "stats.q3"] == pytest.approx(1.6e-4)
     assert frame.loc[1, "value"] == 327680
@@ -79,9 +89,9 @@ def test_roundtrip_header_and_rows(tmp_path: Path) -> None:
 )
 def test_any_valid_row_roundtrips_exactly(tmp_path_factory, case, value, suite) -> None:  # type: ignore[no-untyped-def]
     folder = tmp_path_factory.mktemp("rt")
-    with R.ResultWriter("r", folder, environment=ENV) as w:
+    with ResultWriter("r", folder, environment=ENV) as w:
         w.record(suite, case, "m", value, "u")
-    (row,) = R.load_run(folder / "r.jsonl", strict=True).rows
+    (row,) = load_run(folder / "r.jsonl", strict=True).rows
     assert row["case"] == case
     assert row["value"] == value
     assert row["suite"] == suite
@@ -116,7 +126,7 @@ def test_bad_record_raises_and_writes_nothing(tmp_path: Path, kwargs: dict, need
 @pytest.mark.parametrize("run_id", ["", "../x", "a/b", ".hidden"])
 def test_bad_run_id_is_refused(tmp_path: Path, run_id: str) -> None:
     with pytest.raises(ConfigError, match="run id"):
-        R.ResultWriter(run_id, tmp_path, environment=ENV)
+        ResultWriter(run_id, tmp_path, environment=ENV)
 
 
 def test_corrupt_line_is_reported_with_file_and_line_and_the_rest_loads(tmp_path: Path) -> None:
@@ -138,14 +148,14 @@ def test_corrupt_line_is_reported_with_file_and_line_and_the_rest_loads(tmp_path
         }
     )  # wrong type (line 4)
     path.write_text("\n".join(lines) + "\n")
-    run = R.load_run(path)
+    run = load_run(path)
     assert [r["case"]["i"] for r in run.rows] == [0, 3]
     assert [p.line for p in run.problems] == [3, 4]
     assert all(p.path == str(path) for p in run.problems)
     assert "'value'" in run.problems[1].message
     assert str(run.problems[0]).startswith(f"{path}:3:")
-    with pytest.raises(R.ResultsError, match=r"c\.jsonl:3:"):
-        R.load_run(path, strict=True)
+    with pytest.raises(ResultsError, match=r"c\.jsonl:3:"):
+        load_run(path, strict=True)
 
 
 def test_truncated_last_line_and_resume_on_a_fresh_line(tmp_path: Path) -> None:
@@ -155,17 +165,17 @@ def test_truncated_last_line_and_resume_on_a_fresh_line(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 15])  # tear the last row
-    run = R.load_run(path)
+    run = load_run(path)
     assert [r["case"]["i"] for r in run.rows] == [0, 1]
     (problem,) = run.problems
     assert problem.line == 4 and "truncated" in problem.message
     with _writer(tmp_path, "t") as w:
         assert w.resumed
         w.record("s", {"i": 2}, "m", 2.0, "u")
-    run = R.load_run(path)
+    run = load_run(path)
     assert [r["case"]["i"] for r in run.rows] == [0, 1, 2]
     assert len(run.resumes) == 1 and [p.line for p in run.problems] == [4]
-    assert run.case_keys("s") == {R.case_key("s", {"i": i}) for i in range(3)}
+    assert run.case_keys("s") == {case_key("s", {"i": i}) for i in range(3)}
 
 
 def test_kill_9_loses_no_recorded_row(tmp_path: Path) -> None:
@@ -173,7 +183,7 @@ def test_kill_9_loses_no_recorded_row(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys
-        from kvbench.reports.results import ResultWriter
+        from kvbench.reports.store.writer import ResultWriter
         w = ResultWriter("k", {str(tmp_path)!r}, environment={{"device": "x"}})
         i = 0
         while True:
@@ -190,7 +200,7 @@ def test_kill_9_loses_no_recorded_row(tmp_path: Path) -> None:
         acknowledged = int(proc.stdout.readline())
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    run = R.load_run(tmp_path / "k.jsonl")
+    run = load_run(tmp_path / "k.jsonl")
     got = [r["case"]["i"] for r in run.rows]
     assert got == list(range(len(got)))
     assert len(got) >= acknowledged + 1
@@ -203,15 +213,15 @@ def test_newer_schema_is_refused_clearly(tmp_path: Path) -> None:
         json.dumps(
             {
                 "kind": "header",
-                "schema": R.SCHEMA_VERSION + 1,
+                "schema": SCHEMA_VERSION + 1,
                 "run_id": "future",
                 "environment": {},
             }
         )
         + "\n"
     )
-    with pytest.raises(R.SchemaVersionError, match=f"schema {R.SCHEMA_VERSION + 1}"):
-        R.load_run(path)
+    with pytest.raises(SchemaVersionError, match=f"schema {SCHEMA_VERSION + 1}"):
+        load_run(path)
     assert kvbench(["report", str(path), "--out", str(tmp_path / "site")]) == 2
 
 
@@ -219,31 +229,31 @@ def test_missing_and_ambiguous_runs(tmp_path: Path) -> None:
     for rid in ("20260101-aa", "20260101-ab"):
         with _writer(tmp_path, rid) as w:
             w.record("s", {}, "m", 1.0, "u")
-    assert R.resolve_run("20260101-aa", tmp_path).name == "20260101-aa.jsonl"
-    with pytest.raises(R.ResultsError, match="ambiguous"):
-        R.resolve_run("20260101-a", tmp_path)
-    with pytest.raises(R.RunNotFoundError, match="nope"):
-        R.resolve_run("nope", tmp_path)
-    assert R.resolve_run("latest", tmp_path).suffix == ".jsonl"
+    assert resolve_run("20260101-aa", tmp_path).name == "20260101-aa.jsonl"
+    with pytest.raises(ResultsError, match="ambiguous"):
+        resolve_run("20260101-a", tmp_path)
+    with pytest.raises(RunNotFoundError, match="nope"):
+        resolve_run("nope", tmp_path)
+    assert resolve_run("latest", tmp_path).suffix == ".jsonl"
 
 
 def test_export_csv_and_parquet(tmp_path: Path) -> None:
     with _writer(tmp_path, "e") as w:
         w.record("s", {"b": 16}, "m", 2.5, "u", {"median": 2.5, "n": 3})
-    frame = R.to_frame(R.load_runs(["e"], tmp_path))
-    out = R.export_frame(frame, tmp_path / "x.csv")
+    frame = to_frame(load_runs(["e"], tmp_path))
+    out = export_frame(frame, tmp_path / "x.csv")
     import pandas as pd
 
     back = pd.read_csv(out)
     assert back.loc[0, "value"] == 2.5 and back.loc[0, "b"] == 16
-    if R.parquet_available():
-        R.export_frame(frame, tmp_path / "x.parquet")
+    if parquet_available():
+        export_frame(frame, tmp_path / "x.parquet")
         assert pd.read_parquet(tmp_path / "x.parquet").loc[0, "value"] == 2.5
     else:
         with pytest.raises(ConfigError, match="pyarrow"):
-            R.export_frame(frame, tmp_path / "x.parquet")
+            export_frame(frame, tmp_path / "x.parquet")
     with pytest.raises(ConfigError, match=r"\.xlsx"):
-        R.export_frame(frame, tmp_path / "x.xlsx")
+        export_frame(frame, tmp_path / "x.xlsx")
 
 
 def _shard(
@@ -251,7 +261,7 @@ def _shard(
 ) -> None:
     bench = {"sweeps": ["s"], "full": False, "seed": 0, "shard": f"{k}/{n}", **bench}
     header = {"planned_cases": planned, "bench": bench}
-    with R.ResultWriter(run_id, tmp_path, environment=ENV, header_fields=header) as w:
+    with ResultWriter(run_id, tmp_path, environment=ENV, header_fields=header) as w:
         for i in cases:
             w.record("s", {"i": i}, "m", float(i), "u")
 
@@ -260,11 +270,11 @@ def test_merge_keeps_every_part_and_drops_duplicates(tmp_path: Path) -> None:
     _shard(tmp_path, "p1", 1, 2, [0, 2])
     _shard(tmp_path, "p2", 2, 2, [1, 2])
     assert kvbench(["merge", "p1", "p2", "--into", "all", "--dir", str(tmp_path)]) == 0
-    merged = R.load_run(tmp_path / "all.jsonl")
+    merged = load_run(tmp_path / "all.jsonl")
     assert sorted(r["case"]["i"] for r in merged.rows) == [0, 1, 2]
     assert [p["run_id"] for p in merged.header["merged_from"]] == ["p1", "p2"]
     assert merged.header["bench"]["merged_shards"] == 2
-    assert R.latest_run(tmp_path, kind="bench") == tmp_path / "all.jsonl"
+    assert latest_run(tmp_path, kind="bench") == tmp_path / "all.jsonl"
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -305,7 +315,7 @@ def test_merge_of_an_incomplete_set_when_allowed_says_what_is_missing(tmp_path: 
     _shard(tmp_path, "p3", 3, 3, [2])
     args = ["merge", "p1", "p3", "--into", "m", "--allow-incomplete", "--dir", str(tmp_path)]
     assert kvbench(args) == 0
-    merged = R.load_run(tmp_path / "m.jsonl")
+    merged = load_run(tmp_path / "m.jsonl")
     assert merged.header["bench"]["missing_shards"] == ["2/3"] and merged.planned_cases == 2
 
 
@@ -327,14 +337,14 @@ def test_results_cli_lists_and_exports(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_latest_is_by_start_time_and_can_be_narrowed_to_bench_runs(tmp_path: Path) -> None:
-    with R.ResultWriter(
+    with ResultWriter(
         "zzz-old-bench", tmp_path, environment=ENV, header_fields={"bench": {"sweeps": "all"}}
     ) as w:
         w.record("s", {}, "m", 1.0, "u")
     time.sleep(0.01)
-    with R.ResultWriter("aaa-new-gate", tmp_path, environment=ENV, header_fields={"gate": {}}) as w:
+    with ResultWriter("aaa-new-gate", tmp_path, environment=ENV, header_fields={"gate": {}}) as w:
         w.record("s", {}, "m", 1.0, "u")
-    assert R.resolve_run("latest", tmp_path).name == "aaa-new-gate.jsonl"
-    assert R.resolve_run("latest", tmp_path, kind="bench").name == "zzz-old-bench.jsonl"
-    with pytest.raises(R.RunNotFoundError, match="no nope runs"):
-        R.latest_run(tmp_path, kind="nope")
+    assert resolve_run("latest", tmp_path).name == "aaa-new-gate.jsonl"
+    assert resolve_run("latest", tmp_path, kind="bench").name == "zzz-old-bench.jsonl"
+    with pytest.raises(RunNotFoundError, match="no nope runs"):
+        latest_run(tmp_path, kind="nope")

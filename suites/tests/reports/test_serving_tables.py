@@ -1,4 +1,4 @@
-"""Sustained-rate ratios, seed 001's batch table and the serving claims, from hand-written
+"""Sustained-rate ratios, [PA-deep-dive]'s batch table and the serving claims, from hand-written
 rows: the ratio is paged's knee over each baseline's, verdicts follow the published
 ranges, and the pages show the derived tables."""
 
@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 
 from kvbench.reports import claims, serving
-from kvbench.reports import results as R
+from kvbench.reports.store.frame import to_frame
+from kvbench.reports.store.reader import load_run
+from kvbench.reports.store.writer import ResultWriter
 
 SETUP = "opt-13b-1xa100-40gb"
 
 
 def _write(tmp_path: Path, knees: dict[str, float], batch: dict[str, dict[int, float]]) -> Path:
-    with R.ResultWriter("x", tmp_path) as w:
+    with ResultWriter("x", tmp_path) as w:
         for system, rate in knees.items():
             case = {"setup": SETUP, "workload": "sharegpt", "system": system, "bound_factor": 10.0}
             w.record("serving.rate", case, "sustained_rate", rate, "requests/s")
@@ -30,7 +32,7 @@ def _write(tmp_path: Path, knees: dict[str, float], batch: dict[str, dict[int, f
 
 
 def _verdicts(path: Path) -> dict[str, claims.Verdict]:
-    return {c.key: v for c, v in claims.evaluate(R.to_frame([R.load_run(path)]))}
+    return {c.key: v for c, v in claims.evaluate(to_frame([load_run(path)]))}
 
 
 KNEES = {"paged": 4.0, "contiguous-oracle": 2.0, "contiguous-max": 1.0, "static": 0.4}
@@ -43,7 +45,7 @@ BATCH = {
 
 def test_ratios_and_verdicts_hold(tmp_path: Path) -> None:
     path = _write(tmp_path, KNEES, BATCH)
-    frame = R.to_frame([R.load_run(path)])
+    frame = to_frame([load_run(path)])
     ratios = serving.sustained_ratios(frame)
     assert ratios.loc[(SETUP, "sharegpt"), "contiguous-oracle"] == pytest.approx(2.0)
     assert ratios.loc[(SETUP, "sharegpt"), "static"] == pytest.approx(10.0)
@@ -65,7 +67,7 @@ def test_verdicts_fail_outside_the_ranges(tmp_path: Path) -> None:
 
 
 def test_missing_rows_are_not_measured(tmp_path: Path) -> None:
-    with R.ResultWriter("y", tmp_path) as w:
+    with ResultWriter("y", tmp_path) as w:
         w.record("capacity.footprint", {"model": "x"}, "bytes_per_token", 1.0, "B")
     v = _verdicts(tmp_path / "y.jsonl")
     for key in ("rate-paper", "seed001-batch", "calibration-cpu", "cow-beam-load"):

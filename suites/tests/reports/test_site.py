@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from kvbench.reports import claims
-from kvbench.reports import results as R
 from kvbench.reports.site import build_site
+from kvbench.reports.store.frame import to_frame
+from kvbench.reports.store.reader import load_run
+from kvbench.reports.store.schema import ResultsError
+from kvbench.reports.store.writer import ResultWriter
 from kvbench.suites.bench.harness import TimingConfig
 from kvbench.suites.bench.runner import run_bench
 from kvbench.suites.cli import main as kvbench
@@ -37,7 +40,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     names = ["capacity.", "utilization.static", "prefix.shared_prompt", "prefix.scenarios"]
     for rid in ("a", "b"):
         run_bench(names, out_dir=folder, run_id=rid, progress=False, timing=fast)
-    with R.ResultWriter("a", folder) as w:  # resume-append hostile text to run a
+    with ResultWriter("a", folder) as w:  # resume-append hostile text to run a
         w.record(EVIL, {"label": EVIL, "n": 1}, "m" + EVIL, 1.0, EVIL)
         w.record(EVIL, {"label": EVIL, "n": 2}, "m" + EVIL, 2.0, EVIL)
     return folder
@@ -90,7 +93,7 @@ def test_text_from_result_files_is_escaped(site: Path) -> None:
 
 
 def test_claims_page_judges_what_was_measured(site: Path, runs: Path) -> None:
-    frame = R.to_frame([R.load_run(runs / "a.jsonl")])
+    frame = to_frame([load_run(runs / "a.jsonl")])
     verdicts = {c.key: v for c, v in claims.evaluate(frame)}
     assert verdicts["kv-footprint"].verdict == claims.HOLDS
     assert verdicts["budget-8400"].verdict == claims.HOLDS
@@ -108,7 +111,7 @@ def test_claims_page_judges_what_was_measured(site: Path, runs: Path) -> None:
 
 
 def test_claims_fail_when_the_numbers_say_so(tmp_path: Path) -> None:
-    with R.ResultWriter("x", tmp_path, environment={"device": "d"}) as w:
+    with ResultWriter("x", tmp_path, environment={"device": "d"}) as w:
         for model, gib in (("mha-80x64", 10.0), ("gqa-80x8", 1.5), ("mqa-80x1", 0.16)):
             w.record(
                 "capacity.footprint",
@@ -124,9 +127,7 @@ def test_claims_fail_when_the_numbers_say_so(tmp_path: Path) -> None:
             320 * 1024,
             "B",
         )
-    verdicts = {
-        c.key: v for c, v in claims.evaluate(R.to_frame([R.load_run(tmp_path / "x.jsonl")]))
-    }
+    verdicts = {c.key: v for c, v in claims.evaluate(to_frame([load_run(tmp_path / "x.jsonl")]))}
     assert verdicts["kv-footprint"].verdict == claims.FAILS
 
 
@@ -155,7 +156,7 @@ def test_compare_page_pairs_the_same_cases(site: Path) -> None:
 
 
 def test_empty_and_missing_runs_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    R.ResultWriter("empty", tmp_path, environment={"device": "d"}).close()
+    ResultWriter("empty", tmp_path, environment={"device": "d"}).close()
     assert kvbench(["report", "empty", "--dir", str(tmp_path), "--out", str(tmp_path / "s")]) == 2
     assert "no measurements" in capsys.readouterr().err
     assert kvbench(["report", "--dir", str(tmp_path / "none"), "--out", str(tmp_path / "s")]) == 2
@@ -174,7 +175,7 @@ def test_corrupt_lines_are_reported_and_the_rest_is_built(
 
 
 def test_build_site_refuses_nothing_to_show(tmp_path: Path) -> None:
-    with pytest.raises(R.ResultsError, match="no runs"):
+    with pytest.raises(ResultsError, match="no runs"):
         build_site([], tmp_path)
 
 

@@ -1,6 +1,10 @@
-"""Every capacity figure the seed literature prints, reproduced exactly (seeds 000-004)."""
+"""Every capacity figure the seed literature prints, reproduced exactly (the documents are
+cited by their keys in docs/bibliography.md: [KV-capacity], [PA-deep-dive], [paged-sim],
+[vLLM-internals])."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -16,11 +20,11 @@ KiB, MiB, GiB = 1024, 1024**2, 1024**3
 @pytest.mark.parametrize(
     ("preset", "per_token"),
     [
-        ("llama-3-8b", 128 * KiB),  # seed 000 table, seed 004
-        ("llama-2-70b", 320 * KiB),  # seed 000 table
-        ("mha-96", 4.5 * MiB),  # seed 000 table
-        ("gpt-32x32", 512 * KiB),  # seed 002: 524,288 bytes
-        ("mha-80x64", 2560 * KiB),  # seed 000 MHA/GQA/MQA
+        ("llama-3-8b", 128 * KiB),  # [KV-capacity] table, [vLLM-internals]
+        ("llama-2-70b", 320 * KiB),  # [KV-capacity] table
+        ("mha-96", 4.5 * MiB),  # [KV-capacity] table
+        ("gpt-32x32", 512 * KiB),  # [paged-sim]: 524,288 bytes
+        ("mha-80x64", 2560 * KiB),  # [KV-capacity] MHA/GQA/MQA
         ("gqa-80x8", 320 * KiB),
         ("mqa-80x1", 40 * KiB),
     ],
@@ -123,10 +127,11 @@ def test_fp8_and_dtype_aliases() -> None:
 
 
 def test_presets_have_sources() -> None:
-    """Every preset names where its numbers come from: a seed, or a paper (the vLLM
-    paper's OPT set-ups)."""
+    """Every preset names where its numbers come from: a document by its key in
+    docs/bibliography.md (`[KV-capacity]`, ...), or a paper (the vLLM paper's OPT set-ups)."""
     for preset in PRESETS.values():
-        assert preset.source and ("seed" in preset.source or "paper" in preset.source)
+        cited = re.search(r"\[[A-Za-z][\w-]*\]", preset.source or "")
+        assert cited or "paper" in preset.source, preset.source
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench.reports import results as R
 from kvbench.reports.site import build_site
+from kvbench.reports.store.reader import load_run, load_runs
+from kvbench.reports.store.writer import ResultWriter
 from kvbench.suites.bench import catalog  # noqa: F401  (registers the sweeps)
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import TimingConfig
@@ -232,7 +233,7 @@ def test_bench_runs_the_kvbench_pool_rows(tmp_path: Path) -> None:
         timing=TimingConfig(warmup=0, repeats=1),
     )
     assert not res.failures and res.measured >= 1
-    run = R.load_run(res.path)
+    run = load_run(res.path)
     rows = [r for r in run.rows if r["suite"] == "peers.pool_ops" and r["metric"] == "ops_per_s"]
     assert any(r["case"]["impl"] == "kvbench" and r["value"] > 0 for r in rows)
 
@@ -243,7 +244,7 @@ EVIL = '<script>alert("x")</script>'
 
 def write_peer_rows(folder: Path, run_id: str, peers: tuple[str, ...]) -> None:
     """Synthetic rows shaped like the peer sweeps' (made-up numbers, easy to spot)."""
-    with R.ResultWriter(run_id, folder) as w:
+    with ResultWriter(run_id, folder) as w:
         w.record("capacity.footprint", {"model": "m"}, "bytes_per_token", 1.0, "B")
         for i, impl in enumerate(peers):
             v = {"impl": impl, "version": f"v{i}"}
@@ -283,7 +284,7 @@ def page(site: Path) -> str:
 def test_peers_page_puts_peers_side_by_side(tmp_path: Path) -> None:
     write_peer_rows(tmp_path, "r", ("kvbench", "vllm", EVIL))
     out = tmp_path / "site"
-    build_site(R.load_runs(["r"], tmp_path), out)
+    build_site(load_runs(["r"], tmp_path), out)
     html = page(out)
     assert 'href="peers.html"' in (out / "index.html").read_text(encoding="utf-8")
     for text in (
@@ -320,17 +321,17 @@ def test_peers_page_puts_peers_side_by_side(tmp_path: Path) -> None:
 def test_peers_page_with_kvbench_alone_asks_for_vllm(tmp_path: Path) -> None:
     write_peer_rows(tmp_path, "k", ("kvbench",))
     out = tmp_path / "site"
-    build_site(R.load_runs(["k"], tmp_path), out)
+    build_site(load_runs(["k"], tmp_path), out)
     html = page(out)
     assert "Only kvbench" in html and "nox -s peers" in html
     assert "kvbench ops/s" in html and "vllm ops/s" not in html
 
 
 def test_peers_page_without_peer_rows_says_how_to_make_them(tmp_path: Path) -> None:
-    with R.ResultWriter("e", tmp_path) as w:
+    with ResultWriter("e", tmp_path) as w:
         w.record("capacity.footprint", {"model": "m"}, "bytes_per_token", 1.0, "B")
     out = tmp_path / "site"
-    build_site(R.load_runs(["e"], tmp_path), out)
+    build_site(load_runs(["e"], tmp_path), out)
     html = page(out)
     assert "No peer rows" in html
     assert "nox -s peers" in html and "kvbench bench --only peers." in html
@@ -340,7 +341,7 @@ def test_peers_page_without_peer_rows_says_how_to_make_them(tmp_path: Path) -> N
 def test_peers_page_tables_static_costs_side_by_side(tmp_path: Path) -> None:
     """`kvbench kernels --peers` rows (suite kernels.aot.peers; synthetic numbers here)
     become one table: kvbench first in each (shape, arch) group, units in the header."""
-    with R.ResultWriter("s", tmp_path) as w:
+    with ResultWriter("s", tmp_path) as w:
         for impl, variant, kernel, regs in (
             ("vllm", "decode stage 1 (grouped)", "vllm.fwd_grouped_kernel_stage1", 72),
             ("kvbench", "split decode", "paged_decode", 71),
@@ -355,7 +356,7 @@ def test_peers_page_tables_static_costs_side_by_side(tmp_path: Path) -> None:
             ):
                 w.record("kernels.aot.peers", case, metric, value, unit)
     out = tmp_path / "site"
-    build_site(R.load_runs(["s"], tmp_path), out)
+    build_site(load_runs(["s"], tmp_path), out)
     html = page(out)
     assert "Static cost of the GPU kernels" in html and "regs/thread" in html
     assert html.index("paged_decode") < html.index("vllm.fwd_grouped_kernel_stage1")

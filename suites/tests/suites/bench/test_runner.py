@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench.reports import results as R
+from kvbench.reports.store.frame import to_frame
+from kvbench.reports.store.reader import load_run
 from kvbench.suites.bench import (
     catalog,  # noqa: F401  (registers the sweeps)
     registry,
@@ -93,7 +94,7 @@ def test_prefix_selection_and_full_grid() -> None:
 def test_run_appends_every_case_with_a_done_marker(tmp_path: Path) -> None:
     res = run_bench(["test.toy"], out_dir=tmp_path, run_id="r", progress=False, timing=FAST)
     assert res.measured == 6 and not res.failures
-    run = R.load_run(tmp_path / "r.jsonl")
+    run = load_run(tmp_path / "r.jsonl")
     squares = {r["case"]["i"]: r["value"] for r in run.rows if r["metric"] == "square"}
     assert squares == {i: i * i for i in range(6)}
     assert sum(r["metric"] == DONE_METRIC for r in run.rows) == 6
@@ -142,7 +143,7 @@ def test_kill_9_mid_run_then_resume_finishes(tmp_path: Path) -> None:
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = R.load_run(path)
+    before = load_run(path)
     done_before = done_case_keys(path)
     assert 8 <= len(done_before) < 40
 
@@ -159,10 +160,10 @@ def test_kill_9_mid_run_then_resume_finishes(tmp_path: Path) -> None:
         registry._REGISTRY.pop("test.slow", None)
     assert res.skipped_done == len(done_before)
     assert res.measured == 40 - len(done_before)
-    after = R.load_run(path)
+    after = load_run(path)
     assert after.rows[: len(before.rows)] == before.rows  # nothing measured was lost
     assert len(done_case_keys(path)) == 40
-    frame = R.to_frame([after])
+    frame = to_frame([after])
     from kvbench.reports.tables import latest
 
     cubes = latest(frame)[lambda f: f.metric == "cube"].set_index("i")["value"]
@@ -173,7 +174,7 @@ def test_shard_files_merge_into_the_whole_run(tmp_path: Path) -> None:
     for k in (1, 2, 3):
         run_bench(["test.toy"], shard=Shard(k, 3), out_dir=tmp_path, run_id=f"s{k}", progress=False)
     assert kvbench(["merge", "s1", "s2", "s3", "--into", "all", "--dir", str(tmp_path)]) == 0
-    merged = R.load_run(tmp_path / "all.jsonl")
+    merged = load_run(tmp_path / "all.jsonl")
     assert sorted(r["case"]["i"] for r in merged.rows if r["metric"] == "square") == list(range(6))
 
 

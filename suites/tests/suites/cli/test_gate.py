@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvbench.reports.results import ResultWriter
+from kvbench.reports.store.writer import ResultWriter
 from kvbench.suites.cli import main
 from kvbench.suites.gate import (
     CONFORMANCE_SUITE,
@@ -128,7 +128,7 @@ def test_unchanged_candidate_passes(setup, capsys):
     write_run(runs, "same", seed=1)
     assert gate(runs, sm90, cpu, candidate="same", extra=["--all"]) == 0
     out = capsys.readouterr().out
-    assert "gate PASS" in out and "REGRESSION" not in out
+    assert "gate PASS" in out and "regression" not in out
 
 
 def test_heavier_kernel_fails_naming_kernel_and_metric(setup, capsys, tmp_path):
@@ -141,12 +141,12 @@ def test_heavier_kernel_fails_naming_kernel_and_metric(setup, capsys, tmp_path):
     )
     assert code == 1
     out = capsys.readouterr().out
-    lines = [ln for ln in out.splitlines() if "REGRESSION" in ln]
+    lines = [ln for ln in out.splitlines() if "regression" in ln]
     assert any("paged_decode" in ln and "registers" in ln for ln in lines)
     assert any("paged_decode" in ln and "sass_instructions" in ln for ln in lines)
     assert not any("copy_rows" in ln for ln in lines)
     assert json.loads(report.read_text())["exit_code"] == 1
-    assert "REGRESSION" in html.read_text()
+    assert "regression" in html.read_text()
 
 
 def test_new_spill_fails(setup, capsys):

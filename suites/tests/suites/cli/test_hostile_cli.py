@@ -84,8 +84,19 @@ SPECIAL_NUMBERS: list[tuple[str, list[str], str]] = [
     ("bench", ["--shard=5/4"], "5/4"),
     ("bench", ["--shard=-1/4"], "-1/4"),
     ("bench", ["--shard=nan"], "nan"),
+    ("rate", [f"--trace={__file__}", "--time-scale=0"], "0.0"),
+    ("rate", [f"--trace={__file__}", "--time-scale=-1"], "-1.0"),
+    ("rate", [f"--trace={__file__}", "--time-scale=nan"], "nan"),
+    ("rate", [f"--trace={__file__}", "--time-scale=1,x"], "'x'"),
+    ("rate", [f"--trace={__file__}", "--time-scale=1e400"], "inf"),
     ("kernels", ["--arch=75"], "75"),
     ("kernels", ["--arch=nan"], "nan"),
+    *(
+        ("hitrate", ["--trace=no-such.jsonl", f"--capacity={bad}"], f"'{bad}'")
+        for bad in ("0", "-5", "nan", "inf", "1e400", "1.5", "1e13")
+    ),
+    ("hitrate", ["--trace=no-such.jsonl", "--capacity=3e6,"], "''"),
+    ("hitrate", ["--trace=no-such.jsonl", "--block-size=64", "--capacity=32"], "'32'"),
 ]
 
 
@@ -225,6 +236,11 @@ def test_random_text_for_a_number_is_taken_or_refused_in_one_line(
 
 #: Options that take a word from a vocabulary or a spec string, with bad values.
 BAD_WORDS: list[tuple[str, list[str], str]] = [
+    ("workload", ["--import=foo:x.jsonl"], "'foo'"),
+    ("workload", ["--import=mooncake"], "'mooncake'"),
+    ("workload", ["--import=mooncake:"], "'mooncake:'"),
+    ("workload", ["--speed=2"], "--speed"),
+    ("hitrate", ["--trace=no-such.jsonl", "--policy=fifo"], "'fifo'"),
     ("simulate", ["--workload=foo"], "'foo'"),
     ("simulate", ["--arrivals=poisson:-1"], "-1"),
     ("simulate", ["--arrivals=poisson:nan"], "nan"),
@@ -270,8 +286,14 @@ BAD_WORDS: list[tuple[str, list[str], str]] = [
     ("rate", ["--rates=1e9"], "1e+09"),
     ("rate", ["--rates=nan"], "nan"),
     ("rate", ["--rates=1,,2"], "''"),
+    ("rate", ["--rates=1", "--burstiness=nan"], "nan"),
     ("rate", ["--system=foo"], "'foo'"),
     ("rate", ["--setup=foo"], "'foo'"),
+    ("rate", ["--time-scale=2"], "--trace"),
+    ("rate", ["--trace=no-such-trace.jsonl"], "no-such-trace.jsonl"),
+    ("simulate", ["--burstiness=2"], "--arrivals"),
+    ("simulate", ["--burstiness=2", "--arrivals=burst:2:1"], "poisson:RATE"),
+    ("simulate", ["--burstiness=2", "--arrivals=poisson:-3"], "-3"),
     ("merge", [], None),
     ("no-such-command", [], "no-such-command"),
 ]
@@ -314,7 +336,7 @@ def test_folders_and_runs_given_wrongly_are_refused(workdir: Path) -> None:
 
 def _results_file(path: Path, **bench: object) -> Path:
     """A small valid bench results file (header + one finished case)."""
-    from kvbench.reports.results import ResultWriter
+    from kvbench.reports.store.writer import ResultWriter
 
     header = {"bench": {"sweeps": ["s"], "full": False, "seed": 0, "shard": None, **bench}}
     with ResultWriter(
@@ -364,6 +386,10 @@ INPUT_OPTIONS: list[tuple[str, list[str], set[str]]] = [
     ("results", ["results", "--export", "{f}", "--to", "x.csv"], {"truncated"}),
     ("gate", ["gate", "--baseline", "{f}", "--candidate", "{good}"], set()),
     ("gate", ["gate", "--no-static", "--candidate", "{f}"], set()),
+    ("workload", ["workload", "--import", "mooncake:{f}", "--out", "imported.jsonl"], set()),
+    ("workload", ["workload", "--import", "azure:{f}", "--out", "imported.jsonl"], set()),
+    ("hitrate", ["hitrate", "-q", "--capacity=1e4", "--trace", "{f}"], set()),
+    ("rate", ["rate", "--no-knee", "--rates=1", "--duration=1", "--trace", "{f}"], set()),
 ]
 
 

@@ -36,5 +36,5 @@ def test_a_small_run_prints_latency_and_knee(capsys: pytest.CaptureFixture[str])
     )
     assert rc == 0
     out = capsys.readouterr().out
-    assert "opt-13b-1xa100-40gb, alpaca: modeled" in out
-    assert "sustained rate" in out and "paged" in out
+    assert "opt-13b-1xa100-40gb, alpaca, Poisson rate: modeled" in out
+    assert "sustained load" in out and "paged" in out

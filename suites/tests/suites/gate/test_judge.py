@@ -17,13 +17,9 @@ import pytest
 from kvbench.suites import gate
 from kvbench.suites.gate import (
     FAILING,
-    IMPROVED,
-    MISSING,
-    NEW,
-    PASS,
-    REGRESSION,
     Candidate,
     GateInputError,
+    GateVerdict,
     StaticRecord,
     Thresholds,
     TimingSeries,
@@ -68,7 +64,7 @@ def verdicts(rows):
 def test_identical_static_costs_pass():
     base = [rec(), rec(kernel="paged_prefill")]
     rows = gate.compare_static("sm_90", base, [rec(), rec(kernel="paged_prefill")], Thresholds())
-    assert rows and all(r.verdict == PASS for r in rows)
+    assert rows and all(r.verdict == GateVerdict.PASS for r in rows)
     assert len(rows) == 2 * len(gate.STATIC_METRICS)
 
 
@@ -85,20 +81,20 @@ def test_each_heavier_static_metric_fails_naming_kernel_and_metric(change, metri
     rows = gate.compare_static("sm_90", [rec()], [rec(**change)], Thresholds())
     failing = [r for r in rows if r.failing]
     assert [(r.subject.split("[")[0], r.metric) for r in failing] == [("paged_decode", metric)]
-    assert failing[0].verdict == REGRESSION
+    assert failing[0].verdict == GateVerdict.REGRESSION
     assert "paged_decode" in gate.format_table(gate.GateResult("r", ["b"], Thresholds(), rows))
 
 
 def test_slack_is_respected_and_documented_defaults():
     th = Thresholds(register_slack=2, shared_slack=1024, sass_pct=5)
     rows = gate.compare_static("sm_90", [rec()], [rec(regs=98, shared=17408, sass=1260)], th)
-    assert all(r.verdict == PASS for r in rows)
+    assert all(r.verdict == GateVerdict.PASS for r in rows)
     rows = gate.compare_static("sm_90", [rec()], [rec(regs=99)], th)
-    assert verdicts(rows)[("paged_decode", "registers")] == REGRESSION
+    assert verdicts(rows)[("paged_decode", "registers")] == GateVerdict.REGRESSION
     assert Thresholds() == Thresholds(0, 0, 2.0, 0.01, 0.10, 5)
     # SASS growth within the default 2% passes
     rows = gate.compare_static("sm_90", [rec()], [rec(sass=1224)], Thresholds())
-    assert verdicts(rows)[("paged_decode", "sass_instructions")] == PASS
+    assert verdicts(rows)[("paged_decode", "sass_instructions")] == GateVerdict.PASS
 
 
 def test_new_spill_fails_even_with_slack_and_existing_spill_may_not_grow():
@@ -107,13 +103,13 @@ def test_new_spill_fails_even_with_slack_and_existing_spill_may_not_grow():
     bad = [r for r in rows if r.failing]
     assert [r.metric for r in bad] == ["spills"] and "new spill" in bad[0].detail
     rows = gate.compare_static("sm_90", [rec(spills=4)], [rec(spills=8)], th)
-    assert verdicts(rows)[("paged_decode", "spills")] == REGRESSION
+    assert verdicts(rows)[("paged_decode", "spills")] == GateVerdict.REGRESSION
 
 
 def test_lighter_kernel_is_improved_and_passes():
     rows = gate.compare_static("sm_90", [rec()], [rec(regs=80, sass=1000)], Thresholds())
     v = verdicts(rows)
-    assert v[("paged_decode", "registers")] == IMPROVED
+    assert v[("paged_decode", "registers")] == GateVerdict.IMPROVED
     assert not any(r.failing for r in rows)
 
 
@@ -121,17 +117,21 @@ def test_missing_and_new_configurations():
     base = [rec(D_PAD=64), rec(D_PAD=128)]
     cand = [rec(D_PAD=128), rec(D_PAD=256), rec(D_PAD=32, spills=16)]
     rows = gate.compare_static("sm_90", base, cand, Thresholds())
-    by_cfg = {(r.subject, r.verdict) for r in rows if r.verdict in (MISSING, NEW, REGRESSION)}
+    by_cfg = {
+        (r.subject, r.verdict)
+        for r in rows
+        if r.verdict in (GateVerdict.MISSING, GateVerdict.NEW, GateVerdict.REGRESSION)
+    }
     subjects = {v: s for s, v in by_cfg}
-    assert "D_PAD=64" in subjects[MISSING]
-    assert "D_PAD=256" in subjects[NEW]
-    assert "D_PAD=32" in subjects[REGRESSION]
-    assert MISSING in FAILING and NEW not in FAILING
+    assert "D_PAD=64" in subjects[GateVerdict.MISSING]
+    assert "D_PAD=256" in subjects[GateVerdict.NEW]
+    assert "D_PAD=32" in subjects[GateVerdict.REGRESSION]
+    assert GateVerdict.MISSING in FAILING and GateVerdict.NEW not in FAILING
 
 
 def test_other_arch_records_are_ignored():
     rows = gate.compare_static("sm_90", [rec()], [rec(), rec(arch="sm_80", regs=200)], Thresholds())
-    assert all(r.verdict == PASS for r in rows)
+    assert all(r.verdict == GateVerdict.PASS for r in rows)
 
 
 # --------------------------------------------------------------------------- timing
@@ -149,7 +149,7 @@ def test_twenty_percent_slowdown_is_detected():
         shift = np.exp(rng.normal(0, 0.03))  # run-to-run drift of the ratio itself
         base = lognormal(rng, 20, 3.0)
         cand = lognormal(rng, 20, 3.0 * 1.2 * shift)
-        hits += gate.judge_timing(base, cand, th).verdict == REGRESSION
+        hits += gate.judge_timing(base, cand, th).verdict == GateVerdict.REGRESSION
     assert hits >= 190, f"20% slowdown detected in only {hits}/200 synthetic runs"
 
 
@@ -163,7 +163,7 @@ def test_pure_noise_does_not_fail():
         shift = np.exp(rng.normal(0, 0.02))
         base = lognormal(rng, 20, 3.0, sigma=0.08)
         cand = lognormal(rng, 20, 3.0 * shift, sigma=0.08)
-        false_alarms += gate.judge_timing(base, cand, th).verdict == REGRESSION
+        false_alarms += gate.judge_timing(base, cand, th).verdict == GateVerdict.REGRESSION
     assert false_alarms <= 2, f"noise alone failed {false_alarms}/200 synthetic runs"
 
 
@@ -172,15 +172,15 @@ def test_effect_size_and_significance_are_both_required():
     rng = np.random.default_rng(7)
     # significant but small: 5% slower with almost no noise -> pass (below min effect)
     j = gate.judge_timing(lognormal(rng, 20, 1.0, 0.001), lognormal(rng, 20, 1.05, 0.001), th)
-    assert j.p_slower < 1e-6 and j.verdict == PASS
+    assert j.p_slower < 1e-6 and j.verdict == GateVerdict.PASS
     # large median shift but not significant (wild noise, few samples) -> pass
     base = [1.0, 3.0, 0.5, 2.0, 1.2]
     cand = [1.5, 0.6, 3.1, 2.2, 1.4]
     j = gate.judge_timing(base, cand, th)
-    assert j.effect > 0.10 and j.p_slower > th.alpha and j.verdict == PASS
+    assert j.effect > 0.10 and j.p_slower > th.alpha and j.verdict == GateVerdict.PASS
     # a real speed-up is reported as improved
     j = gate.judge_timing(lognormal(rng, 20, 1.0), lognormal(rng, 20, 0.7), th)
-    assert j.verdict == IMPROVED
+    assert j.verdict == GateVerdict.IMPROVED
 
 
 def test_timing_input_checks():
@@ -195,7 +195,7 @@ def test_compare_timing_rows_name_the_case():
     base = [series(lognormal(rng, 20, 3.0))]
     cand = [series(lognormal(rng, 20, 3.9))]
     rows = gate.compare_timing("cpu", base, cand, Thresholds())
-    assert [r.verdict for r in rows] == [REGRESSION]
+    assert [r.verdict for r in rows] == [GateVerdict.REGRESSION]
     assert "paged_decode_vs_baseline" in rows[0].subject and "context=1024" in rows[0].subject
     assert rows[0].change.startswith("+")
 
@@ -215,10 +215,10 @@ def test_cross_kind_ratios_need_a_larger_effect():
         rows = gate.compare_timing("cpu", [series(base, name)], [series(cand, name)], th)
         return rows[0].verdict, rows[0].detail
 
-    assert verdict("paged_prefill_vs_baseline", up20)[0] == REGRESSION
+    assert verdict("paged_prefill_vs_baseline", up20)[0] == GateVerdict.REGRESSION
     v, detail = verdict("paged_prefill_vs_sdpa", up20)
-    assert v == PASS and "min effect 30%" in detail
-    assert verdict("paged_prefill_vs_sdpa", up45)[0] == REGRESSION
+    assert v == GateVerdict.PASS and "min effect 30%" in detail
+    assert verdict("paged_prefill_vs_sdpa", up45)[0] == GateVerdict.REGRESSION
     with pytest.raises(GateInputError, match="cross_min_effect"):
         Thresholds(cross_min_effect=-0.1)
 
@@ -326,17 +326,19 @@ def test_failed_conformance_fails_the_gate(tmp_path):
     b = gate.load_baseline(static_baseline(tmp_path, [rec()]))
     result = gate.evaluate([b], candidate([rec()], ok=False))
     assert result.exit_code == 1
-    assert [r.verdict for r in result.failures] == ["FAILED"]
+    assert [r.verdict for r in result.failures] == [GateVerdict.FAILED]
 
 
 def test_outputs_table_json_html(tmp_path):
     b = gate.load_baseline(static_baseline(tmp_path, [rec()]))
     result = gate.evaluate([b], candidate([rec(regs=100)]))
     table = gate.format_table(result)
-    assert "REGRESSION" in table and "registers" in table and "gate FAIL" in table
+    assert "regression" in table and "registers" in table and "gate FAIL" in table
     doc = json.loads(gate.to_json(result))
     assert doc["exit_code"] == 1 and doc["passed"] is False
-    assert any(r["metric"] == "registers" and r["verdict"] == REGRESSION for r in doc["rows"])
+    assert any(
+        r["metric"] == "registers" and r["verdict"] == GateVerdict.REGRESSION for r in doc["rows"]
+    )
     html = gate.render_html(result)
-    assert html.lstrip().startswith("<section") and "REGRESSION" in html
+    assert html.lstrip().startswith("<section") and "regression" in html
     assert gate.render_html(doc) == html  # rebuilt from the JSON alone

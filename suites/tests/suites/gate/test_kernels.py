@@ -27,7 +27,8 @@ configs = pytest.importorskip("kvbench.kernels.configs")
 triton_kernels = pytest.importorskip("kvbench.kernels.triton_kernels")
 
 from kvbench.suites.gate.static import to_static  # noqa: E402
-from kvbench.suites.tests.suites.gate.variants import heavier_decode  # noqa: E402
+
+from .variants import heavier_decode  # noqa: E402
 
 ARCH = 90
 
@@ -82,7 +83,7 @@ def test_unchanged_kernel_recompiled_passes(baseline, decode_cfg, empty_triton_c
     assert fresh.spills == 0
     result = gate.evaluate([baseline], candidate([fresh]))
     assert result.exit_code == 0, gate.format_table(result, show_all=True)
-    assert {r.verdict for r in result.rows} == {gate.PASS}
+    assert {r.verdict for r in result.rows} == {gate.GateVerdict.PASS}
 
 
 def test_decode_kernel_loading_k_twice_fails(baseline, decode_cfg, tmp_path, empty_triton_cache):

@@ -1,0 +1,113 @@
+"""trace.prefix_capacity: prefix-cache hit rate against cache capacity on a production
+trace (the Mooncake paper's Fig. 9), from the shipped Mooncake conversation trace.
+
+Each row is one (trace, capacity, block size, policy):
+
+    lru, lfu   kvbench's real PagedKVCache (memory-only) with that eviction policy,
+               replaying the trace request after request (`paged.hitrate`: admit with a
+               prefix lookup, compute the rest of the prompt, free: the blocks stay
+               cached until evicted); computed exactly, no timing.
+    optimal    the offline optimal bound at the same capacity (Belady's MIN: evict the
+               block whose next possible hit is farthest in the future) on the same
+               replay model (`workloads.prefix_oracle`).
+
+Metrics: hit_rate = prefix-hit tokens / prompt tokens; hit_rate_ceiling = the same for an
+unbounded cache (every earlier prefix cached); fraction_of_ceiling = their ratio.
+
+A capacity at or above the trace's footprint (distinct full blocks + one request) never
+evicts, so the real cache there is the unbounded one: those rows are the ceiling
+(`unbounded` = 1), not a replay (the replay would hold ~90M token ids in memory).
+
+Default run (kept to about a minute and a half on two cores): block size 512, the real
+LRU cache at 3M and 50M tokens (the claim's points) and the optimal bound at every
+capacity. `--full`: capacities 10^4-10^9 (log-spaced, with 3M and 50M), block sizes 512
+and 16, policies lru, lfu, optimal.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads import prefix_oracle
+from kvbench.workloads.shipped import shipped_trace
+
+TRACE = "mooncake-conversation"
+#: Cache capacities [tokens]: log-spaced 10^4..10^9 plus the paper's 3M and 50M.
+CAPACITIES = (10_000, 100_000, 1_000_000, 3_000_000, 10_000_000, 50_000_000, 10**8, 10**9)
+DEFAULT_REPLAYED = (3_000_000, 50_000_000)
+
+
+def capacity_cases(full: bool) -> list[Case]:
+    """The grid (module docstring)."""
+    block_sizes = (512, 16) if full else (512,)
+    cases = []
+    for bs in block_sizes:
+        for cap in CAPACITIES:
+            policies = ["optimal"]
+            if full:
+                policies += ["lru", "lfu"]
+            elif cap in DEFAULT_REPLAYED:
+                policies.append("lru")
+            for policy in sorted(policies):
+                cases.append(
+                    {"trace": TRACE, "capacity_tokens": cap, "block_size": bs, "policy": policy}
+                )
+    return cases
+
+
+@functools.lru_cache(maxsize=2)
+def _accesses(trace: str, block_size: int) -> prefix_oracle.BlockAccesses:
+    return prefix_oracle.block_accesses(shipped_trace(trace), block_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _ceiling(trace: str, block_size: int) -> int:
+    return prefix_oracle.ceiling_hit_tokens(_accesses(trace, block_size))
+
+
+def hit_tokens(case: Case) -> tuple[int, bool]:
+    """(prefix-hit tokens of the case, whether the capacity is unbounded in effect)."""
+    trace, cap, bs, policy = (
+        case["trace"],
+        int(case["capacity_tokens"]),
+        int(case["block_size"]),
+        case["policy"],
+    )
+    acc = _accesses(trace, bs)
+    footprint = acc.footprint_blocks()
+    if cap // bs >= footprint:
+        return _ceiling(trace, bs), True
+    if policy == "optimal":
+        return prefix_oracle.belady_hit_tokens(acc, cap), False
+    from kvbench.paged.hitrate import replay
+
+    result = replay(shipped_trace(trace), cap, bs, policy, pool_limit=footprint)
+    return result.hit_tokens, False
+
+
+@sweep(
+    "trace.prefix_capacity",
+    "prefix-cache hit rate vs cache capacity on the Mooncake conversation trace (computed "
+    "exactly: the real PagedKVCache, memory-only, LRU / LFU; Belady's optimal bound; the "
+    "unbounded ceiling). Default run: block 512, LRU at 3M and 50M tokens, the bound at "
+    "every capacity; --full: block 16 and 512, 10^4-10^9 tokens, LRU, LFU and optimal",
+    capacity_cases,
+    requires=("kvbench.paged.hitrate",),
+    tags=("trace", "prefix"),
+)
+def prefix_capacity(case: Case, ctx: BenchContext) -> list[Measurement]:
+    acc = _accesses(case["trace"], int(case["block_size"]))
+    hits, unbounded = hit_tokens(case)
+    ceiling = _ceiling(case["trace"], int(case["block_size"]))
+    prompts = acc.prompt_tokens
+    rate, top = hits / prompts, ceiling / prompts
+    return [
+        Measurement("hit_rate", rate, "fraction"),
+        Measurement("hit_rate_ceiling", top, "fraction"),
+        Measurement("fraction_of_ceiling", rate / top if top else 0.0, "fraction"),
+        Measurement("hit_tokens", hits, "tokens"),
+        Measurement("prompt_tokens", prompts, "tokens"),
+        Measurement("unbounded", float(unbounded), "bool"),
+    ]

@@ -1,0 +1,156 @@
+"""Prefix-cache hit rate against capacity (paged.hitrate, paged.eviction,
+workloads.prefix_oracle): the real PagedKVCache replay against an independent LRU model
+of block identities, the Belady bound against an exhaustive search, the ceiling, and the
+LFU eviction queue."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvbench.paged.block_pool import BlockPool
+from kvbench.paged.cache import PagedKVCache
+from kvbench.paged.eviction import LFUQueue
+from kvbench.paged.hitrate import TINY, replay
+from kvbench.paged.prefix_cache import PrefixCache
+from kvbench.workloads import prefix_oracle as po
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.sharing import generate
+from kvbench.workloads.shipped import shipped_trace
+from kvbench.workloads.trace import Trace, TraceRequest
+
+
+@functools.lru_cache(maxsize=1)
+def _mooncake_head() -> Trace:
+    return Trace(shipped_trace("mooncake-conversation").requests[:150])
+
+
+@pytest.mark.parametrize("block_size", [512, 16])
+@pytest.mark.parametrize("capacity", [10_000, 200_000, 1_000_000, 10**9])
+def test_the_real_cache_matches_the_lru_model_on_the_mooncake_trace(
+    block_size: int, capacity: int
+) -> None:
+    trace = _mooncake_head()
+    acc = po.block_accesses(trace, block_size)
+    got = replay(trace, capacity, block_size, pool_limit=acc.footprint_blocks())
+    assert got.hit_tokens == po.lru_model_hit_tokens(acc, capacity)
+    ceiling = po.ceiling_hit_tokens(acc)
+    assert got.hit_tokens <= po.belady_hit_tokens(acc, capacity) <= ceiling
+    if capacity // block_size >= acc.footprint_blocks():
+        assert got.hit_tokens == ceiling and got.evictions == 0
+
+
+def _generated(seed: int, sharing: str) -> Trace:
+    return generate(
+        "uniform" if sharing == "none" else "sharegpt",
+        40,
+        seed=seed,
+        sharing=sharing,
+        system_tokens=96,
+        tenants=3,
+        turns=3,
+    )
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    sharing=st.sampled_from(["system-prompt", "multi-turn"]),
+    block_size=st.sampled_from([4, 16]),
+    capacity=st.integers(64, 20_000),
+)
+def test_replays_agree_with_the_models_and_the_bounds_hold(
+    seed: int, sharing: str, block_size: int, capacity: int
+) -> None:
+    trace = _generated(seed, sharing)
+    acc = po.block_accesses(trace, block_size)
+    lru = replay(trace, capacity, block_size, "lru")
+    lfu = replay(trace, capacity, block_size, "lfu")
+    assert lru.hit_tokens == po.lru_model_hit_tokens(acc, capacity)
+    best = po.belady_hit_tokens(acc, capacity)
+    ceiling = po.ceiling_hit_tokens(acc)
+    assert max(lru.hit_tokens, lfu.hit_tokens) <= best <= ceiling
+    assert lru.prompt_tokens == acc.prompt_tokens == sum(r.prompt_len for r in trace.requests)
+
+
+def _exhaustive_best(prompts: list[tuple[int, ...]], cap: int) -> int:
+    """The most hit tokens any keep-set choice reaches (block size 1, identities = the
+    prefixes), by trying every subset the capacity allows at every request."""
+    best_at: dict[frozenset, int] = {frozenset(): 0}
+    for prompt in prompts:
+        use = prompt[:cap]
+        keys = [use[: j + 1] for j in range(len(use))]
+        nxt: dict[frozenset, int] = {}
+        for cached, score in best_at.items():
+            run = 0
+            while run < len(use) - 1 and keys[run] in cached:
+                run += 1
+            others = sorted(cached - set(keys[:run]))
+            room = cap - len(use)
+            for r in range(min(room, len(others)) + 1):
+                for kept in itertools.combinations(others, r):
+                    state = frozenset(kept) | frozenset(keys)
+                    if nxt.get(state, -1) < score + run:
+                        nxt[state] = score + run
+        best_at = nxt
+    return max(best_at.values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    prompts=st.lists(
+        st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple), min_size=1, max_size=6
+    ),
+    cap=st.integers(1, 5),
+)
+def test_the_belady_bound_is_the_exhaustive_optimum(prompts: list, cap: int) -> None:
+    trace = Trace(tuple(TraceRequest(i, 0.0, len(p), 1, p) for i, p in enumerate(prompts)))
+    acc = po.block_accesses(trace, 1)
+    assert po.belady_hit_tokens(acc, cap) == _exhaustive_best(prompts, cap)
+    assert replay(trace, cap, 1).hit_tokens == po.lru_model_hit_tokens(acc, cap)
+
+
+def test_lfu_evicts_the_fewest_used_then_the_least_recently_released() -> None:
+    q = LFUQueue()
+    for block in (1, 2, 3):
+        q[block] = None  # each used once
+    del q[1]
+    q[1] = None  # block 1 used twice now
+    q[4] = None
+    assert list(q) == [2, 3, 4, 1]
+    assert [q.popitem(last=False)[0] for _ in range(4)] == [2, 3, 4, 1]
+    with pytest.raises(KeyError):
+        q.popitem(last=False)
+    q[1] = None  # evicted blocks start again from one use
+    q[5] = None
+    del q[5]
+    q[5] = None
+    assert list(q) == [1, 5] and len(q) == 2 and 5 in q
+
+
+def test_a_pool_under_lfu_keeps_its_invariants() -> None:
+    prefix = PrefixCache()
+    pool = BlockPool(4, 2, prefix, "lfu")
+    blocks = pool.allocate_many(4)
+    for i, b in enumerate(blocks):
+        prefix.insert(b, bytes([i]) * 32, None, (i, i), (None, None))
+    pool.release(blocks)
+    pool.incref(blocks[0])  # a hit on block 0: used twice once released
+    pool.release([blocks[0]])
+    pool.check()
+    victim = pool.allocate()
+    assert victim == blocks[3]  # once-used, released first (tail first)
+    pool.check()
+
+
+def test_lru_stays_the_default_and_unknown_policies_are_refused() -> None:
+    cache = PagedKVCache(TINY, 8, 4, store_kv=False)
+    assert cache.pool.eviction == "lru"
+    with pytest.raises(ConfigError, match="'fifo'"):
+        PagedKVCache(TINY, 8, 4, store_kv=False, eviction_policy="fifo")
+    with pytest.raises(ConfigError, match="holds no block"):
+        replay(_mooncake_head(), 100, 512)

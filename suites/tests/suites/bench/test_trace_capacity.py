@@ -1,0 +1,124 @@
+"""The trace.prefix_capacity sweep: its grids, its rows on the shipped trace, the
+Mooncake capacity claim's judgement and the sweep's page (figure on a log axis)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from kvbench.reports import claims
+from kvbench.reports.site import build_site
+from kvbench.reports.store.reader import load_run, load_runs
+from kvbench.reports.store.writer import ResultWriter
+from kvbench.suites.bench import catalog  # noqa: F401  (registers the sweeps)
+from kvbench.suites.bench.registry import get_sweep
+from kvbench.suites.bench.sweeps import trace_capacity as tc
+
+SWEEP = "trace.prefix_capacity"
+
+
+def test_default_grid_is_small_and_full_grid_covers_the_issue() -> None:
+    sweep = get_sweep(SWEEP)
+    default = sweep.cases(False)
+    replayed = [c for c in default if c["policy"] != "optimal"]
+    assert {(c["capacity_tokens"], c["block_size"]) for c in replayed} == {
+        (3_000_000, 512),
+        (50_000_000, 512),
+    }
+    full = sweep.cases(True)
+    caps = sorted({c["capacity_tokens"] for c in full})
+    assert caps[0] == 10_000 and caps[-1] == 10**9 and {3_000_000, 50_000_000} <= set(caps)
+    assert {c["block_size"] for c in full} == {16, 512}
+    assert {c["policy"] for c in full} == {"lru", "lfu", "optimal"}
+    assert all(set(c) == {"trace", "capacity_tokens", "block_size", "policy"} for c in full)
+
+
+def _metrics(case: dict) -> dict[str, float]:
+    return {m.metric: m.value for m in get_sweep(SWEEP).measure(case, None)}  # type: ignore[arg-type]
+
+
+def test_rows_on_the_shipped_trace() -> None:
+    case = {"trace": tc.TRACE, "block_size": 512, "policy": "optimal"}
+    small = _metrics({**case, "capacity_tokens": 100_000})
+    big = _metrics({**case, "capacity_tokens": 10**9})
+    # the ceiling is the trace's (about 37% at 512-token blocks; the paper says ~40%)
+    assert small["hit_rate_ceiling"] == big["hit_rate_ceiling"]
+    assert 0.3 < big["hit_rate_ceiling"] < 0.45
+    assert big["unbounded"] == 1.0 and big["fraction_of_ceiling"] == 1.0
+    assert small["unbounded"] == 0.0
+    assert 0 < small["hit_rate"] < big["hit_rate"]
+    assert small["fraction_of_ceiling"] == small["hit_rate"] / small["hit_rate_ceiling"]
+    assert small["prompt_tokens"] == 144_793_823  # the trace's input_length sum
+
+
+def _frame(at_3m: float, at_50m: float) -> pd.DataFrame:
+    rows = []
+    for cap, value in ((3_000_000, at_3m), (50_000_000, at_50m)):
+        rows.append(
+            {
+                "suite": SWEEP,
+                "metric": "fraction_of_ceiling",
+                "value": value,
+                "unit": "fraction",
+                "run_id": "r",
+                "case_key": str(cap),
+                "trace": tc.TRACE,
+                "capacity_tokens": cap,
+                "block_size": 512,
+                "policy": "lru",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _verdict(frame: pd.DataFrame) -> claims.Verdict:
+    return dict((c.key, v) for c, v in claims.evaluate(frame))["mooncake-capacity"]
+
+
+def test_the_capacity_claim_is_judged_on_both_points() -> None:
+    assert _verdict(_frame(0.38, 0.99)).verdict == claims.HOLDS
+    assert _verdict(_frame(0.55, 0.99)).verdict == claims.FAILS  # 3M past half
+    assert _verdict(_frame(0.38, 0.80)).verdict == claims.FAILS  # 50M short of nearly all
+    assert "38.0%" in _verdict(_frame(0.38, 0.99)).measured
+    assert _verdict(_frame(0.38, 0.99).iloc[:1]).verdict == claims.NOT_MEASURED
+
+
+def test_the_sweep_page_draws_the_capacity_curve(tmp_path: Path) -> None:
+    with ResultWriter("c", tmp_path) as w:
+        for policy, scale in (("lru", 0.5), ("optimal", 0.9)):
+            for cap in (10_000, 3_000_000, 50_000_000, 10**9):
+                case = {"trace": tc.TRACE, "capacity_tokens": cap, "block_size": 512}
+                case["policy"] = policy
+                rate = min(0.37, scale * 0.37 * (cap / 5e7) ** 0.2)
+                w.record(SWEEP, case, "hit_rate", rate, "fraction")
+                w.record(SWEEP, case, "hit_rate_ceiling", 0.37, "fraction")
+                w.record(SWEEP, case, "fraction_of_ceiling", rate / 0.37, "fraction")
+    out = tmp_path / "site"
+    build_site(load_runs(["c"], tmp_path), out)
+    pages = list(out.glob("*prefix_capacity*.html")) + list(out.glob("*prefix-capacity*.html"))
+    assert pages, sorted(p.name for p in out.iterdir())
+    html = pages[0].read_text(encoding="utf-8")
+    assert "Prefix hit rate vs cache capacity" in html
+    assert "mooncake-capacity" in html or "3M-token prefix cache" in html
+    figs = [f for f in (out / "figures").glob("*.svg") if "prefix" in f.name]
+    assert figs and figs[0].read_text(encoding="utf-8").startswith("<svg")
+
+
+def test_bench_writes_the_rows(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Through the runner, on one case of the default grid (the bound: a second)."""
+    import dataclasses
+
+    from kvbench.suites.bench import registry
+    from kvbench.suites.bench.runner import run_bench
+
+    one = [c for c in get_sweep(SWEEP).cases(False) if c["capacity_tokens"] == 3_000_000]
+    one = [c for c in one if c["policy"] == "optimal"]
+    small = dataclasses.replace(get_sweep(SWEEP), cases=lambda full: one)
+    monkeypatch.setitem(registry._REGISTRY, SWEEP, small)
+    res = run_bench([SWEEP], out_dir=tmp_path, run_id="t", progress=False)
+    assert not res.failures and res.measured == 1
+    rows = {r["metric"]: r for r in load_run(res.path).rows if r["suite"] == SWEEP}
+    assert {"hit_rate", "hit_rate_ceiling", "fraction_of_ceiling"} <= set(rows)
+    assert rows["hit_rate"]["case"] == one[0]
+    assert 0.9 < rows["fraction_of_ceiling"]["value"] <= 1.0

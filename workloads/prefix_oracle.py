@@ -1,0 +1,244 @@
+"""What a prefix cache could hit on a trace, computed from block identities alone (no
+cache): the ceiling (an unbounded cache) and the offline optimal bound (Belady's MIN) at a
+capacity, under the replay model of `paged.hitrate` (requests one at a time in trace
+order; the hit is the longest cached chain of a prompt's full blocks, stopping one block
+short when the whole prompt is cached; a request's blocks all fit in the cache while it
+runs; a prompt longer than the cache goes through it only for its first
+capacity // block_size blocks).
+
+Block identity: the i-th full block of a prompt is identified by its whole prefix (the
+ids of blocks 0..i and the salt), as kvbench's sha256 chain keys it. For version-2
+requests (`prompt_blocks`) with block_size dividing prompt_block_tokens this is computed
+from the block ids without looking at a token: sub-block j of described block k is
+(chain of block ids 0..k, j). Otherwise the token ids are chained. Both give one int per
+distinct prefix.
+
+This module is the independent oracle the real-cache replay is judged against: it shares
+no code with `paged`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.trace import Trace
+
+
+@dataclass(frozen=True)
+class BlockAccesses:
+    """Every request's full-block identities, flattened.
+
+    keys: int64 identities, request after request; starts[i]:starts[i + 1] are request
+    i's full blocks (prompt_len // block_size of them). hittable[i]: how many leading
+    blocks a lookup may serve ((prompt_len - 1) // block_size). prompt_lens[i]: tokens.
+    """
+
+    block_size: int
+    keys: np.ndarray
+    starts: np.ndarray
+    hittable: np.ndarray
+    prompt_lens: np.ndarray
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.prompt_lens)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.prompt_lens.sum())
+
+    def distinct_blocks(self) -> int:
+        return len(np.unique(self.keys)) if len(self.keys) else 0
+
+    def footprint_blocks(self) -> int:
+        """Blocks past which a pool never evicts in the replay: every distinct full
+        block plus the largest request."""
+        most = int(-(-self.prompt_lens.max() // self.block_size)) if len(self.prompt_lens) else 0
+        return self.distinct_blocks() + most
+
+
+def block_accesses(trace: Trace, block_size: int) -> BlockAccesses:
+    """The trace's full-block identities at `block_size` (module docstring)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ConfigError(f"block_size must be an integer >= 1, got {block_size!r}")
+    reqs = trace.requests
+    compact = len({r.prompt_block_tokens for r in reqs}) == 1 and all(
+        r.prompt_blocks is not None
+        and r.prompt_block_tokens is not None
+        and r.prompt_block_tokens % block_size == 0
+        for r in reqs
+    )
+    chains: dict[tuple, int] = {}
+    keys: list[int] = []
+    starts = [0]
+    for i, r in enumerate(reqs):
+        full = r.prompt_len // block_size
+        if compact:
+            assert r.prompt_blocks is not None and r.prompt_block_tokens is not None
+            per = r.prompt_block_tokens // block_size
+            parent: object = ("salt", r.salt)
+            for k, h in enumerate(r.prompt_blocks):
+                if k * per >= full:
+                    break
+                chain = chains.setdefault((parent, h, r.prompt_block_tokens), len(chains))
+                parent = chain
+                take = min(per, full - k * per)
+                base = chain * per
+                keys.extend(range(base, base + take))
+        else:
+            ids = r.prompt_ids(i)
+            parent = ("salt", r.salt)
+            for b in range(full):
+                chunk = tuple(ids[b * block_size : (b + 1) * block_size])
+                parent = chains.setdefault((parent, chunk), len(chains))
+                keys.append(parent)  # type: ignore[arg-type]
+        starts.append(len(keys))
+    lens = np.array([r.prompt_len for r in reqs], dtype=np.int64)
+    return BlockAccesses(
+        block_size,
+        np.array(keys, dtype=np.int64),
+        np.array(starts, dtype=np.int64),
+        (lens - 1) // block_size,
+        lens,
+    )
+
+
+def ceiling_hit_tokens(acc: BlockAccesses) -> int:
+    """Prefix-hit tokens of an unbounded cache: a block hits when an earlier request had
+    the same prefix (it was cached then and is never evicted)."""
+    if not len(acc.keys):
+        return 0
+    req_of = np.repeat(np.arange(acc.num_requests), np.diff(acc.starts))
+    pos = np.arange(len(acc.keys)) - acc.starts[req_of]
+    _, first = np.unique(acc.keys, return_index=True)
+    first_req = np.empty(int(acc.keys.max()) + 1, dtype=np.int64)
+    first_req[acc.keys[first]] = req_of[first]
+    hit = (first_req[acc.keys] < req_of) & (pos < acc.hittable[req_of])
+    return int(hit.sum()) * acc.block_size
+
+
+def _next_uses(acc: BlockAccesses) -> np.ndarray:
+    """For every access, the next request that may hit the same block (a hittable
+    position), or a number past every request."""
+    n = len(acc.keys)
+    never = acc.num_requests + 1
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    req_of = np.repeat(np.arange(acc.num_requests), np.diff(acc.starts))
+    pos = np.arange(n) - acc.starts[req_of]
+    usable = pos < acc.hittable[req_of]
+    if not usable.any():
+        return np.full(n, never, dtype=np.int64)  # no block can ever hit
+    span = acc.num_requests + 2
+    uses = np.sort(acc.keys[usable] * span + req_of[usable])
+    query = acc.keys * span + req_of
+    at = np.searchsorted(uses, query, side="right")
+    found = at < len(uses)
+    nxt = np.full(n, never, dtype=np.int64)
+    cand = uses[np.minimum(at, len(uses) - 1)]
+    same = found & (cand // span == acc.keys)
+    nxt[same] = cand[same] % span
+    return nxt
+
+
+def belady_hit_tokens(acc: BlockAccesses, capacity_tokens: int) -> int:
+    """Prefix-hit tokens of the offline optimal cache of `capacity_tokens` (Belady's
+    MIN): while a request runs, the cache keeps at most capacity - (its blocks) other
+    cached blocks, evicting those whose next possible hit is farthest in the future;
+    after it, all its full blocks stay cached."""
+    cap = capacity_tokens // acc.block_size
+    if cap < 1:
+        raise ConfigError(
+            f"capacity {capacity_tokens} tokens holds no block of {acc.block_size} tokens"
+        )
+    nxt = _next_uses(acc)
+    keys = acc.keys.tolist()
+    nxt_l = nxt.tolist()
+    starts = acc.starts.tolist()
+    hittable = acc.hittable.tolist()
+    lens = acc.prompt_lens.tolist()
+    bs = acc.block_size
+    cached: dict[int, int] = {}  # key -> its next use (the heap's live entry)
+    # (-next use, -key), lazily deleted: farthest next use first; on a tie the larger key,
+    # which is the deeper block (a child is numbered after its parent), so the cached set
+    # stays closed under prefixes
+    heap: list[tuple[int, int]] = []
+    hits = 0
+    for i, length in enumerate(lens):
+        use = min(length, cap * bs)
+        full = use // bs
+        total = -(-use // bs)
+        lo = starts[i]
+        mine = keys[lo : lo + full]
+        run = 0
+        limit = min(hittable[i], (use - 1) // bs)
+        while run < limit and mine[run] in cached:
+            run += 1
+        hits += run * bs
+        pinned = set(mine[:run])
+        keep = cap - total  # other cached blocks that fit beside this request
+        others = len(cached) - run
+        held: list[tuple[int, int]] = []
+        while others > keep:
+            neg, negkey = heapq.heappop(heap)
+            key = -negkey
+            if cached.get(key) != -neg:
+                continue
+            if key in pinned:
+                held.append((neg, negkey))
+                continue
+            del cached[key]
+            others -= 1
+        for item in held:
+            heapq.heappush(heap, item)
+        for j, key in enumerate(mine):
+            nu = nxt_l[lo + j]
+            if cached.get(key) != nu:
+                cached[key] = nu
+                heapq.heappush(heap, (-nu, -key))
+        if len(heap) > 4 * len(cached) + 1024:
+            heap = [(-nu, -k) for k, nu in cached.items()]
+            heapq.heapify(heap)
+    return hits
+
+
+def lru_model_hit_tokens(acc: BlockAccesses, capacity_tokens: int) -> int:
+    """Prefix-hit tokens of an LRU cache modeled on block identities (for cross-checking
+    the real cache on small traces): hits revive blocks; fresh blocks come from free
+    room first, else evict the least recently released; after the request its blocks
+    are released tail first (deepest first into the queue), new identities cached."""
+    from collections import OrderedDict
+
+    cap = capacity_tokens // acc.block_size
+    bs = acc.block_size
+    lru: OrderedDict[int, None] = OrderedDict()
+    hits = 0
+    keys = acc.keys.tolist()
+    starts = acc.starts.tolist()
+    for i, length in enumerate(acc.prompt_lens.tolist()):
+        use = min(length, cap * bs)
+        full, total = use // bs, -(-use // bs)
+        mine: Sequence[int] = keys[starts[i] : starts[i] + full]
+        run = 0
+        limit = min(int(acc.hittable[i]), (use - 1) // bs)
+        while run < limit and mine[run] in lru:
+            run += 1
+        hits += run * bs
+        for key in mine[:run]:
+            del lru[key]  # in use again
+        fresh = total - run
+        room = cap - run - len(lru)  # free blocks (never-cached room)
+        for _ in range(max(0, fresh - room)):
+            lru.popitem(last=False)
+        indexed = list(mine[:run])
+        for key in mine[run:]:
+            indexed.append(-1 if key in lru else key)  # taken: the new block is not indexed
+        for key in reversed(indexed):
+            if key >= 0:
+                lru[key] = None
+    return hits
