@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from kvbench.workloads.errors import ConfigError, ShapeError
+from kvbench.workloads.geometry import require_positive
 
 #: dtypes the kernels accept for queries, keys, values and caches.
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
@@ -323,11 +324,7 @@ def check_scale(scale: float | None, head_dim: int) -> float:
 
 def _check_bound(name: str, value: int | None) -> int | None:
     """A caller's maximum (`max_seq_len`, `max_q_len`): None or an int >= 1."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}={value!r} must be an integer >= 1 (or None)")
-    return value
+    return None if value is None else require_positive(name, value)
 
 
 def _check_tables(

@@ -57,7 +57,7 @@ def require_positive(name: str, value: object, maximum: int | None = None) -> in
         or (maximum is not None and value > maximum)
     ):
         if maximum is None:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         raise ConfigError(f"{name} must be an integer in [1, {maximum:,}], got {value!r}")
     return int(value)
 
