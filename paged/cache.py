@@ -103,6 +103,28 @@ class PagedKVCache:
             (`paged.eviction.POLICIES`: "lru", the default, or "lfu").
     """
 
+    # ---- the parts (module docstring); each checks its own invariants
+    pool: BlockPool
+    prefix: PrefixCache | None
+    requests: RequestTable
+    kv: DeviceKV
+    swap: SwapSpace
+    accounting: CacheAccounting
+    # ---- fixed at construction
+    block_size: int
+    num_blocks: int
+    max_seq_len: int
+    watermark: float
+    watermark_blocks: int
+    store_kv: bool
+    kernel_backend: str | None
+    _geometry: KVGeometry
+    _dtype: torch.dtype
+    _device: torch.device
+    _track_tokens: bool
+    # ---- counters
+    cow_copies: int
+
     def __init__(
         self,
         geometry: KVGeometry,
@@ -149,7 +171,7 @@ class PagedKVCache:
             store_kv=store_kv, backend=kernel_backend,
         )  # fmt: skip
         # the pool's bookkeeping after the tensors: a pool too big to hold fails first there
-        self.prefix: PrefixCache | None = PrefixCache(key_fn) if enable_prefix_caching else None
+        self.prefix = PrefixCache(key_fn) if enable_prefix_caching else None
         self.pool = BlockPool(num_blocks, block_size, self.prefix, eviction_policy)
         cpu = CpuBlockPool(
             num_cpu_blocks,

@@ -50,16 +50,13 @@ def require_positive(name: str, value: object, maximum: int | None = None) -> in
     """`value` as an int if it is a whole number >= 1 (and <= `maximum` when given), else
     ConfigError naming it. The one positive-integer check of kvbench: sizes, counts and
     lengths everywhere go through it (a bool is not a number here)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or value <= 0
-        or (maximum is not None and value > maximum)
-    ):
+    whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    n = int(value) if whole else 0  # type: ignore[call-overload]
+    if n < 1 or (maximum is not None and n > maximum):
         if maximum is None:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         raise ConfigError(f"{name} must be an integer in [1, {maximum:,}], got {value!r}")
-    return int(value)
+    return n
 
 
 @dataclass(frozen=True)
