@@ -18,7 +18,9 @@ Any other layer type (linear attention, chunked attention, ...) is refused by na
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kvbench.workloads.errors import ConfigError
@@ -120,3 +122,27 @@ def model_spec_from_hf_config(
     kv_heads = _int_field(config, "num_key_value_heads", "num_attention_heads")
     head_dim = _head_dim(config, heads, ("hidden_size",))
     return group_layers(name, _layer_specs(config, layers), kv_heads, head_dim, dtype, source)
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    """Parse a config.json file; ConfigError (naming the file) if it is not a JSON object.
+
+    Missing, folder and unreadable paths raise OSError (the CLI turns it into one line);
+    text that is not UTF-8 raises UnicodeDecodeError likewise.
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+    except RecursionError:
+        raise ConfigError(
+            f"{str(path)!r} is not a usable config (JSON nested too deeply)"
+        ) from None
+    if not isinstance(config, dict):
+        raise ConfigError(
+            f"{str(path)!r} holds a JSON {type(config).__name__}, not a config object"
+        )
+    return config
