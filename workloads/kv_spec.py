@@ -25,6 +25,14 @@ from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, require_positive
 
 
+def check_window(window: int | None) -> int | None:
+    """`window` if it is None (full attention) or an int >= 1 (tokens a query attends to,
+    its own included), else ConfigError naming the value. Kernels and the oracle use it."""
+    if window is not None:
+        require_positive("window", window)
+    return window
+
+
 class AttentionKind(str, Enum):
     """What one layer's KV holds (the value is the name HF's `layer_types` uses where
     it has one)."""
