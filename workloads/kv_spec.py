@@ -179,6 +179,16 @@ class ModelKVSpec:
         """Bytes of one pool page (one block of any group)."""
         return self.groups[0].page_bytes(block_size)
 
+    @property
+    def self_groups(self) -> list[int]:
+        """Indices of the groups a decoder step writes (full attention, sliding window)."""
+        return [i for i, g in enumerate(self.groups) if g.spec.kind is not AttentionKind.CROSS]
+
+    @property
+    def cross_groups(self) -> list[int]:
+        """Indices of the cross-attention groups (written once, from the encoder)."""
+        return [i for i, g in enumerate(self.groups) if g.spec.kind is AttentionKind.CROSS]
+
 
 def group_layers(
     name: str,
