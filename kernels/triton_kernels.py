@@ -99,9 +99,10 @@ def _paged_decode(
 
     WINDOWED (sliding window of `window` tokens): the sequence is read from the first
     block its window touches (table and positions shifted by the blocks skipped, which
-    are never loaded; partitions cover the shifted length), and the tokens of that block
-    before the window are masked. A partition left with no visible token stores l = 0 and
-    a zero output, which the reduction weighs by 0.
+    are never loaded; partitions cover the shifted length), and the token loop starts at
+    the window's first token, so that block's earlier tokens are not loaded either. A
+    partition left with no visible token stores l = 0 and a zero output, which the
+    reduction weighs by 0.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1) // n_chunks
@@ -131,11 +132,12 @@ def _paged_decode(
         if WINDOWED:
             table_row = table_row + skipped
         head_off = kv_head.to(tl.int64) * stride_khead
-        for t0 in range(start, end, TILE_N):
+        begin = start
+        if WINDOWED:  # the first block's tokens before the window: the loop starts past them
+            begin = tl.maximum(start, seq_len - window)
+        for t0 in range(begin, end, TILE_N):
             tok = t0 + tl.arange(0, TILE_N)
             tok_ok = tok < end
-            if WINDOWED:
-                tok_ok = tok_ok & (tok >= seq_len - window)
             block = tl.load(table_row + tok // block_size, mask=tok_ok, other=0).to(tl.int64)
             kv_off = block * stride_kblock + (tok % block_size).to(tl.int64) * stride_ktok
             kv_off = kv_off + head_off
