@@ -4,6 +4,7 @@
 from kvbench.suites.bench.sweeps import (  # noqa: F401
     capacity,
     kernels,
+    kv_specs,
     peers,
     predicted,
     scheduling,
