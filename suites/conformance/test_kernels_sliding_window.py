@@ -190,3 +190,23 @@ def test_entry_inside_the_window_is_still_checked() -> None:
     tables[0, 4] = -1  # block 4 holds positions 32..39, inside the window 30..39
     with pytest.raises(IndexRangeError, match="-1"):
         ops.paged_decode_attention(q, kc, vc, tables, lens, window=10)
+
+
+def test_sliding_window_configurations_compile_clean() -> None:
+    """The windowed decode variants (float16, head dim 128, split and single partition,
+    and the windowed reduction) compile for sm_80 and sm_90 without spills or limits
+    exceeded; `kvbench kernels` tables every windowed variant beside its full one."""
+    from kvbench.kernels import aot, configs
+
+    cfgs = [
+        configs.decode_config(torch.float16, 128, 4, single=False, windowed=True),
+        configs.decode_config(torch.float16, 128, 4, single=True, windowed=True),
+        configs.reduce_config(torch.float16, 128, windowed=True),
+    ]
+    assert all(c in configs.all_configs() for c in cfgs)
+    records = aot.compile_all(cfgs, workers=2)
+    assert len(records) == len(cfgs) * len(aot.ARCHS)
+    problems = [
+        f"{r.kernel} {r.config} {r.arch}: {r.violations()}" for r in records if r.violations()
+    ]
+    assert not problems, "\n".join(problems)
