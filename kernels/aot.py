@@ -397,13 +397,14 @@ def _spawn():
 
 def headline_configs() -> list[configs.KernelConfig]:
     """A small representative set (float16, head dim 128): the split and single-partition
-    decode kernels, the reduction, prefill and the copy kernel; what the fast test builds."""
+    decode kernels, the reduction, every prefill tile and the copy kernel; what the fast test
+    builds."""
     f16 = torch.float16
     return [
         configs.decode_config(f16, 128, 4, single=False),
         configs.decode_config(f16, 128, 4, single=True),
         configs.reduce_config(f16, 128),
-        configs.prefill_config(f16, 128),
+        *configs.prefill_configs(f16, 128),
         configs.copy_config(2, src_identity=True),
     ]
 

@@ -53,14 +53,24 @@ from kvbench.kernels.validation import AttentionDims, IndexRangeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KernelStatus", "decode", "prefill", "status", "supports", "task_split"]
+__all__ = [
+    "KernelStatus",
+    "decode",
+    "fma_probe",
+    "prefill",
+    "prefill_tile",
+    "status",
+    "supports",
+    "task_split",
+]
 
 _SOURCE = Path(__file__).with_name("cpu_ext") / "paged_attn.cpp"
 _CFLAGS = ("-O3", "-march=native", "-fopenmp")
 #: Tokens per block the C++ score rows hold; larger blocks use the torch version.
 MAX_BLOCK_SIZE = 256
-#: Query tokens per prefill task (times the query heads of one KV head group).
-PREFILL_TILE = 16
+#: Query rows (tokens x the query heads of one KV head group) a prefill task aims for:
+#: each chunk of K/V rows the task reads then feeds this many rows' FMAs.
+PREFILL_ROWS = 64
 #: Fewest blocks in a decode KV partition (the split that gives small batches work).
 MIN_PARTITION_BLOCKS = 8
 #: Longest wait (s) for another process's build before falling back (a cold build takes
@@ -355,5 +365,26 @@ def prefill(
     mod = _module()
     assert mod is not None
     cu = _int32(cu_seqlens_q).contiguous()
-    mod.paged_prefill(query, k_cache, v_cache, tables, cu, lens, float(scale), out, PREFILL_TILE)
+    tile = prefill_tile(dims.group, int(query.shape[0]), dims.cache.num_kv_heads,
+                        torch.get_num_threads())  # fmt: skip
+    mod.paged_prefill(query, k_cache, v_cache, tables, cu, lens, float(scale), out, tile)
     return out
+
+
+def prefill_tile(group: int, total_q: int, num_kv_heads: int, threads: int) -> int:
+    """Query tokens per prefill task: about `PREFILL_ROWS` rows (tokens x group), fewer
+    where that would leave a thread without two tasks (tasks are (sequence, KV head, tile))."""
+    tile = max(1, PREFILL_ROWS // max(1, group))
+    while tile > 1 and num_kv_heads * -(-total_q // tile) < 2 * max(1, threads):
+        tile //= 2
+    return tile
+
+
+def fma_probe(iters: int) -> int:
+    """Run the C++ build's peak-rate FMA loop (`iters` rounds on every thread) and return
+    the FLOPs it did; time the call to get the FMA peak this build reaches (FLOP/s).
+    Raises RuntimeError where the C++ kernel is not available."""
+    mod = _module()
+    if mod is None:
+        raise RuntimeError(f"no C++ CPU kernel here: {status().reason}")
+    return int(mod.fma_probe(int(iters)))

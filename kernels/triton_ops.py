@@ -232,7 +232,8 @@ def paged_prefill_attention(
     if dims.batch == 0 or query.shape[0] == 0:
         return out
     d = query.shape[2]
-    cfg = configs.prefill_config(query.dtype, d)
+    # the tile by query count: 16 rows for short extends, up to 64 for long prefills
+    cfg = configs.prefill_config(query.dtype, d, dims.max_q_len * dims.group)
     block_m = cfg.constexprs["BLOCK_M"]
     heads_per_prog = min(dims.group, block_m)
     tokens_per_prog = block_m // heads_per_prog

@@ -280,7 +280,11 @@ def _swap(frame: pd.DataFrame) -> Verdict:
         profile="a100-80gb",
         seq_len=4096,
     )
-    note = "128-4096 tokens, Llama-2-70B, block 16; recompute from the device profile's peak FLOP/s"
+    note = (
+        "128-4096 tokens, Llama-2-70B, block 16; recompute from the device profile's "
+        "effective FLOP/s (a100-80gb: the fitted fraction of its peak, `kvbench calibrate "
+        "gpu`; rows with profile a100-80gb-datasheet price it at 100%)"
+    )
     if not swap.empty and not rec.empty:
         note += (
             f"; at 4096 tokens on the A100 model: swap {1e3 * swap['value'].iloc[-1]:.1f} ms "

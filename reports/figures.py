@@ -69,6 +69,11 @@ class FigureSpec:
     #: case parameters that never define a series of their own (they follow from others,
     #: e.g. a peer's library version follows from the peer)
     ignore: tuple[str, ...] = ()
+    #: metrics whose value at an x is the same in every series (a trace's ceiling beside
+    #: each policy's hit rate): drawn once, labelled by the metric alone
+    shared: tuple[str, ...] = ()
+    #: base of the log x axis (2 for sizes and batches, 10 for decades of capacity)
+    logx_base: int = 2
 
     @property
     def slug(self) -> str:
@@ -351,6 +356,9 @@ SPECS: tuple[FigureSpec, ...] = (
             logx=True,
             percent=True,
             ylabel="prefix-hit tokens / prompt tokens",
+            ignore=("version",),
+            shared=("hit_rate_ceiling",),
+            logx_base=10,
         )
         for bs in (512, 16)
     ),
@@ -450,7 +458,15 @@ def _select(suite_rows: pd.DataFrame, spec: FigureSpec) -> pd.DataFrame:
     for key, val in spec.fixed.items():
         if key in sub.columns:
             sub = sub[sub[key] == val]
-    return sub[sub["metric"].isin(spec.metrics) & ~sub["metric"].isin(BOOKKEEPING_METRICS)]
+    sub = sub[sub["metric"].isin(spec.metrics) & ~sub["metric"].isin(BOOKKEEPING_METRICS)]
+    shared = sub["metric"].isin(spec.shared)
+    if not shared.any():
+        return sub
+    once = sub[shared].drop_duplicates(subset=[spec.x, "metric"]).copy()
+    for col in case_columns(once):
+        if col != spec.x and col not in spec.fixed:
+            once[col] = None  # no series of its own: the label is the metric's name
+    return pd.concat([sub[~shared], once])
 
 
 def _label(parts: list[tuple[str, Any]]) -> str:
@@ -511,7 +527,7 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
                 )
                 _spread(ax, g, spec.x, line.get_color())
         if spec.logx and spec.kind != "bar":
-            ax.set_xscale("log", base=2)
+            ax.set_xscale("log", base=spec.logx_base)
         if spec.logy:
             ax.set_yscale("log")
         if spec.percent:  # minor ticks too: a log axis labels them, in 10^x form otherwise

@@ -31,6 +31,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from kvbench.reports import calibration as calibration_page
 from kvbench.reports import claims as claims_mod
 from kvbench.reports import figures, kernel_labels, tables
 from kvbench.reports import serving as serving_tables
@@ -129,7 +130,15 @@ def _sweep_page(
                 "spread": figures.spread_note(frame, spec),
             }
         )
+    for i, (title, svg) in enumerate(
+        calibration_page.scatter_svgs(frame) if name == calibration_page.SUITE else []
+    ):
+        fname = f"{_slug(name)}-scatter-{i}.svg"
+        (fig_dir / fname).write_text(svg, encoding="utf-8")
+        page.figure_files.append({"src": f"figures/{fname}", "title": title, "spread": ""})
     page.derived = serving_tables.derived_tables(name, frame)
+    if name == calibration_page.SUITE:
+        page.derived += calibration_page.error_tables(frame)
     return page
 
 

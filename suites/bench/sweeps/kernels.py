@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from kvbench.reference.oracle import tolerance
 from kvbench.suites.bench.context import BenchContext
-from kvbench.suites.bench.harness import paired_fraction, summarize
+from kvbench.suites.bench.harness import FmaProbe, host_call_time, paired_fraction, summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.suites.bench.sdpa_baseline import decode_forms, fastest
 from kvbench.suites.bench.sweeps.peers import _paired_ratio, _paired_times
@@ -225,6 +225,7 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("bandwidth_fraction", timed.fraction_paged, "fraction"),
         Measurement("contiguous_bandwidth_fraction", timed.fraction_contiguous, "fraction"),
         *timed.copy_rows,
+        *timed.gpu_rows,
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement("backend_is_triton", float(backend == "triton"), "bool"),
         Measurement("contiguous_form_is_gqa", float(form == "gqa"), "bool"),
@@ -257,6 +258,10 @@ class TimedTrio:
             the same repeats on a CPU, the run's once-measured peak on a GPU.
         copy_rows: the paired copy's own rows (bandwidth, time); none on a GPU, where the
             run-level peak is used.
+        gpu_rows: on a GPU, how the kernels were timed (`timing_method_is_cudagraph`:
+            1 for CUDA-graph replay, 0 for the do_bench fallback) and the host cost of
+            one paged call (`host_time_paged`, s), apart from the device time.
+        samples: on a CPU, every timed callable's per-repeat seconds (side by side).
     """
 
     paged: dict[str, float | int]
@@ -265,9 +270,11 @@ class TimedTrio:
     fraction_paged: float
     fraction_contiguous: float
     copy_rows: tuple[Measurement, ...] = ()
+    gpu_rows: tuple[Measurement, ...] = ()
+    samples: dict[str, list[float]] = field(default_factory=dict)
 
 
-def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int) -> TimedTrio:  # type: ignore[no-untyped-def]
+def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int, extra=None) -> TimedTrio:  # type: ignore[no-untyped-def]
     """Time the paged call and its contiguous baseline, and judge both against the copy peak.
 
     On a CPU the paged call, the contiguous call and a 64 MiB copy are timed alternately
@@ -278,12 +285,18 @@ def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int) -> TimedTrio:
     if _backend(ctx.device) == "triton":
         a, c = ctx.time(paged), ctx.time(contiguous)
         peak = ctx.copy_peak()
+        host = host_call_time(paged, ctx.device, ctx.timing)
+        rows = (
+            Measurement("timing_method_is_cudagraph", float(a.get("cuda_graph", 0.0)), "bool"),
+            Measurement("host_time_paged", float(host["median"]), "s", host),
+        )
         return TimedTrio(
             a, c, a["median"] / c["median"], nbytes / a["median"] / peak,
-            nbytes / c["median"] / peak,
+            nbytes / c["median"] / peak, gpu_rows=rows,
         )  # fmt: skip
     probe = ctx.copy_probe()
-    samples = _paired_times({"paged": paged, "contiguous": contiguous, "copy": probe}, ctx.timing)
+    fns = {"paged": paged, "contiguous": contiguous, "copy": probe, **(extra or {})}
+    samples = _paired_times(fns, ctx.timing)
     return TimedTrio(
         summarize(samples["paged"]),
         summarize(samples["contiguous"]),
@@ -291,6 +304,7 @@ def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int) -> TimedTrio:
         paired_fraction(samples["paged"], samples["copy"], nbytes, probe.bytes_moved),
         paired_fraction(samples["contiguous"], samples["copy"], nbytes, probe.bytes_moved),
         tuple(probe.rows(samples["copy"])),
+        samples,
     )
 
 
@@ -307,6 +321,22 @@ def _path_rows(dev: torch.device, first_call: float) -> list[Measurement]:
             Measurement("kernel_build_time", status.build_seconds, "s"),
         ]
     return rows
+
+
+def _warm_call_seconds(fn: Callable[[], object]) -> float:
+    """Wall time of one call after the warm-up (CPU only: no device sync)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _cpp_ran(dev: torch.device) -> bool:
+    """True when CPU attention runs the C++ kernel here (its build also has the FMA probe)."""
+    if dev.type != "cpu":
+        return False
+    from kvbench.kernels import cpu_paged
+
+    return cpu_paged.status().path == "cpp"
 
 
 def _prefill_cases(full: bool) -> list[Case]:
@@ -390,9 +420,14 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
     esize = keys.element_size()
     nbytes = 2 * b * length * h * d * esize + 2 * b * n * h * g * d * esize + tables.numel() * 4
     flops = 4 * b * h * g * d * (n * (length - n) + n * (n + 1) // 2)
-    timed = _timed_trio(ctx, paged, contiguous, nbytes)
+    # on the C++ CPU path, the FMA peak timed in the same repeats (fma_peak_fraction), by
+    # a probe about as long as one warm call
+    fma = FmaProbe.lasting(_warm_call_seconds(paged)) if _cpp_ran(dev) else None
+    timed = _timed_trio(ctx, paged, contiguous, nbytes, {"fma": fma} if fma else None)
+    fma_rows = fma.rows(timed.samples["paged"], timed.samples["fma"], flops) if fma else []
     return [
         Measurement("time_paged", timed.paged["median"], "s", timed.paged),
+        *fma_rows,
         Measurement("time_contiguous", timed.contiguous["median"], "s", timed.contiguous),
         Measurement("paged_overhead", timed.ratio - 1, "fraction"),
         Measurement("bytes_per_call", nbytes, "B"),
@@ -401,6 +436,7 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("achieved_bandwidth", nbytes / timed.paged["median"], "B/s"),
         Measurement("bandwidth_fraction", timed.fraction_paged, "fraction"),
         *timed.copy_rows,
+        *timed.gpu_rows,
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement(f"contiguous_sdpa_backend_{sdpa_backend}", 1.0, "bool"),
         Measurement("backend_is_triton", float(_backend(dev) == "triton"), "bool"),

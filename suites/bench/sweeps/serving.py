@@ -340,7 +340,13 @@ def _swap_cases(full: bool) -> list[Case]:
     sizes = (8, 16, 32, 64, 128) if full else (16,)
     profiles = [*PROFILES, "measured"]
     return [
-        {"model": "llama-2-70b", "profile": p, "seq_len": L, "block_size": b}
+        {
+            "model": "llama-2-70b",
+            "profile": p,
+            "calibration": "measured" if p == "measured" else get_profile(p).calibration,
+            "seq_len": L,
+            "block_size": b,
+        }
         for p in profiles
         for b in sizes
         for L in (128, 256, 512, 1024, 2048, 4096)
@@ -375,8 +381,9 @@ def measured_host_link(ctx: BenchContext) -> dict[str, float]:
 @sweep(
     "preempt.swap_vs_recompute",
     "cost of preempting one request: swap out + in over the host link vs recomputing "
-    "its prefill ([PA-deep-dive]'s cost model), per device profile and with the link measured "
-    "here (one contiguous pinned copy each way)",
+    "its prefill ([PA-deep-dive]'s cost model), per device profile (fitted efficiency and, "
+    "as '<name>-datasheet', the datasheet peaks: the calibration parameter) and with the "
+    "link measured here (one contiguous pinned copy each way)",
     _swap_cases,
     requires=("kvbench.kernels.ops",),
     tags=("preemption",),

@@ -17,12 +17,17 @@ Two kinds of case:
   floor (one decode step of one sequence; see `paged.serving.rate`).
 
 Every number is modeled (the engine's time model of the named GPUs), never measured.
+The `calibration` parameter says which GPU figures priced the steps: "fitted" (the
+profiles' fitted efficiency, `kvbench calibrate gpu`; A100-40GB takes A100-80GB's fit,
+an assumption) or "datasheet" (100% of the datasheet peaks, no kernel floor). Grid cases
+run fitted; knee cases run both, so the sustained rates can be compared before/after.
 """
 
 from __future__ import annotations
 
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads.setups import CALIBRATIONS
 
 SYSTEM_NAMES = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle", "static")
 DEFAULT_SETUPS = ("opt-13b-1xa100-40gb",)
@@ -59,8 +64,13 @@ def _cases(full: bool) -> list[Case]:
             grid = RATE_GRID[(setup, w)][1 if full else 0]
             base = {"setup": setup, "workload": w, "duration": DURATION[w]}
             for s in SYSTEM_NAMES:
-                out += [{**base, "system": s, "rate": float(r)} for r in grid]
-                out.append({**base, "system": s, "bound_factor": BOUND_FACTOR})
+                out += [
+                    {**base, "system": s, "calibration": "fitted", "rate": float(r)} for r in grid
+                ]
+                out += [
+                    {**base, "system": s, "calibration": c, "bound_factor": BOUND_FACTOR}
+                    for c in CALIBRATIONS
+                ]
     return out
 
 
@@ -110,9 +120,9 @@ def _start_rate(setup: str, workload: str) -> float:
 def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.paged.serving.rate import latency_floor, run_at_rate, sustained_rate
     from kvbench.paged.serving.simulation import setup_time_model
-    from kvbench.workloads.setups import get_setup
+    from kvbench.workloads.setups import get_setup, with_calibration
 
-    setup = get_setup(case["setup"])
+    setup = with_calibration(get_setup(case["setup"]), case.get("calibration", "fitted"))
     trace = _rate_trace(case["workload"], ctx.seed)
     duration = case["duration"]
     if "rate" in case:

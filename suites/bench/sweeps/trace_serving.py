@@ -1,7 +1,8 @@
 """trace.serving: the Mooncake conversation trace served on Llama-3-70B, 8 x H100 (modeled).
 
 The trace's own arrival stream (Mooncake, FAST'25: 12,031 conversation requests over
-one hour, 145M prompt tokens, prefixes shared by 512-token hash ids) is replayed through
+one hour, 145M prompt tokens, prefixes shared by 512-token hash ids; the copy shipped in
+the package, `workloads.shipped`, so the sweep runs offline) is replayed through
 kvbench's PagedKVCache with prefix caching (block 16) on the set-up the Mooncake paper
 serves (`llama-3-70b-8xh100-tp8`: 8 x H100-80GB, tensor parallel 8, 400 GiB of KV), every
 arrival divided by a time scale (2 = twice as fast; `paged.serving.replay.serve_trace`). Every
@@ -36,11 +37,12 @@ every light load); tighter bounds would leave no time scale meeting them at p99.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.shipped import shipped_trace
+from kvbench.workloads.time_scale import arrivals_before
+from kvbench.workloads.trace import Trace
 
 TRACE = "mooncake-conversation"
 SETUP = "llama-3-70b-8xh100-tp8"
@@ -55,15 +57,9 @@ TIMELINE_SCALE = 0.5
 TIMELINE_WINDOWS = 36
 TIMELINE_SPAN = 30
 SEARCH_START = 0.5
-#: Where the shipped trace is looked for (a copy in the shared data folder of this
-#: workspace; the project's importer replaces this reader once it ships the trace).
-TRACE_FILES = (
-    Path(__file__).resolve().parents[3] / "../shared/data/traces/mooncake_conversation_trace.jsonl",
-    Path("/work/shared/data/traces/mooncake_conversation_trace.jsonl"),
-)
 
 _RUNS: dict[tuple, object] = {}
-_TRACES: dict[float, object] = {}
+_TRACES: dict[float, Trace] = {}
 
 
 def _cases(full: bool) -> list[Case]:
@@ -88,23 +84,11 @@ def _cases(full: bool) -> list[Case]:
     return out
 
 
-def trace_file() -> Path:
-    """The conversation trace file (ConfigError when this workspace has none)."""
-    for p in TRACE_FILES:
-        if p.is_file():
-            return p
-    raise ConfigError(
-        "the Mooncake conversation trace is not here; looked for "
-        + ", ".join(repr(str(p)) for p in TRACE_FILES)
-    )
-
-
-def _trace(window_s: float):  # type: ignore[no-untyped-def]
-    """The trace's requests arriving within `window_s` seconds, read once per process."""
-    from kvbench.suites.bench.sweeps.mooncake_reader import read_mooncake
-
+def _trace(window_s: float) -> Trace:
+    """The shipped trace's requests arriving within `window_s` seconds (imported once per
+    process: `workloads.shipped`)."""
     if window_s not in _TRACES:
-        _TRACES[window_s] = read_mooncake(trace_file(), window_s=window_s)
+        _TRACES[window_s] = arrivals_before(shipped_trace(TRACE), window_s)
     return _TRACES[window_s]
 
 
@@ -188,7 +172,7 @@ def _replay(case: Case) -> list[Measurement]:
     """The engine's own speed: host time of the replay at time scale 1 (one run, measured
     here on a shared machine: the CPU seconds of the process are the steadier figure)."""
     result = _run(case["window_s"], case["time_scale"])
-    tokens = sum(r.prompt_len for r in _trace(case["window_s"]).requests)  # type: ignore[attr-defined]
+    tokens = sum(r.prompt_len for r in _trace(case["window_s"]).requests)
     wall = result.wall_seconds  # type: ignore[attr-defined]
     return [
         Measurement("replay_wall_time", wall, "s"),

@@ -234,6 +234,28 @@ def test_kernel_prefill_matches_causal_sdpa(q_len: int) -> None:
 
     assert got["kernel_path_is_cpp"] == float(cpu_paged.status().path == "cpp")
     assert got["backend_is_triton"] == 0.0 and got["first_call_time"] > 0
+    # the FMA-peak rows come with the C++ path (its build holds the probe), and only then
+    fma = {"fma_peak_paired", "fma_peak_fraction"}
+    assert (fma <= set(got)) == (cpu_paged.status().path == "cpp")
+    assert not fma & set(got) or got["fma_peak_paired"] > 0 < got["fma_peak_fraction"]
+
+
+def test_fma_probe_counts_flops_and_lasts_about_as_asked() -> None:
+    """FLOPs per call scale with the rounds; `lasting` scales the rounds to the time asked
+    for, within [FMA_PROBE_ITERS, FMA_PROBE_MAX_ITERS]; the rows divide repeat by repeat."""
+    from kvbench.kernels import cpu_paged
+    from kvbench.suites.bench import harness
+
+    if cpu_paged.status().path != "cpp":
+        pytest.skip(f"no C++ CPU kernel here: {cpu_paged.status().reason}")
+    probe = harness.FmaProbe(1000)
+    assert probe.flops == 1000 * cpu_paged.fma_probe(1) and probe() == probe.flops
+    assert harness.FmaProbe.lasting(0.0).iters == harness.FMA_PROBE_ITERS
+    assert harness.FmaProbe.lasting(3600.0).iters == harness.FMA_PROBE_MAX_ITERS
+    rows = {m.metric: m.value for m in probe.rows([2.0, 1.0, 4.0], [1.0, 1.0, 1.0], 10**6)}
+    assert rows["fma_peak_paired"] == pytest.approx(probe.flops)  # median probe time 1 s
+    # per repeat (1e6 / t) / flops: medians of 0.5, 1, 0.25 x 1e6 / flops
+    assert rows["fma_peak_fraction"] == pytest.approx(0.5e6 / probe.flops)
 
 
 def test_gpu_timing_reports_what_do_bench_ran(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,6 +271,10 @@ def test_gpu_timing_reports_what_do_bench_ran(monkeypatch: pytest.MonkeyPatch) -
         calls.append(return_mode)
         return [4.0, 1.0, 2.0, 3.0, 5.0, 2.0, 3.0]  # ms
 
+    def no_capture(fn, rep, return_mode):  # type: ignore[no-untyped-def]
+        raise RuntimeError("capture refused")  # the do_bench fallback is this test's subject
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", no_capture)
     monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
     stats = time_gpu(lambda: None, TimingConfig(repeats=15))
     assert calls == ["all"]
