@@ -304,7 +304,7 @@ def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int, extra=None) -
         paired_fraction(samples["paged"], samples["copy"], nbytes, probe.bytes_moved),
         paired_fraction(samples["contiguous"], samples["copy"], nbytes, probe.bytes_moved),
         tuple(probe.rows(samples["copy"])),
-        samples,
+        samples=samples,
     )
 
 
