@@ -23,6 +23,8 @@ PAPER_NAMES = {
     "contiguous-max": "Orca (Max)",
     "static": "FasterTransformer-like",
 }
+#: Every serving system under the name the paper uses (paged kvbench is the paper's vLLM).
+SYSTEM_NAMES = {"paged": "vLLM (paged)", **PAPER_NAMES}
 
 
 @dataclass
@@ -95,11 +97,11 @@ def sustained_table(frame: pd.DataFrame) -> DerivedTable | None:
     if not bound.empty:
         per = bound.groupby("setup")["value"].last()
         note += "; " + ", ".join(f"{k}: {1e3 * v:.0f} ms/token" for k, v in per.items())
-    note += "). Ratio = paged's sustained rate / the baseline's."
+    note += "). Ratio = vLLM's (paged) sustained rate / the baseline's."
     systems = ["paged", *[b for b in BASELINES if b in wide.columns]]
-    table = DerivedTable("Sustained request rate, paged over each baseline", note)
-    table.header = ["setup", "workload"] + [f"{s} [req/s]" for s in systems]
-    table.header += [f"paged / {PAPER_NAMES[b]}" for b in systems[1:]]
+    table = DerivedTable("Sustained request rate, vLLM (paged) over each baseline", note)
+    table.header = ["setup", "workload"] + [f"{SYSTEM_NAMES[s]} [requests/s]" for s in systems]
+    table.header += [f"vLLM / {PAPER_NAMES[b]}" for b in systems[1:]]
     for (setup, workload), line in wide.iterrows():
         cells = [str(setup), str(workload)] + [_r(line.get(s, math.nan)) for s in systems]
         cells += [_x(ratios.loc[(setup, workload)].get(b, math.nan)) for b in systems[1:]]

@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 
 KV_SLOTS = 4096
@@ -241,7 +242,12 @@ def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
             Measurement("tokens_per_second", gen / result.modeled_seconds, "tokens/s"),
             Measurement("tokens_per_second_modeled", gen / modeled_s, "tokens/s"),
             Measurement("peak_concurrency", result.peak_concurrency, "requests"),
-            Measurement("mean_step_time", measured_s / len(samples), "s"),
+            Measurement(  # the spread of the measured steps' times (n = steps)
+                "mean_step_time",
+                measured_s / len(samples),
+                "s",
+                summarize([s.measured_s for s in samples]),
+            ),
             *checks,
         ]
     from kvbench.paged.cache_spec import CacheSpec

@@ -60,9 +60,13 @@ def test_every_view_measures_consistently(tmp_path: Path, monkeypatch: pytest.Mo
     assert all(c["window_s"] == ts.DEFAULT_WINDOW_S for c in cases)
     assert {c["time_scale"] for c in cases if c["view"] == "grid"} == set(ts.TIME_SCALES)
     by_view: dict[str, list[dict]] = {v: [] for v in views}
+    stats: dict[str, dict] = {}
     for case in cases:
-        got = {m.metric: (m.value, m.unit) for m in ts.trace_serving(case, ctx)}
+        measured = ts.trace_serving(case, ctx)
+        got = {m.metric: (m.value, m.unit) for m in measured}
         by_view[case["view"]].append({"case": case, **got})
+        if case["view"] == "replay":
+            stats = {m.metric: m.stats for m in measured if m.stats}
     for row in by_view["grid"]:
         assert row["goodput"][1] == "requests/s" and row["ttft_p99"][1] == "s"
         assert 0.0 <= row["slo_attainment"][0] <= 1.0
@@ -77,6 +81,10 @@ def test_every_view_measures_consistently(tmp_path: Path, monkeypatch: pytest.Mo
     assert admitted == 40
     (replay,) = by_view["replay"]
     assert replay["replay_wall_time"][0] > 0
+    for metric in ("replay_wall_time", "replay_cpu_time", "replay_prompt_tokens_per_second"):
+        spread = stats[metric]  # measured here: repeated, with q1-q3 and n
+        assert spread["n"] == ts.REPLAY_REPEATS
+        assert spread["q1"] <= replay[metric][0] <= spread["q3"]
     assert replay["replay_prompt_tokens"][0] == sum(r["input_length"] for r in _rows(40))
     assert not any(
         math.isnan(v[0]) for row in by_view["timeline"] for k, v in row.items() if k != "case"
