@@ -464,7 +464,8 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
     flops = 4 * b * h * g * d * (n * (length - n) + n * (n + 1) // 2)
     # on the C++ CPU path, the FMA peak timed in the same repeats (fma_peak_fraction), by
     # a probe about as long as one warm call
-    fma = FmaProbe.lasting(_warm_call_seconds(paged)) if _cpp_ran(dev) else None
+    on_cpu = _backend(dev) != "triton" and _cpp_ran(dev)
+    fma = FmaProbe.lasting(_warm_call_seconds(paged)) if on_cpu else None
     timed = _timed_trio(
         ctx, paged, contiguous, nbytes, {"fma": fma} if fma else None,
         paged_contiguous_layout=lambda: paged(seq_pool),
