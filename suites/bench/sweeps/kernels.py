@@ -372,7 +372,7 @@ def _warm_call_seconds(fn: Callable[[], object]) -> float:
 
 def _cpp_ran(dev: torch.device) -> bool:
     """True when CPU attention runs the C++ kernel here (its build also has the FMA probe)."""
-    if dev.type != "cpu" or _backend(dev) == "triton":  # the interpreter, not the C++ path
+    if dev.type != "cpu":
         return False
     from kvbench.kernels import cpu_paged
 
