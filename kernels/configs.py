@@ -116,11 +116,20 @@ def decode_qh(group: int, d_pad: int, dtype: torch.dtype = torch.float16) -> int
 DECODE_STAGES = 2
 
 
-def decode_config(dtype: torch.dtype, head_dim: int, group: int, single: bool) -> KernelConfig:
+def _windowed(constexprs: dict[str, object], windowed: bool) -> dict[str, object]:
+    """The constexprs of the sliding-window variant: WINDOWED is listed only when True, so
+    the full-attention variants keep the keys (and baselines) they always had."""
+    return {**constexprs, "WINDOWED": True} if windowed else constexprs
+
+
+def decode_config(
+    dtype: torch.dtype, head_dim: int, group: int, single: bool, *, windowed: bool = False
+) -> KernelConfig:
     """Stage-1 split-KV decode kernel. KV tile sizes are chosen so that no variant spills
     and, for 16-bit types, so that the common GQA case (QH 16) at head dim 128 costs no
     more registers or shared memory than vLLM's Triton decode for the same shape (16 KV
-    tokens per step: 72 registers, 12.8 KB shared on sm_90; `kvbench kernels --peers`)."""
+    tokens per step: 72 registers, 12.8 KB shared on sm_90; `kvbench kernels --peers`).
+    `windowed`: the sliding-window variant (same tiles)."""
     d_pad = head_dim_pad(head_dim)
     qh = decode_qh(group, d_pad, dtype)
     # float32: a [TILE_N, D_PAD] tile of 4096 elements. 16-bit: 16 tokens where QH is 16
@@ -130,26 +139,33 @@ def decode_config(dtype: torch.dtype, head_dim: int, group: int, single: bool) -
     return KernelConfig(
         "paged_decode",
         dtype,
-        {
-            "QH": qh,
-            "D_PAD": d_pad,
-            "TILE_N": tile_n,
-            "SINGLE": single,
-            "DOT_PRECISION": _dot_precision(dtype),
-            "DOT_F32": False,
-        },
+        _windowed(
+            {
+                "QH": qh,
+                "D_PAD": d_pad,
+                "TILE_N": tile_n,
+                "SINGLE": single,
+                "DOT_PRECISION": _dot_precision(dtype),
+                "DOT_F32": False,
+            },
+            windowed,
+        ),
         # float32 keeps Triton's 3: at 2 its QH-16 split variant spills at head dim 128
         num_stages=DEFAULT_STAGES if dtype == torch.float32 else DECODE_STAGES,
     )
 
 
-def reduce_config(dtype: torch.dtype, head_dim: int) -> KernelConfig:
-    """Stage-2 log-sum-exp merge of decode partitions."""
+def reduce_config(dtype: torch.dtype, head_dim: int, *, windowed: bool = False) -> KernelConfig:
+    """Stage-2 log-sum-exp merge of decode partitions (`windowed`: of the sliding-window
+    variant's partitions)."""
     d_pad = head_dim_pad(head_dim)
     return KernelConfig(
         "paged_decode_reduce",
         dtype,
-        {"D_PAD": d_pad, "P_CHUNK": REDUCE_CHUNK if d_pad <= 128 else REDUCE_CHUNK // 2},
+        _windowed(
+            {"D_PAD": d_pad, "P_CHUNK": REDUCE_CHUNK if d_pad <= 128 else REDUCE_CHUNK // 2},
+            windowed,
+        ),
     )
 
 
@@ -238,8 +254,10 @@ def all_configs() -> list[KernelConfig]:
         for d_pad in HEAD_DIM_PADS:
             for group in (1, *DECODE_QH, 2 * DECODE_QH[-1]):
                 for single in (True, False):
-                    add(decode_config(dtype, d_pad, group, single))
+                    for windowed in (False, True):
+                        add(decode_config(dtype, d_pad, group, single, windowed=windowed))
             add(reduce_config(dtype, d_pad))
+            add(reduce_config(dtype, d_pad, windowed=True))
             for cfg in prefill_configs(dtype, d_pad):
                 add(cfg)
     return list(seen.values())
