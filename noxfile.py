@@ -145,9 +145,10 @@ def peers(session: nox.Session) -> None:
         "--durations=10",
         *args,
     )
-    # vLLM's Triton kernels beside kvbench's, compiled for sm_80 / sm_90 (cached in out/aot)
-    session.run("kvbench", "kernels", "--peers", success_codes=[0, 1, 2])
-    if bench:
+    if bench:  # --no-bench (CI) stops after the tests, as documented above
+        # vLLM's Triton kernels beside kvbench's, compiled for sm_80 / sm_90 (cached in
+        # out/aot): a report, never a failure (exit 1 / 2 accepted), so CI has no use for it
+        session.run("kvbench", "kernels", "--peers", success_codes=[0, 1, 2])
         session.run("kvbench", "bench", "--only", "peers.", *(["--full"] if full else []))
         session.run("kvbench", "report")
 

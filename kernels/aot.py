@@ -138,7 +138,7 @@ def signature(cfg: configs.KernelConfig) -> tuple[dict[str, str], dict[tuple[int
     sig: dict[str, str] = {}
     attrs: dict[tuple[int], list] = {}
     for i, name in enumerate(fn.arg_names):
-        if name in cfg.constexprs:
+        if name in cfg.constexprs or fn.params[i].is_constexpr:
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
             sig[name] = "*" + pointers[name]
@@ -150,6 +150,13 @@ def signature(cfg: configs.KernelConfig) -> tuple[dict[str, str], dict[tuple[int
             if name in _MULTIPLES_OF_16 or name.startswith("stride_"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
+
+
+def constants(cfg: configs.KernelConfig, fn: JITFunction) -> dict[str, object]:
+    """The configuration's constexprs plus the defaults of those it leaves out (WINDOWED
+    of the full-attention decode variants)."""
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    return {**defaults, **cfg.constexprs}
 
 
 def _count_sass(sass: str) -> int:
@@ -261,7 +268,7 @@ def compile_one(
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     sig, attrs = signature(cfg)
     fn = JIT[cfg.kernel] if kernel is None else kernel
-    src = ASTSource(fn, sig, dict(cfg.constexprs), attrs)
+    src = ASTSource(fn, sig, constants(cfg, fn), attrs)
     try:
         kernel = triton.compile(
             src,
@@ -390,13 +397,14 @@ def _spawn():
 
 def headline_configs() -> list[configs.KernelConfig]:
     """A small representative set (float16, head dim 128): the split and single-partition
-    decode kernels, the reduction, prefill and the copy kernel; what the fast test builds."""
+    decode kernels, the reduction, every prefill tile and the copy kernel; what the fast test
+    builds."""
     f16 = torch.float16
     return [
         configs.decode_config(f16, 128, 4, single=False),
         configs.decode_config(f16, 128, 4, single=True),
         configs.reduce_config(f16, 128),
-        configs.prefill_config(f16, 128),
+        *configs.prefill_configs(f16, 128),
         configs.copy_config(2, src_identity=True),
     ]
 

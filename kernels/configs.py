@@ -116,11 +116,20 @@ def decode_qh(group: int, d_pad: int, dtype: torch.dtype = torch.float16) -> int
 DECODE_STAGES = 2
 
 
-def decode_config(dtype: torch.dtype, head_dim: int, group: int, single: bool) -> KernelConfig:
+def _windowed(constexprs: dict[str, object], windowed: bool) -> dict[str, object]:
+    """The constexprs of the sliding-window variant: WINDOWED is listed only when True, so
+    the full-attention variants keep the keys (and baselines) they always had."""
+    return {**constexprs, "WINDOWED": True} if windowed else constexprs
+
+
+def decode_config(
+    dtype: torch.dtype, head_dim: int, group: int, single: bool, *, windowed: bool = False
+) -> KernelConfig:
     """Stage-1 split-KV decode kernel. KV tile sizes are chosen so that no variant spills
     and, for 16-bit types, so that the common GQA case (QH 16) at head dim 128 costs no
     more registers or shared memory than vLLM's Triton decode for the same shape (16 KV
-    tokens per step: 72 registers, 12.8 KB shared on sm_90; `kvbench kernels --peers`)."""
+    tokens per step: 72 registers, 12.8 KB shared on sm_90; `kvbench kernels --peers`).
+    `windowed`: the sliding-window variant (same tiles)."""
     d_pad = head_dim_pad(head_dim)
     qh = decode_qh(group, d_pad, dtype)
     # float32: a [TILE_N, D_PAD] tile of 4096 elements. 16-bit: 16 tokens where QH is 16
@@ -130,41 +139,81 @@ def decode_config(dtype: torch.dtype, head_dim: int, group: int, single: bool) -
     return KernelConfig(
         "paged_decode",
         dtype,
-        {
-            "QH": qh,
-            "D_PAD": d_pad,
-            "TILE_N": tile_n,
-            "SINGLE": single,
-            "DOT_PRECISION": _dot_precision(dtype),
-            "DOT_F32": False,
-        },
+        _windowed(
+            {
+                "QH": qh,
+                "D_PAD": d_pad,
+                "TILE_N": tile_n,
+                "SINGLE": single,
+                "DOT_PRECISION": _dot_precision(dtype),
+                "DOT_F32": False,
+            },
+            windowed,
+        ),
         # float32 keeps Triton's 3: at 2 its QH-16 split variant spills at head dim 128
         num_stages=DEFAULT_STAGES if dtype == torch.float32 else DECODE_STAGES,
     )
 
 
-def reduce_config(dtype: torch.dtype, head_dim: int) -> KernelConfig:
-    """Stage-2 log-sum-exp merge of decode partitions."""
+def reduce_config(dtype: torch.dtype, head_dim: int, *, windowed: bool = False) -> KernelConfig:
+    """Stage-2 log-sum-exp merge of decode partitions (`windowed`: of the sliding-window
+    variant's partitions)."""
     d_pad = head_dim_pad(head_dim)
     return KernelConfig(
         "paged_decode_reduce",
         dtype,
-        {"D_PAD": d_pad, "P_CHUNK": REDUCE_CHUNK if d_pad <= 128 else REDUCE_CHUNK // 2},
+        _windowed(
+            {"D_PAD": d_pad, "P_CHUNK": REDUCE_CHUNK if d_pad <= 128 else REDUCE_CHUNK // 2},
+            windowed,
+        ),
     )
 
 
-def prefill_config(dtype: torch.dtype, head_dim: int) -> KernelConfig:
-    """Paged prefill/extend kernel; rows are (query token, query head) pairs. Tiles shrink
-    with the head dim and for float32 so that no variant spills."""
-    d_pad = head_dim_pad(head_dim)
+#: Query rows per prefill program by the rows a sequence's new tokens make (longest new run
+#: x GQA group): up to 64 rows (short extends, decode-sized chunks) take 16-row tiles, which
+#: spread a short run over more programs; up to 256 take 32; longer prefills take 64, which
+#: read each K/V tile once for four times the rows. Capped per dtype and head dim below.
+PREFILL_TIERS: tuple[tuple[int, int], ...] = ((64, 16), (256, 32))
+PREFILL_BLOCK_M: tuple[int, ...] = (16, 32, 64)
+#: Software-pipelining stages of the prefill loop: two K/V tiles in flight, as in vLLM's
+#: unified 2D kernel's shared-memory budget (a third costs a tile of K and V more).
+PREFILL_STAGES = 2
+
+
+def prefill_block_m(rows: int) -> int:
+    """BLOCK_M for a prefill whose longest sequence brings `rows` query rows (new tokens x
+    GQA group), before the dtype / head-dim cap of `prefill_config`."""
+    for limit, block_m in PREFILL_TIERS:
+        if rows <= limit:
+            return block_m
+    return PREFILL_BLOCK_M[-1]
+
+
+def _prefill_cap(dtype: torch.dtype, d_pad: int) -> int:
+    """The largest BLOCK_M that compiles without spills (float32 tiles are twice the size
+    and its ieee tl.dot runs on FMA units; head dim 256 doubles every row)."""
     if dtype == torch.float32:
-        block_m = 32 if d_pad <= 64 else 16
-        tile_n = 32 if d_pad <= 128 else 16
-        warps = 4
-    else:
-        block_m = 64 if d_pad <= 128 else 32
-        tile_n = 32 if d_pad <= 128 else 16
-        warps = 4 if d_pad <= 128 else 8
+        return 32 if d_pad <= 64 else 16
+    return 64 if d_pad <= 128 else 32
+
+
+def prefill_config(dtype: torch.dtype, head_dim: int, rows: int | None = None) -> KernelConfig:
+    """Paged prefill/extend kernel; rows are (query token, query head) pairs.
+
+    `rows` (the longest sequence's new tokens x GQA group) picks the tile
+    (`prefill_block_m`); None picks the longest-prefill tile. Each tile's static cost is at
+    most vLLM's unified 2D kernel compiled at the same BLOCK_M and warps (fp16 / bf16,
+    head dims 64 and 128, sm_80 and sm_90; `kvbench kernels --peers`): 16 rows with 4
+    warps, 32 with 4, 64 with 8 (a 64-row accumulator over 4 warps costs 236 registers on
+    sm_80, 8 warps 154); 32 keys per step, 16 at head dim 256 and for 64 rows at head dim
+    64."""
+    d_pad = head_dim_pad(head_dim)
+    cap = _prefill_cap(dtype, d_pad)
+    block_m = min(cap, PREFILL_BLOCK_M[-1] if rows is None else prefill_block_m(rows))
+    # 16 keys per step at head dim 256, and at head dim 64 with 64 rows: 32 there costs
+    # 138 registers on sm_80 against vLLM's 127 at the same tile (16: 97; sm_90 64 vs 74)
+    tile_n = 16 if d_pad > 128 or (d_pad <= 64 and block_m >= 64) else 32
+    warps = 8 if block_m >= 64 or (d_pad > 128 and block_m >= 32) else 4
     return KernelConfig(
         "paged_prefill",
         dtype,
@@ -176,7 +225,18 @@ def prefill_config(dtype: torch.dtype, head_dim: int) -> KernelConfig:
             "DOT_F32": False,
         },
         num_warps=warps,
+        num_stages=PREFILL_STAGES,
     )
+
+
+def prefill_configs(dtype: torch.dtype, head_dim: int) -> list[KernelConfig]:
+    """Every prefill tile the dispatch can pick for `dtype` and `head_dim`, smallest first."""
+    out: list[KernelConfig] = []
+    for rows in (*(limit for limit, _ in PREFILL_TIERS), None):
+        cfg = prefill_config(dtype, head_dim, rows)
+        if cfg not in out:
+            out.append(cfg)
+    return out
 
 
 def all_configs() -> list[KernelConfig]:
@@ -194,7 +254,10 @@ def all_configs() -> list[KernelConfig]:
         for d_pad in HEAD_DIM_PADS:
             for group in (1, *DECODE_QH, 2 * DECODE_QH[-1]):
                 for single in (True, False):
-                    add(decode_config(dtype, d_pad, group, single))
+                    for windowed in (False, True):
+                        add(decode_config(dtype, d_pad, group, single, windowed=windowed))
             add(reduce_config(dtype, d_pad))
-            add(prefill_config(dtype, d_pad))
+            add(reduce_config(dtype, d_pad, windowed=True))
+            for cfg in prefill_configs(dtype, d_pad):
+                add(cfg)
     return list(seen.values())

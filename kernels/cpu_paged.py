@@ -53,14 +53,24 @@ from kvbench.kernels.validation import AttentionDims, IndexRangeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KernelStatus", "decode", "prefill", "status", "supports", "task_split"]
+__all__ = [
+    "KernelStatus",
+    "decode",
+    "fma_probe",
+    "prefill",
+    "prefill_tile",
+    "status",
+    "supports",
+    "task_split",
+]
 
 _SOURCE = Path(__file__).with_name("cpu_ext") / "paged_attn.cpp"
 _CFLAGS = ("-O3", "-march=native", "-fopenmp")
 #: Tokens per block the C++ score rows hold; larger blocks use the torch version.
 MAX_BLOCK_SIZE = 256
-#: Query tokens per prefill task (times the query heads of one KV head group).
-PREFILL_TILE = 16
+#: Query rows (tokens x the query heads of one KV head group) a prefill task aims for:
+#: each chunk of K/V rows the task reads then feeds this many rows' FMAs.
+PREFILL_ROWS = 64
 #: Fewest blocks in a decode KV partition (the split that gives small batches work).
 MIN_PARTITION_BLOCKS = 8
 #: Longest wait (s) for another process's build before falling back (a cold build takes
@@ -275,8 +285,10 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int32 else t.to(torch.int32)
 
 
-def _tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: AttentionDims):  # type: ignore[no-untyped-def]
-    """int32 tables (row-contiguous) and lens; IndexRangeError on an entry outside the pool."""
+def _tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: AttentionDims,  # type: ignore[no-untyped-def]
+            window: int | None = None):  # fmt: skip
+    """int32 tables (row-contiguous) and lens; IndexRangeError on an entry outside the pool
+    (with a sliding `window`, only entries from a sequence's first window block on)."""
     mod = _module()
     assert mod is not None
     tables = _int32(block_tables)
@@ -290,7 +302,8 @@ def _tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: AttentionD
             f"seq_lens holds {worst}, outside [1, {capacity}] (max_blocks="
             f"{tables.shape[1]} x block_size={dims.cache.block_size}); the C++ kernel refuses it"
         )
-    bad = int(mod.first_bad_entry(tables, lens, dims.cache.block_size, dims.cache.num_blocks))
+    bad = int(mod.first_bad_entry_windowed(tables, lens, dims.cache.block_size,
+                                           dims.cache.num_blocks, window or 0))  # fmt: skip
     if bad >= 0:
         b, j = divmod(bad, tables.shape[1])
         raise IndexRangeError(
@@ -309,19 +322,28 @@ def decode(
     scale: float,
     out: torch.Tensor,
     dims: AttentionDims,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Paged decode attention into `out` ([B, Hq, D]) with the C++ kernel; see kernels.ops."""
+    """Paged decode attention into `out` ([B, Hq, D]) with the C++ kernel; see kernels.ops.
+    With a sliding `window` each sequence's block loop starts at the first block its
+    window touches (at most window + block_size - 1 tokens from there)."""
     if dims.batch == 0:
         return out
-    tables, lens = _tables(block_tables, seq_lens, dims)
-    max_blocks = -(-dims.max_seq_len // dims.cache.block_size)
+    tables, lens = _tables(block_tables, seq_lens, dims, window)
+    span = (
+        dims.max_seq_len
+        if window is None
+        else min(dims.max_seq_len, window + dims.cache.block_size - 1)
+    )
+    max_blocks = -(-span // dims.cache.block_size)
     parts, heads = task_split(
         dims.batch, dims.cache.num_kv_heads, max_blocks, torch.get_num_threads()
     )
     mod = _module()
     assert mod is not None
-    mod.paged_decode(query, k_cache, v_cache, tables, lens, float(scale), out,
-                     int(dims.max_seq_len), parts, heads)  # fmt: skip
+    mod.paged_decode_windowed(query, k_cache, v_cache, tables, lens, float(scale), out,
+                              int(dims.max_seq_len), parts, heads, window or 0)  # fmt: skip
     return out
 
 
@@ -343,5 +365,26 @@ def prefill(
     mod = _module()
     assert mod is not None
     cu = _int32(cu_seqlens_q).contiguous()
-    mod.paged_prefill(query, k_cache, v_cache, tables, cu, lens, float(scale), out, PREFILL_TILE)
+    tile = prefill_tile(dims.group, int(query.shape[0]), dims.cache.num_kv_heads,
+                        torch.get_num_threads())  # fmt: skip
+    mod.paged_prefill(query, k_cache, v_cache, tables, cu, lens, float(scale), out, tile)
     return out
+
+
+def prefill_tile(group: int, total_q: int, num_kv_heads: int, threads: int) -> int:
+    """Query tokens per prefill task: about `PREFILL_ROWS` rows (tokens x group), fewer
+    where that would leave a thread without two tasks (tasks are (sequence, KV head, tile))."""
+    tile = max(1, PREFILL_ROWS // max(1, group))
+    while tile > 1 and num_kv_heads * -(-total_q // tile) < 2 * max(1, threads):
+        tile //= 2
+    return tile
+
+
+def fma_probe(iters: int) -> int:
+    """Run the C++ build's peak-rate FMA loop (`iters` rounds on every thread) and return
+    the FLOPs it did; time the call to get the FMA peak this build reaches (FLOP/s).
+    Raises RuntimeError where the C++ kernel is not available."""
+    mod = _module()
+    if mod is None:
+        raise RuntimeError(f"no C++ CPU kernel here: {status().reason}")
+    return int(mod.fma_probe(int(iters)))

@@ -150,6 +150,7 @@ def paged_decode_attention(
     partition_size: int | None = None,
     check_indices: bool = True,
     max_seq_len: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged KV.
 
@@ -166,24 +167,34 @@ def paged_decode_attention(
         max_seq_len: an upper bound of `seq_lens` (tokens), known to the caller without
             reading device memory; checked when `check_indices`. None: the true maximum
             when checking, else the tables' capacity.
+        window: sliding window (HF / vLLM `sliding_window`): the query, at position
+            L - 1 of a sequence of L tokens, attends to positions max(0, L - window) ..
+            L - 1 only. Every backend starts at the first block the window touches (blocks
+            wholly before it are never read, and their table entries may be anything, e.g.
+            -1 where a cache released them) and masks the part of that block before the
+            window. None (default): full attention, unchanged.
 
     Returns:
         [batch, num_q_heads, head_dim] in the query dtype (`out` when given).
     """
     dims = val.check_decode(
-        query, k_cache, v_cache, block_tables, seq_lens, out, check_indices, max_seq_len
-    )
+        query, k_cache, v_cache, block_tables, seq_lens, out, check_indices, max_seq_len,
+        window=window,
+    )  # fmt: skip
     s = val.check_scale(scale, dims.cache.head_dim)
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if choose_backend(query.device, backend) == "triton":
         return _triton().paged_decode_attention(
-            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, partition_size
-        )
+            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, partition_size,
+            window=window,
+        )  # fmt: skip
     if query.device.type == "cpu" and cpu_paged.supports(dims):
-        return cpu_paged.decode(query, k_cache, v_cache, block_tables, seq_lens, s, out, dims)
+        return cpu_paged.decode(
+            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, window=window
+        )
     return torch_ops.paged_decode_attention(
-        query, k_cache, v_cache, block_tables, seq_lens, s, out, dims
+        query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, window
     )
 
 

@@ -135,8 +135,9 @@ def decode_launches(batch: int, hq: int, hkv: int, head_dim: int, max_len: int,
 
 def prefill_launches(batch: int, hq: int, hkv: int, head_dim: int, max_q: int,
                      dtype: torch.dtype) -> list[Launch]:  # fmt: skip
-    """The launch `triton_ops.paged_prefill_attention` makes."""
-    cfg = configs.prefill_config(dtype, head_dim)
+    """The launch `triton_ops.paged_prefill_attention` makes (its tile chosen by the rows
+    the longest sequence's new tokens bring: max_q x GQA group)."""
+    cfg = configs.prefill_config(dtype, head_dim, max_q * (hq // hkv))
     block_m = int(cfg.constexprs["BLOCK_M"])
     heads = min(hq // hkv, block_m)
     n_chunks = -(-(hq // hkv) // heads)

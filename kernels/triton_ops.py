@@ -131,9 +131,13 @@ def paged_decode_attention(
     out: torch.Tensor,
     dims: AttentionDims,
     partition_size: int | None = None,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Split-KV paged decode: one partition (single pass) when every sequence fits in
-    `partition_size` tokens, else per-partition partials merged by log-sum-exp."""
+    `partition_size` tokens, else per-partition partials merged by log-sum-exp. With a
+    sliding `window`, the windowed variants read each sequence from the first block its
+    window touches: at most window + block_size - 1 tokens, which sizes the partitions."""
     part = configs.DEFAULT_PARTITION if partition_size is None else int(partition_size)
     if part < 1:
         raise ConfigError(f"partition_size={partition_size} must be >= 1")
@@ -141,9 +145,11 @@ def paged_decode_attention(
     batch, hq, d = query.shape
     if batch == 0:
         return out
-    n_parts = max(1, -(-dims.max_seq_len // part))
+    span = dims.max_seq_len if window is None else min(dims.max_seq_len, window + cd.block_size - 1)
+    n_parts = max(1, -(-span // part))
     single = n_parts == 1
-    cfg = configs.decode_config(query.dtype, d, dims.group, single)
+    windowed = window is not None
+    cfg = configs.decode_config(query.dtype, d, dims.group, single, windowed=windowed)
     qh = cfg.constexprs["QH"]
     n_chunks = -(-dims.group // qh)
     tables = block_tables.to(torch.int32)
@@ -185,9 +191,10 @@ def paged_decode_attention(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
+        window or 0,
     )
     if not single:
-        rcfg = configs.reduce_config(query.dtype, d)
+        rcfg = configs.reduce_config(query.dtype, d, windowed=windowed)
         _launch(
             rcfg,
             (batch, hq),
@@ -203,6 +210,8 @@ def paged_decode_attention(
             n_parts,
             out.stride(0),
             out.stride(1),
+            window or 0,
+            cd.block_size,
         )
     return out
 
@@ -223,7 +232,8 @@ def paged_prefill_attention(
     if dims.batch == 0 or query.shape[0] == 0:
         return out
     d = query.shape[2]
-    cfg = configs.prefill_config(query.dtype, d)
+    # the tile by query count: 16 rows for short extends, up to 64 for long prefills
+    cfg = configs.prefill_config(query.dtype, d, dims.max_q_len * dims.group)
     block_m = cfg.constexprs["BLOCK_M"]
     heads_per_prog = min(dims.group, block_m)
     tokens_per_prog = block_m // heads_per_prog

@@ -76,8 +76,6 @@ def validate_prompt(
     if isinstance(prompt, range):
         if prompt[0] >= 0 and prompt[-1] >= 0:
             return prompt  # immutable already
-    elif getattr(prompt, "nonnegative_ids", False) is True:
-        return prompt  # immutable ids known >= 0 (workloads.trace.BlockTokenIds)
     elif set(map(type, prompt)) == {int} and min(prompt) >= 0:
         return tuple(prompt)
     _find_bad_token(prompt, allow_none=False)

@@ -3,17 +3,20 @@
 A claim names its source, the statement, the published range, and how it is measured
 here (which suite, which metric, which slice of the grid). Its verdict is
 
-    holds          every measured value lies inside the published range widened by the
-                   claim's stated tolerance (an exact claim has tolerance 0 beyond
-                   rounding);
-    does not hold  some measured value lies outside it;
+    holds          every judged value lies inside the published range, at the precision
+                   the source prints (`claims_model.RULE`, the one rule for every claim:
+                   no tolerance widens a range);
+    does not hold  some judged value lies outside it, below as well as above (so a claim
+                   "does not hold" also when this machine does better: the page shows both
+                   numbers and a note on why they differ);
     not measured   the run has no rows for it (the sweep did not run, or is waiting for a
                    module), with a note saying what would measure it;
     not applicable here  the rows measure something the claim is not about (a CPU
-                   stand-in for a GPU kernel), so they are shown but not judged.
+                   stand-in for a GPU kernel, a model that does not price what the claim
+                   turns on), so they are shown but not judged.
 
-The rule is the same for every claim, so a claim "does not hold" also when this machine
-does *better* than published: the page shows both numbers and a note on why they differ.
+Rows outside a claim's own conditions (a workload the source did not measure) are shown
+beside the verdict and not judged.
 """
 
 from __future__ import annotations
@@ -27,14 +30,16 @@ from kvbench.reports.claims_model import (
     HOLDS,
     NOT_APPLICABLE,
     NOT_MEASURED,
+    RULE,
     VLLM_PAPER,
     Claim,
     Verdict,
+    _inside,
     _missing,
     _pct,
     _range,
     _rows,
-    _within,
+    verdict_counts,
 )
 from kvbench.reports.claims_serving import (
     _calibration,
@@ -53,9 +58,11 @@ __all__ = [
     "HOLDS",
     "NOT_APPLICABLE",
     "NOT_MEASURED",
+    "RULE",
     "Claim",
     "Verdict",
     "evaluate",
+    "verdict_counts",
 ]
 
 
@@ -67,12 +74,12 @@ def _util_paper(frame: pd.DataFrame) -> Verdict:
     if not served.empty and {"contiguous-max", "paged"} <= set(served["cache"]):
         contiguous = served[served["cache"] == "contiguous-max"]["value"]
         paged = served[served["cache"] == "paged"]["value"]
-        ok = _within(contiguous, 0.204, 0.382, 0.05) and bool((paged >= 0.96).all())
+        ok = _inside(contiguous, 0.204, 0.382, 3) and bool((paged >= 0.96).all())
         return Verdict(
             f"contiguous {_range(contiguous)}, paged {_range(paged)}",
             HOLDS if ok else FAILS,
             "scheduler replay of ShareGPT-/Alpaca-like traces (serving.batch, batch 10-200, "
-            "time-averaged live / held slots); tolerance 5 points on the contiguous range",
+            "time-averaged live / held slots); modeled, judged on the published range",
         )
     rows = _rows(frame, "utilization.static", "utilization")
     rows = rows[rows.get("workload", pd.Series(dtype=object)).isin(["sharegpt", "alpaca"])]
@@ -86,14 +93,14 @@ def _util_paper(frame: pd.DataFrame) -> Verdict:
     )
     if contiguous.empty or paged.empty:
         return _missing("run the utilization.static sweep (ShareGPT-/Alpaca-like workloads)")
-    ok = _within(contiguous, 0.204, 0.382, 0.05) and bool((paged >= 0.96).all())
+    ok = _inside(contiguous, 0.204, 0.382, 3) and bool((paged >= 0.96).all())
     impl = "formula" if (rows["impl"] == "paged-formula").any() else "PagedKVCache"
     return Verdict(
         f"contiguous {_range(contiguous)}, paged {_range(paged)}",
         HOLDS if ok else FAILS,
         "static: requests held at once at max_len 2048 (utilization.static, ShareGPT-/Alpaca-"
-        f"like lengths; paged via {impl}); tolerance 5 points on the contiguous range. The "
-        "paper measures serving traces through a scheduler.",
+        f"like lengths; paged via {impl}); judged on the published range. The paper measures "
+        "serving traces through a scheduler.",
     )
 
 
@@ -110,7 +117,8 @@ def _util_seed002(frame: pd.DataFrame) -> Verdict:
         f"contiguous {_range(contiguous)} (mean {_pct(contiguous.mean())}), paged "
         f"{_range(paged)} (mean {_pct(paged.mean())})",
         HOLDS if ok else FAILS,
-        "batch 10-200; means within 3 points (contiguous) and 1 point (paged) of the seed.",
+        "batch 10-200; the seed's '~24%' and '~98.5%' read as 21-27% and 97.5-99.5% (the "
+        "published column), judged on the means.",
     )
 
 
@@ -127,49 +135,93 @@ def _kernel_kind(frame: pd.DataFrame) -> str:
     return "stand-in"
 
 
-def _overhead(lo: float, hi: float, tol: float) -> Callable[[pd.DataFrame], Verdict]:
-    """Paged-overhead claims: judged on GPU rows when a GPU ran; else on the CPU kernel
-    that reads blocks in place against the fastest CPU contiguous SDPA call, labelled a CPU
-    measurement; a CPU stand-in that gathers the blocks first is never judged against a
-    figure published for GPU kernels ("not applicable here")."""
+def _by_length(rows: pd.DataFrame) -> str:
+    """Per context length: the values' range, with the case count where several."""
+    return ", ".join(
+        f"{int(k)}: {_range(g)}" + (f" ({len(g)} cases)" if len(g) > 1 else "")
+        for k, g in rows.groupby("ctx_len")["value"]
+    )
+
+
+def _grows(rows: pd.DataFrame) -> bool:
+    """True when, in every series of cases that differ only in context length, the
+    overhead at the longest length is above the one at the shortest beyond both
+    q1-q3 spreads (the longest's q1 above the shortest's q3)."""
+    params = [c for c in ("batch", "dtype", "gqa", "q_len") if c in rows.columns]
+    series = [g for _, g in rows.groupby(params, dropna=False)] if params else [rows]
+    series = [g for g in series if g["ctx_len"].nunique() >= 2]
+    if not series:
+        return False
+    for g in series:
+        g = g.sort_values("ctx_len")
+        short, long_ = g.iloc[0], g.iloc[-1]
+        q3 = short.get("stats.q3", short["value"])
+        q1 = long_.get("stats.q1", long_["value"])
+        if not float(q1) > float(q3):
+            return False
+    return True
+
+
+def _overhead(lo: float, hi: float, grows: bool) -> Callable[[pd.DataFrame], Verdict]:
+    """Paging-overhead claims, judged on `paging_overhead`: the same paged kernel over a
+    contiguous layout of the same K/V paired with the scattered pool (GPU rows when a GPU
+    ran, else the C++ CPU kernel, labelled a CPU measurement). A CPU stand-in that gathers
+    the blocks first is never judged ("not applicable here"). The overhead vs SDPA, a
+    different kernel, is shown as a second baseline and never judged."""
 
     def check(frame: pd.DataFrame) -> Verdict:
-        rows = _rows(frame, "kernel.decode", "paged_overhead", block_size=16)
-        if rows.empty:
-            return _missing("run the kernel.decode sweep (block size 16)")
-        kind = _kernel_kind(frame)
-        # the per-length list spans the same rows as the range, so the two agree
-        by_len = rows.groupby("ctx_len")["value"]
-        detail = ", ".join(
-            f"{int(k)}: {_range(g)}" + (f" ({len(g)} cases)" if len(g) > 1 else "")
-            for k, g in by_len
+        rows = _rows(frame, "kernel.decode", "paging_overhead", block_size=16)
+        sdpa = _rows(frame, "kernel.decode", "overhead_vs_sdpa", block_size=16)
+        if sdpa.empty:  # runs from before the rename
+            sdpa = _rows(frame, "kernel.decode", "paged_overhead", block_size=16)
+        second = (
+            f"; second baseline, SDPA on contiguous K/V (a different kernel, not judged): "
+            f"{_range(sdpa['value'])}"
+            if not sdpa.empty
+            else ""
         )
-        measured = f"{_range(rows['value'])} (by context length: {detail})"
+        if rows.empty:
+            return _missing(
+                "run the kernel.decode sweep (block size 16) with paging_overhead: the same "
+                f"kernel over a contiguous and a scattered layout{second}"
+            )
+        kind = _kernel_kind(frame)
+        measured = f"{_range(rows['value'])} (by context length: {_by_length(rows)})"
         if kind == "stand-in":
             return Verdict(
                 f"{measured}; CPU gather + SDPA stand-in",
                 NOT_APPLICABLE,
                 "these rows time the CPU fallback that copies every block before SDPA, not "
                 "a paged kernel; the claim is about GPU kernels, so it is not judged here. "
-                "A GPU run, or a CPU run with the C++ in-place kernel, judges it.",
+                f"A GPU run, or a CPU run with the C++ in-place kernel, judges it{second}.",
             )
-        ok = bool((rows["value"] <= hi + tol).all())
+        in_range = _inside(rows["value"], lo, hi, 3)
+        grew = _grows(rows) if grows else True
         what = (
-            "measured on a GPU: Triton paged kernel vs SDPA on contiguous K/V"
+            "measured on a GPU: the Triton paged kernel"
             if kind == "gpu"
-            else "CPU measurement (not a GPU figure): kvbench's C++ kernel reading blocks in "
-            "place vs the faster of the two contiguous SDPA calls on this CPU, paired"
+            else "CPU measurement (not a GPU figure): kvbench's C++ paged kernel"
         )
+        why = f"holds when every overhead lies in {_pct(lo)}-{_pct(hi)}"
+        if grows:
+            why += (
+                " and it grows with length (longest length's q1 above the shortest's q3 "
+                f"in every series: {'yes' if grew else 'no'})"
+            )
         return Verdict(
             f"{measured}{'' if kind == 'gpu' else '; CPU measurement'}",
-            HOLDS if ok else FAILS,
-            f"{what}; holds when no overhead exceeds {_pct(hi)} + {_pct(tol)} noise.",
+            HOLDS if in_range and grew else FAILS,
+            f"{what} over scattered blocks vs the same kernel over one contiguous buffer per "
+            f"sequence (sequential block table), paired repeat by repeat; {why}{second}.",
         )
 
     return check
 
 
 def _block_size(frame: pd.DataFrame) -> Verdict:
+    """Not judged: the time model prices memory (fragmentation, hence batch size) but no
+    per-block kernel cost, the other half of the block-size trade-off, and the differences
+    between block sizes (a few %) are within its stated ~15% step-time error."""
     rows = _rows(frame, "serving.block_size", "tokens_per_second")
     if rows.empty:
         kern = _rows(frame, "kernel.decode", "time_paged", ctx_len=1024)
@@ -182,34 +234,47 @@ def _block_size(frame: pd.DataFrame) -> Verdict:
         return _missing(
             "needs the block-size ablation through the scheduler (serving.block_size)." + hint
         )
-    parts, ok = [], True
+    parts = []
     for workload, sub in rows.groupby("workload"):
-        top = float(sub["value"].max())
-        near = sorted(int(b) for b in sub[sub["value"] >= 0.99 * top]["block_size"])
+        top, low = float(sub["value"].max()), float(sub["value"].min())
         best = int(sub.loc[sub["value"].idxmax(), "block_size"])
-        parts.append(f"{workload}: best {best}, within 1% of best: {near}")
-        want = (16,) if str(workload).startswith("sharegpt") else (16, 32)
-        ok = ok and any(b in near for b in want)
+        parts.append(f"{workload}: best {best}, spread {_pct(top / low - 1)} best over worst")
     return Verdict(
-        "; ".join(parts),
-        HOLDS if ok else FAILS,
-        "modeled throughput of a scheduler replay under memory pressure; a block size "
-        "counts as best when within 1% of the top. The model prices memory only "
-        "(fragmentation), not the kernel's per-block cost (see kernel.decode).",
+        "modeled: " + "; ".join(parts),
+        NOT_APPLICABLE,
+        "the time model prices memory only (fragmentation, hence how many requests fit), not "
+        "the kernel's per-block cost, which is the other side of the block-size trade-off, "
+        "and its step-time error (~15%, serving.measured) exceeds the differences between "
+        "block sizes; shown, not judged (kernel.decode times the kernel by block size).",
     )
 
 
-def _saved_range(suite: str, lo: float, hi: float, tol: float) -> Callable[[pd.DataFrame], Verdict]:
+def _saved_range(suite: str, lo: float, hi: float) -> Callable[[pd.DataFrame], Verdict]:
+    """Copy-on-write savings, judged on the paper's workload (Alpaca-like, Section 6.3);
+    other workloads are shown beside, not judged."""
+
     def check(frame: pd.DataFrame) -> Verdict:
         rows = _rows(frame, suite, "saved_fraction")
         if rows.empty:
             return _missing(f"run the {suite} sweep")
+        judged = rows[rows["workload"] == "alpaca"] if "workload" in rows else rows.iloc[0:0]
+        others = rows.drop(judged.index)
+        shown = "; ".join(
+            f"{w} (not judged: not the paper's workload) {_range(g['value'])}"
+            for w, g in others.groupby("workload")
+        )
+        if judged.empty:
+            return Verdict(
+                shown or _range(rows["value"]),
+                NOT_MEASURED,
+                f"the paper measures Alpaca; run {suite} on the alpaca workload",
+            )
         return Verdict(
-            _range(rows["value"]),
-            HOLDS if _within(rows["value"], lo, hi, tol) else FAILS,
+            f"alpaca {_range(judged['value'])}" + (f"; {shown}" if shown else ""),
+            HOLDS if _inside(judged["value"], lo, hi, 3) else FAILS,
             f"time-averaged blocks held with vs without sharing (PagedKVCache, memory-only; "
-            f"{len(rows)} cases); tolerance {_pct(tol)}. The paper measures a full serving "
-            "run with memory pressure.",
+            f"{len(judged)} Alpaca-like cases judged). The paper measures a full serving run "
+            "with memory pressure (serving.cow_load).",
         )
 
     return check
@@ -243,10 +308,14 @@ def _prefix_scenario(name: str, published: float) -> Callable[[pd.DataFrame], Ve
             frame, "prefix.scenarios", "token_formula_saved_fraction", scenario=name, block_size=16
         )
         v = float(rows["value"].iloc[-1])
-        note = "PagedKVCache with vs without prefix caching, block size 16; tolerance 5 points"
+        note = (
+            "PagedKVCache with vs without prefix caching, block size 16; the seed prints "
+            "whole percents, so the value is judged rounded to one"
+        )
         if not formula.empty:
             note += f"; token arithmetic on the seed's own numbers gives {_pct(formula['value'].iloc[-1])}"
-        return Verdict(_pct(v), HOLDS if abs(v - published) <= 0.05 else FAILS, note)
+        ok = round(100 * v) == round(100 * published)
+        return Verdict(_pct(v), HOLDS if ok else FAILS, note)
 
     return check
 
@@ -280,7 +349,11 @@ def _swap(frame: pd.DataFrame) -> Verdict:
         profile="a100-80gb",
         seq_len=4096,
     )
-    note = "128-4096 tokens, Llama-2-70B, block 16; recompute from the device profile's peak FLOP/s"
+    note = (
+        "128-4096 tokens, Llama-2-70B, block 16; recompute from the device profile's "
+        "effective FLOP/s (a100-80gb: the fitted fraction of its peak, `kvbench calibrate "
+        "gpu`; rows with profile a100-80gb-datasheet price it at 100%)"
+    )
     if not swap.empty and not rec.empty:
         note += (
             f"; at 4096 tokens on the A100 model: swap {1e3 * swap['value'].iloc[-1]:.1f} ms "
@@ -340,7 +413,7 @@ CLAIMS: tuple[Claim, ...] = (
         "cache is ~24% utilized and a 16-token paged cache ~98.5%, at every batch size "
         "from 10 to 200.",
         "[paged-sim]",
-        "~24% vs ~98.5%",
+        "~24% vs ~98.5% (read as 21-27% vs 97.5-99.5%)",
         _util_seed002,
     ),
     Claim(
@@ -350,7 +423,7 @@ CLAIMS: tuple[Claim, ...] = (
         "tokens, growing with length.",
         "[PA-deep-dive] (measured-overhead table)",
         "4.8-15.0%",
-        _overhead(0.04, 0.15, 0.05),
+        _overhead(0.048, 0.150, grows=True),
     ),
     Claim(
         "overhead-paper",
@@ -358,7 +431,7 @@ CLAIMS: tuple[Claim, ...] = (
         "The paged attention kernel has 20-26% higher latency than a contiguous kernel.",
         VLLM_PAPER,
         "20-26%",
-        _overhead(0.20, 0.26, 0.05),
+        _overhead(0.20, 0.26, grows=False),
     ),
     Claim(
         "block-size",
@@ -375,7 +448,7 @@ CLAIMS: tuple[Claim, ...] = (
         "Sharing the prompt among parallel samples saves 6.1-9.8% of KV memory.",
         VLLM_PAPER,
         "6.1-9.8%",
-        _saved_range("cow.parallel_sampling", 0.061, 0.098, 0.02),
+        _saved_range("cow.parallel_sampling", 0.061, 0.098),
     ),
     Claim(
         "cow-beam",
@@ -383,7 +456,7 @@ CLAIMS: tuple[Claim, ...] = (
         "Sharing beam histories saves 37.6-55.2% of KV memory in beam search.",
         VLLM_PAPER,
         "37.6-55.2%",
-        _saved_range("cow.beam_search", 0.376, 0.552, 0.02),
+        _saved_range("cow.beam_search", 0.376, 0.552),
     ),
     Claim(
         "prefix-100x1000",

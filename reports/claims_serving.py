@@ -14,11 +14,11 @@ from kvbench.reports.claims_model import (
     FAILS,
     HOLDS,
     Verdict,
+    _inside,
     _missing,
     _pct,
     _range,
     _rows,
-    _within,
 )
 
 
@@ -33,19 +33,29 @@ def _seed001_batch(frame: pd.DataFrame) -> Verdict:
     prefix_x = peaks["paged-prefix"] / peaks["contiguous-max"]
     oom = _rows(frame, "serving.batch_table", "max_batch_that_fits", setup="llama-2-70b-a100-80gb")
     fits = int(oom["value"].iloc[-1]) if not oom.empty else wall
-    ok = abs(paged_x - 4.2) <= 0.42 and abs(prefix_x - 6.5) <= 0.65 and fits < 32
+    ok = round(paged_x, 1) == 4.2 and round(prefix_x, 1) == 6.5 and fits < 32
     return Verdict(
         f"modeled: contiguous fits {fits} requests (largest batch run {wall}), peak "
         f"{peaks['contiguous-max']:,.0f} tok/s; paged {peaks['paged']:,.0f} ({paged_x:.1f}x); "
         f"paged + prefix cache {peaks['paged-prefix']:,.0f} ({prefix_x:.1f}x)",
         HOLDS if ok else FAILS,
-        "time model of one A100-80GB (312 TFLOP/s, 2.0 TB/s) with the seed's 35 GB of weights "
+        "time model of one A100-80GB (312 TFLOP/s, 2.0 TB/s datasheet, priced at its fitted "
+        "efficiency: `kvbench calibrate gpu`) with the seed's 35 GB of weights "
         "and 42 GB KV pool; contiguous requests reserve the 4,096-token context. Any 70B "
         "model needs 2 x 70e9 FLOPs per token, so one A100 tops out at ~2,230 tok/s however "
         "large the batch: the seed's 5,234 and 8,150 tok/s need 2.3x-3.7x its peak FLOP/s, "
         "and its own budget (42 GB / 640 MB) fits ~65 max-length requests at 2,048 tokens. "
-        "Tolerance 10% on the ratios.",
+        "Ratios judged at the seed's precision (one decimal).",
     )
+
+
+def _profiles_used(rows: pd.DataFrame) -> str:
+    """Which GPU calibration priced `rows` (their `calibration` parameter; runs from
+    before it existed were priced at the datasheet)."""
+    if "calibration" not in rows.columns or rows["calibration"].isna().all():
+        return "the datasheet peaks"
+    names = sorted(str(v) for v in rows["calibration"].dropna().unique())
+    return "the " + " / ".join(names) + " profile (`kvbench calibrate gpu`)"
 
 
 def _cow_load(
@@ -56,10 +66,11 @@ def _cow_load(
         if rows.empty:
             return _missing("run the serving.cow_load sweep")
         note = (
-            "modeled serving run: OPT-13B on A100-40GB (12 GB KV), Alpaca-like, Poisson "
+            "modeled serving run: OPT-13B on A100-40GB (12 GB KV; its time model at "
+            f"{_profiles_used(rows)}), Alpaca-like, Poisson "
             f"arrivals at {_range(rows['rate'], lambda v: f'{v:g}')} requests/s; time-averaged "
-            "(blocks named by the sequences' tables - blocks held) / blocks named; tolerance 2 "
-            "points"
+            "(blocks named by the sequences' tables - blocks held) / blocks named; judged on "
+            "the published range"
         )
         static = _rows(frame, suite_static, "saved_fraction", workload="alpaca")
         if not static.empty:
@@ -71,7 +82,7 @@ def _cow_load(
         )
         return Verdict(
             f"{_range(rows['value'])} (by width: {by_width})",
-            HOLDS if _within(rows["value"], lo, hi, 0.02) else FAILS,
+            HOLDS if _inside(rows["value"], lo, hi, 3) else FAILS,
             note,
         )
 
@@ -95,8 +106,10 @@ def _calibration(frame: pd.DataFrame) -> Verdict:
         HOLDS if held <= 0.15 else FAILS,
         "step-time model with the CPU coefficients fitted to separate measured runs, priced "
         "on every step of the serving.measured cases (measured here); worst case "
-        f"{_pct(float(worst['value']))}. Modeled GPU figures use datasheet coefficients, not "
-        "fitted ones: this bounds the model's form, not the GPU figures' inputs.",
+        f"{_pct(float(worst['value']))}; bandwidth and FLOP/s bounded by the copy and FMA "
+        "peaks measured in the same run. Modeled GPU figures use coefficients fitted to "
+        "measured GPU operator profiles (`kvbench calibrate gpu`), not these: this bounds "
+        "the model's form, not the GPU figures' inputs.",
     )
 
 
@@ -115,25 +128,28 @@ def _rate_paper(frame: pd.DataFrame) -> Verdict:
     need = {"contiguous-oracle", "contiguous-max", "static"}
     if share.empty or not need <= set(share.columns):
         return _missing("serving.rate lacks ShareGPT knee cases for paged and the baselines")
-    tol = 0.10
     oracle, mx, ft = share["contiguous-oracle"], share["contiguous-max"], share["static"]
-    ok = (
-        _within(oracle, 1.7, 2.7, 1.7 * tol)
-        and _within(mx, 2.7, 8.0, 2.7 * tol)
-        and bool(((ft > 1) & (ft <= 22 * (1 + tol))).all())
-    )
+    # "up to 22x" bounds the largest ratio only; what it implies below is the paper's
+    # ordering: FasterTransformer sustains less than Orca (Max), so its ratio is larger
+    ft_ok = bool((ft <= 22).all()) and bool((ft > mx).all())
+    ok = _inside(oracle, 1.7, 2.7, 1) and _inside(mx, 2.7, 8.0, 1) and ft_ok
     measured = (
-        f"modeled: Oracle {_ratio_text(share, 'contiguous-oracle')}; "
-        f"Max {_ratio_text(share, 'contiguous-max')}; FT-like {_ratio_text(share, 'static')}"
+        f"modeled: Orca (Oracle) {_ratio_text(share, 'contiguous-oracle')}; "
+        f"Orca (Max) {_ratio_text(share, 'contiguous-max')}; FasterTransformer-like "
+        f"{_ratio_text(share, 'static')}"
     )
     return Verdict(
         measured,
         HOLDS if ok else FAILS,
         "sustained request rate (highest Poisson rate with mean normalized latency under 10 x "
-        "the set-up's one-sequence decode step) of paged over each baseline, ShareGPT-like, "
-        "on the engine's time model of the paper's GPUs (modeled, not measured); tolerance "
-        "10% on the ranges. The paper's FasterTransformer has its own kernels and scheduler; "
-        "here 'static' is request-level batching over the same cache and time model.",
+        "the set-up's one-sequence decode step) of vLLM (paged) over each baseline, "
+        "ShareGPT-like, on the engine's time model of the paper's GPUs at their fitted "
+        "efficiency (modeled, not measured; the page's before/after table shows the datasheet "
+        "figures); judged on the published ranges at their precision (one decimal). 'Up to "
+        "22x' is judged as: every FasterTransformer ratio at most 22x and above the Orca "
+        "(Max) ratio of its set-up (the paper's ordering). The paper's FasterTransformer has "
+        "its own kernels and scheduler; here it is request-level batching over the same "
+        "cache and time model.",
     )
 
 
@@ -141,10 +157,10 @@ def _throughput(frame: pd.DataFrame) -> Verdict:
     ratios = serving_tables.sustained_ratios(frame)
     if not ratios.empty and "contiguous-max" in ratios.columns:
         mx = ratios["contiguous-max"].dropna()
-        ok = _within(mx, 2.0, 4.0, 0.2)
+        ok = _inside(mx, 2.0, 4.0, 1)
         note = (
             "sustained request rate (serving.rate knee, modeled) of paged over contiguous "
-            "with max reservation, same KV memory; tolerance 10%"
+            "with max reservation, same KV memory; judged on 2-4x at one decimal"
         )
         if "contiguous-oracle" in ratios.columns:
             note += f". Over the oracle reservation: {_ratio_text(ratios, 'contiguous-oracle')}"
@@ -164,5 +180,7 @@ def _throughput(frame: pd.DataFrame) -> Verdict:
     note = "peak modeled throughput, paged over contiguous (max reservation), same KV budget"
     if not conc.empty:
         note += f"; the contiguous cache never runs more than {int(conc['value'].max())} requests"
-    ok = all(2 - 0.2 <= r <= 4 + 0.4 for r in ratios)
-    return Verdict(", ".join(parts), HOLDS if ok else FAILS, note + "; tolerance 10%")
+    ok = _inside(pd.Series(ratios, dtype=float), 2.0, 4.0, 1)
+    return Verdict(
+        ", ".join(parts), HOLDS if ok else FAILS, note + "; judged on 2-4x at one decimal"
+    )

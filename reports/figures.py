@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from kvbench.reports.serving import SYSTEM_NAMES
 from kvbench.reports.tables import BOOKKEEPING_METRICS, case_columns, latest, varying
 
 plt.rcParams.update(
@@ -69,6 +70,11 @@ class FigureSpec:
     #: case parameters that never define a series of their own (they follow from others,
     #: e.g. a peer's library version follows from the peer)
     ignore: tuple[str, ...] = ()
+    #: metrics whose value at an x is the same in every series (a trace's ceiling beside
+    #: each policy's hit rate): drawn once, labelled by the metric alone
+    shared: tuple[str, ...] = ()
+    #: base of the log x axis (2 for sizes and batches, 10 for decades of capacity)
+    logx_base: int = 2
 
     @property
     def slug(self) -> str:
@@ -161,19 +167,29 @@ SPECS: tuple[FigureSpec, ...] = (
     ),
     FigureSpec(
         "kernel.decode",
-        "Paged decode overhead vs context length",
+        "Paging overhead vs context length (same kernel, scattered vs contiguous layout)",
         "ctx_len",
-        ("paged_overhead",),
+        ("paging_overhead",),
         fixed={"block_size": 16},
         logx=True,
         percent=True,
-        ylabel="paged / contiguous - 1",
+        ylabel="scattered / contiguous layout - 1",
+    ),
+    FigureSpec(
+        "kernel.decode",
+        "Second baseline: paged kernel vs SDPA on contiguous K/V",
+        "ctx_len",
+        ("overhead_vs_sdpa",),
+        fixed={"block_size": 16},
+        logx=True,
+        percent=True,
+        ylabel="paged / SDPA - 1",
     ),
     FigureSpec(
         "kernel.decode",
         "Decode time vs context length",
         "ctx_len",
-        ("time_paged", "time_contiguous"),
+        ("time_paged", "time_paged_contiguous_layout", "time_contiguous"),
         fixed={"block_size": 16},
         logx=True,
         logy=True,
@@ -181,13 +197,13 @@ SPECS: tuple[FigureSpec, ...] = (
     ),
     FigureSpec(
         "kernel.decode",
-        "Paged decode overhead vs block size",
+        "Paging overhead vs block size (same kernel, scattered vs contiguous layout)",
         "block_size",
-        ("paged_overhead",),
+        ("paging_overhead",),
         fixed={"ctx_len": 1024},
         logx=True,
         percent=True,
-        ylabel="paged / contiguous - 1",
+        ylabel="scattered / contiguous layout - 1",
     ),
     FigureSpec(
         "kernel.decode",
@@ -222,9 +238,18 @@ SPECS: tuple[FigureSpec, ...] = (
     ),
     FigureSpec(
         "kernel.prefill",
+        "Paging overhead vs context length (same kernel, scattered vs contiguous layout)",
+        "ctx_len",
+        ("paging_overhead",),
+        logx=True,
+        percent=True,
+        ylabel="scattered / contiguous layout - 1",
+    ),
+    FigureSpec(
+        "kernel.prefill",
         "Prefill time vs context length",
         "ctx_len",
-        ("time_paged", "time_contiguous"),
+        ("time_paged", "time_paged_contiguous_layout", "time_contiguous"),
         logx=True,
         logy=True,
         ylabel="seconds per call",
@@ -302,28 +327,6 @@ SPECS: tuple[FigureSpec, ...] = (
         ylabel="paged / contiguous SDPA",
         ignore=("version",),
     ),
-    *(
-        FigureSpec(
-            "serving.rate",
-            f"Normalized latency vs request rate, {setup}, {workload} (modeled)",
-            "rate",
-            ("normalized_latency",),
-            fixed={"setup": setup, "workload": workload},
-            logy=True,
-            ylabel="mean normalized latency [s/token]",
-            ignore=("duration",),
-        )
-        for setup in ("opt-13b-1xa100-40gb", "opt-66b-4xa100-40gb", "opt-175b-8xa100-80gb")
-        for workload in ("sharegpt", "alpaca")
-    ),
-    FigureSpec(
-        "serving.batch_table",
-        "Throughput vs batch size, Llama-70B on A100-80GB (modeled; [PA-deep-dive]'s table)",
-        "batch",
-        ("tokens_per_second",),
-        fixed={"setup": "llama-2-70b-a100-80gb"},
-        ylabel="modeled tokens/s",
-    ),
     FigureSpec(
         "serving.measured",
         "Tokens/s vs batch size: measured here beside the calibrated CPU model",
@@ -351,6 +354,9 @@ SPECS: tuple[FigureSpec, ...] = (
             logx=True,
             percent=True,
             ylabel="prefix-hit tokens / prompt tokens",
+            ignore=("version",),
+            shared=("hit_rate_ceiling",),
+            logx_base=10,
         )
         for bs in (512, 16)
     ),
@@ -450,7 +456,34 @@ def _select(suite_rows: pd.DataFrame, spec: FigureSpec) -> pd.DataFrame:
     for key, val in spec.fixed.items():
         if key in sub.columns:
             sub = sub[sub[key] == val]
-    return sub[sub["metric"].isin(spec.metrics) & ~sub["metric"].isin(BOOKKEEPING_METRICS)]
+    sub = sub[sub["metric"].isin(spec.metrics) & ~sub["metric"].isin(BOOKKEEPING_METRICS)]
+    shared = sub["metric"].isin(spec.shared)
+    if not shared.any():
+        return sub
+    once = sub[shared].drop_duplicates(subset=[spec.x, "metric"]).copy()
+    for col in case_columns(once):
+        if col != spec.x and col not in spec.fixed:
+            once[col] = None  # no series of its own: the label is the metric's name
+    return pd.concat([sub[~shared], once])
+
+
+#: Legend names of metrics where a figure draws several (the metric names themselves are
+#: the tables' column names); serving.measured's pairs read measured vs modeled at a glance.
+METRIC_NAMES: dict[str, str] = {
+    "time_paged": "paged kernel, scattered blocks",
+    "time_paged_contiguous_layout": "paged kernel, contiguous layout",
+    "time_contiguous": "SDPA on contiguous K/V",
+    "bandwidth_fraction": "paged kernel",
+    "contiguous_bandwidth_fraction": "SDPA on contiguous K/V",
+    "tokens_per_second": "measured here",
+    "tokens_per_second_modeled": "modeled (CPU-fitted time model)",
+    "normalized_latency": "measured here",
+    "normalized_latency_modeled": "modeled (CPU-fitted time model)",
+    "saved_fraction": "counted here",
+    "published_saved_fraction": "published ([PA-deep-dive])",
+    "swap_seconds": "swap out + in",
+    "recompute_seconds": "recompute prefill",
+}
 
 
 def _label(parts: list[tuple[str, Any]]) -> str:
@@ -460,7 +493,13 @@ def _label(parts: list[tuple[str, Any]]) -> str:
             continue  # a parameter this series' cases do not have (e.g. SDPA's block size)
         if isinstance(v, float) and v.is_integer():
             v = int(v)
-        out.append(f"{k}={v}" if k not in ("metric", "run_id") else str(v))
+        if k in ("system", "cache") and v in SYSTEM_NAMES:  # the paper's names, as tables say
+            out.append(SYSTEM_NAMES[v])
+            continue
+        if k == "metric":
+            out.append(METRIC_NAMES.get(str(v), str(v)))
+            continue
+        out.append(f"{k}={v}" if k != "run_id" else str(v))
     return ", ".join(out) or "value"
 
 
@@ -480,12 +519,53 @@ def _series_colors(suite_rows: pd.DataFrame, keys: list[str], drawn: list[str]) 
         labels = sorted({_key_label(keys, k) for k, _ in groups})
     else:
         labels = drawn
+    paired = _measured_modeled_pairs(labels)
+    if paired:  # one colour per series; the line style (solid / dashed) tells the kind
+        series = list(dict.fromkeys(paired.values()))
+        cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
+        return {label: cmap(series.index(paired[label]) % cmap.N) for label in labels}
     cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
 
 
+def _measured_modeled_pairs(labels: list[str]) -> dict[str, str]:
+    """label -> its series without the kind, where every label reads 'measured here, X' or
+    'modeled (...), X' and both kinds appear (serving.measured); {} otherwise."""
+    split = {label: label.split(", ", 1) for label in labels}
+    if not labels or any(len(parts) != 2 for parts in split.values()):
+        return {}
+    kinds = {parts[0].split(" (")[0] for parts in split.values()}
+    if kinds != {"measured here", "modeled"}:
+        return {}
+    return {label: parts[1] for label, parts in split.items()}
+
+
+#: At most this many series share one axes; past it a line figure is split into panels
+#: by one parameter (colours would repeat and a legend would not be read).
+MAX_SERIES = 8
+
+
+def _facet_key(sub: pd.DataFrame, series_keys: list[str]) -> str | None:
+    """The series parameter to split a crowded figure by: the one leaving the fewest
+    panels with at most MAX_SERIES series each (None when no single split does)."""
+    best: tuple[int, str] | None = None
+    for key in series_keys:
+        if key in ("metric", "run_id"):
+            continue
+        rest = [k for k in series_keys if k != key]
+        worst = max(
+            (part.groupby(rest, dropna=False).ngroups if rest else 1)
+            for _, part in sub.groupby(key, dropna=False)
+        )
+        panels = sub[key].nunique(dropna=False)
+        if worst <= MAX_SERIES and panels <= 4 and (best is None or panels < best[0]):
+            best = (panels, key)
+    return best[1] if best else None
+
+
 def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
-    """The figure as SVG text, or None when the frame holds nothing for it."""
+    """The figure as SVG text, or None when the frame holds nothing for it. A line figure
+    with more than MAX_SERIES series is split into panels by one parameter (`_facet_key`)."""
     suite_rows = _suite_rows(frame, spec)
     sub = _select(suite_rows, spec)
     if sub.empty or spec.x not in sub.columns or sub[spec.x].isna().all():
@@ -494,43 +574,45 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
     series_keys = (["run_id"] if sub["run_id"].nunique() > 1 else []) + varying(sub, params)
     if len(spec.metrics) > 1:
         series_keys = ["metric", *series_keys]
-    fig, ax = plt.subplots(figsize=(7.0, 3.8))
+    if spec.kind != "bar" and series_keys:  # a line needs two points: single cases stay in
+        points = sub.groupby(series_keys, dropna=False)[spec.x].transform("nunique")  # the table
+        if bool((points >= 2).any()):
+            sub = sub[points >= 2]
+            series_keys = [k for k in series_keys if k == "metric" or k in varying(sub, [k])]
+            if "run_id" in series_keys and sub["run_id"].nunique() < 2:
+                series_keys.remove("run_id")
+    n_series = sub.groupby(series_keys, dropna=False).ngroups if series_keys else 1
+    facet = _facet_key(sub, series_keys) if spec.kind != "bar" and n_series > MAX_SERIES else None
+    panels = list(sub.groupby(facet, dropna=False, sort=True)) if facet else [(None, sub)]
+    keys = [k for k in series_keys if k != facet]
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(7.0 if len(panels) == 1 else 3.6 * len(panels), 3.8),
+        sharey=True, squeeze=False,
+    )  # fmt: skip
     try:
-        groups = (
-            list(sub.groupby(series_keys, dropna=False, sort=True)) if series_keys else [((), sub)]
-        )
-        if spec.kind == "bar":
-            _bars(ax, groups, series_keys, spec)
-        else:
-            labels = [_key_label(series_keys, key) for key, _ in groups]
-            colors = _series_colors(suite_rows, series_keys, labels)
-            for label, (_, g) in zip(labels, groups, strict=True):
-                g = g.sort_values(spec.x)
-                (line,) = ax.plot(
-                    g[spec.x], g["value"], marker="o", ms=3, label=label, color=colors.get(label)
-                )
-                _spread(ax, g, spec.x, line.get_color())
-        if spec.logx and spec.kind != "bar":
-            ax.set_xscale("log", base=2)
-        if spec.logy:
-            ax.set_yscale("log")
-        if spec.percent:  # minor ticks too: a log axis labels them, in 10^x form otherwise
-            ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
-            ax.yaxis.set_minor_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=0))
-            if spec.logy:  # 2, 3 and 5 per decade: labels that never crowd the major ones
-                ax.yaxis.set_minor_locator(matplotlib.ticker.LogLocator(subs=(2.0, 3.0, 5.0)))
-        ax.set_xlabel(X_LABELS.get(spec.x, spec.x))
-        ax.set_ylabel(spec.ylabel or ", ".join(spec.metrics))
-        ax.set_title(spec.title)
-        if len(groups) > 1 or series_keys:
-            ncol = 1 if len(groups) < 8 else 2
-            if spec.kind == "bar" and not spec.logy:  # room above the bars for the legend
-                rows = -(-len(groups) // ncol)
-                ax.set_ylim(top=ax.get_ylim()[1] * (1 + 0.08 * rows))
+        for ax, (value, part) in zip(axes[0], panels, strict=True):
+            groups = list(part.groupby(keys, dropna=False, sort=True)) if keys else [((), part)]
             if spec.kind == "bar":
-                ax.legend(fontsize=7, loc="best", ncol=ncol)
-            else:  # beside the axes, never over the data
-                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1)
+                _bars(ax, groups, keys, spec)
+            else:
+                labels = [_key_label(keys, key) for key, _ in groups]
+                colors = _series_colors(suite_rows, keys, labels)
+                for label, (_, g) in zip(labels, groups, strict=True):
+                    g = g.sort_values(spec.x)
+                    style = "--" if "modeled" in label else "-"  # measured solid, modeled dashed
+                    (line,) = ax.plot(g[spec.x], g["value"], marker="o", ms=3, label=label,
+                                      color=colors.get(label), ls=style)  # fmt: skip
+                    _spread(ax, g, spec.x, line.get_color())
+            _axes(ax, spec, part)
+            if facet:
+                ax.set_title(_label([(facet, value)]), fontsize=8)
+            if len(groups) > 1 or keys:
+                _legend(ax, spec, groups)
+        axes[0][0].set_ylabel(spec.ylabel or ", ".join(spec.metrics))
+        if facet:
+            fig.suptitle(spec.title, fontsize=10)
+        else:
+            axes[0][0].set_title(spec.title)
         fig.tight_layout()
         buf = io.StringIO()
         fig.savefig(
@@ -540,6 +622,52 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
         plt.close(fig)
     text = buf.getvalue()
     return text[text.index("<svg") :]
+
+
+def _legend(ax: Any, spec: FigureSpec, groups: list) -> None:
+    ncol = 1 if len(groups) < 8 else 2
+    if spec.kind == "bar" and not spec.logy:  # room above the bars for the legend
+        rows = -(-len(groups) // ncol)
+        ax.set_ylim(top=ax.get_ylim()[1] * (1 + 0.08 * rows))
+    if spec.kind == "bar":
+        ax.legend(fontsize=7, loc="best", ncol=ncol)
+    else:  # below the axes, never over the data
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.18), ncol=1)
+
+
+def _axes(ax: Any, spec: FigureSpec, rows: pd.DataFrame) -> None:
+    """Scales, integer ticks for integer parameters, and y limits a reader expects: a
+    linear y axis includes zero (a truncated axis makes a 4% spread look large), and a
+    share that never exceeds 100% is not drawn up to 104%."""
+    if spec.logx and spec.kind != "bar":
+        ax.set_xscale("log", base=spec.logx_base)
+    if spec.logy:
+        ax.set_yscale("log")
+    xs = pd.to_numeric(rows[spec.x], errors="coerce").dropna()
+    decades = spec.logx and spec.logx_base == 10  # 10^4..10^9: matplotlib's decade labels
+    if spec.kind != "bar" and not decades and not xs.empty and bool((xs == xs.round()).all()):
+        ticks = sorted(set(xs))
+        if spec.logx and len(ticks) <= 12:
+            ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        elif not spec.logx:
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.xaxis.set_major_formatter(
+            matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v == round(v) else "")
+        )
+    if spec.percent:  # minor ticks too: a log axis labels them, in 10^x form otherwise
+        ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.PercentFormatter(1.0, decimals=0))
+        if spec.logy:  # 2, 3 and 5 per decade: labels that never crowd the major ones
+            ax.yaxis.set_minor_locator(matplotlib.ticker.LogLocator(subs=(2.0, 3.0, 5.0)))
+    if not spec.logy:
+        lo, hi = ax.get_ylim()
+        values = rows["value"].dropna()
+        top = hi
+        if spec.percent and not values.empty and float(values.max()) <= 1.0 and hi > 1.0:
+            top = 1.0 + 0.01 * (1.0 - min(lo, 0.0))  # just room for a line at 100%
+        ax.set_ylim(min(lo, 0.0), max(top, 0.0))
+    ax.set_xlabel(X_LABELS.get(spec.x, spec.x))
 
 
 def _yerr(g: pd.DataFrame) -> Any:

@@ -23,6 +23,8 @@ PAPER_NAMES = {
     "contiguous-max": "Orca (Max)",
     "static": "FasterTransformer-like",
 }
+#: Every serving system under the name the paper uses (paged kvbench is the paper's vLLM).
+SYSTEM_NAMES = {"paged": "vLLM (paged)", **PAPER_NAMES}
 
 
 @dataclass
@@ -35,14 +37,23 @@ class DerivedTable:
     rows: list[list[str]] = field(default_factory=list)
 
 
-def _suite_rows(frame: pd.DataFrame, suite: str, metric: str) -> pd.DataFrame:
+def _suite_rows(
+    frame: pd.DataFrame, suite: str, metric: str, calibration: str = "fitted"
+) -> pd.DataFrame:
+    """Latest rows of `suite` / `metric` priced with `calibration`: "fitted" keeps rows
+    without the parameter too (runs before it existed), "datasheet" only those marked."""
     sub = latest(frame)
-    return sub[(sub["suite"] == suite) & (sub["metric"] == metric)]
+    sub = sub[(sub["suite"] == suite) & (sub["metric"] == metric)]
+    if "calibration" not in sub.columns:
+        return sub if calibration == "fitted" else sub.iloc[0:0]
+    if calibration == "fitted":
+        return sub[sub["calibration"].isna() | (sub["calibration"] != "datasheet")]
+    return sub[sub["calibration"] == calibration]
 
 
-def sustained_rates(frame: pd.DataFrame) -> pd.DataFrame:
+def sustained_rates(frame: pd.DataFrame, calibration: str = "fitted") -> pd.DataFrame:
     """sustained_rate per (setup, workload) x system: a wide frame, requests/s."""
-    rows = _suite_rows(frame, "serving.rate", "sustained_rate")
+    rows = _suite_rows(frame, "serving.rate", "sustained_rate", calibration)
     if rows.empty or not {"setup", "workload", "system"} <= set(rows.columns):
         return pd.DataFrame()
     return rows.pivot_table(
@@ -50,9 +61,9 @@ def sustained_rates(frame: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def sustained_ratios(frame: pd.DataFrame) -> pd.DataFrame:
+def sustained_ratios(frame: pd.DataFrame, calibration: str = "fitted") -> pd.DataFrame:
     """paged's sustained rate over each baseline's, per (setup, workload)."""
-    wide = sustained_rates(frame)
+    wide = sustained_rates(frame, calibration)
     if wide.empty or "paged" not in wide.columns:
         return pd.DataFrame()
     out = pd.DataFrame(index=wide.index)
@@ -77,18 +88,20 @@ def sustained_table(frame: pd.DataFrame) -> DerivedTable | None:
         return None
     bound = _suite_rows(frame, "serving.rate", "latency_bound")
     note = (
-        "Modeled (the engine's time model of the set-up's GPUs). Sustained rate: the highest "
+        "Modeled (the engine's time model of the set-up's GPUs at their fitted efficiency: "
+        "`kvbench calibrate gpu`; the A100-40GB takes the A100-80GB's fit, an assumption). "
+        "Sustained rate: the highest "
         "Poisson rate whose mean normalized latency stays under the bound (10 x the set-up's "
         "one-sequence decode step"
     )
     if not bound.empty:
         per = bound.groupby("setup")["value"].last()
         note += "; " + ", ".join(f"{k}: {1e3 * v:.0f} ms/token" for k, v in per.items())
-    note += "). Ratio = paged's sustained rate / the baseline's."
+    note += "). Ratio = vLLM's (paged) sustained rate / the baseline's."
     systems = ["paged", *[b for b in BASELINES if b in wide.columns]]
-    table = DerivedTable("Sustained request rate, paged over each baseline", note)
-    table.header = ["setup", "workload"] + [f"{s} [req/s]" for s in systems]
-    table.header += [f"paged / {PAPER_NAMES[b]}" for b in systems[1:]]
+    table = DerivedTable("Sustained request rate, vLLM (paged) over each baseline", note)
+    table.header = ["setup", "workload"] + [f"{SYSTEM_NAMES[s]} [requests/s]" for s in systems]
+    table.header += [f"vLLM / {PAPER_NAMES[b]}" for b in systems[1:]]
     for (setup, workload), line in wide.iterrows():
         cells = [str(setup), str(workload)] + [_r(line.get(s, math.nan)) for s in systems]
         cells += [_x(ratios.loc[(setup, workload)].get(b, math.nan)) for b in systems[1:]]
@@ -134,7 +147,8 @@ def batch_table(frame: pd.DataFrame) -> DerivedTable | None:
         return None
     table = DerivedTable(
         "[PA-deep-dive]'s throughput vs batch size, regenerated (A100-80GB, Llama-70B)",
-        "Modeled here (the engine's time model of an A100-80GB with [PA-deep-dive]'s 35 GB of "
+        "Modeled here (the engine's time model of an A100-80GB at its fitted efficiency, "
+        "`kvbench calibrate gpu`, with [PA-deep-dive]'s 35 GB of "
         "weights and 42 GB KV pool) beside the seed's published numbers; 'OOM' where the "
         "contiguous cache cannot hold the batch's max-length reservations.",
     )
@@ -153,8 +167,83 @@ def batch_table(frame: pd.DataFrame) -> DerivedTable | None:
     return table
 
 
+def calibration_rate_table(frame: pd.DataFrame) -> DerivedTable | None:
+    """Sustained rates priced at the datasheet beside the fitted profile (knee cases run
+    with both), and paged's ratio over each baseline under each."""
+    before, after = sustained_rates(frame, "datasheet"), sustained_rates(frame, "fitted")
+    if before.empty or after.empty:
+        return None
+    r0, r1 = sustained_ratios(frame, "datasheet"), sustained_ratios(frame, "fitted")
+    table = DerivedTable(
+        "Sustained rate before / after GPU calibration (datasheet -> fitted profile)",
+        "Modeled both ways on the same traces: 'datasheet' prices the steps at 100% of the "
+        "GPU's datasheet HBM bandwidth and FLOP/s with no kernel floor; 'fitted' at the "
+        "fractions and per-kernel floor fitted to Vidur's measured linear layers "
+        "(`kvbench calibrate gpu`). Ratio columns: paged / baseline under each.",
+        [
+            "setup",
+            "workload",
+            "system",
+            "datasheet [req/s]",
+            "fitted [req/s]",
+            "fitted / datasheet",
+            "paged / it, datasheet",
+            "paged / it, fitted",
+        ],
+    )
+    for (setup, workload), line in after.iterrows():
+        if (setup, workload) not in before.index:
+            continue
+        for system in line.index:
+            a, b = line.get(system, math.nan), before.loc[(setup, workload)].get(system, math.nan)
+            x0 = (
+                r0.loc[(setup, workload)].get(system, math.nan)
+                if system in r0.columns
+                else math.nan
+            )
+            x1 = (
+                r1.loc[(setup, workload)].get(system, math.nan)
+                if system in r1.columns
+                else math.nan
+            )
+            table.rows.append(
+                [
+                    str(setup),
+                    str(workload),
+                    str(system),
+                    _r(b),
+                    _r(a),
+                    _x(a / b if b and not math.isnan(b) else math.nan),
+                    _x(x0),
+                    _x(x1),
+                ]
+            )
+    return table
+
+
+def calibration_batch_table(frame: pd.DataFrame) -> DerivedTable | None:
+    """Peak modeled tokens/s per system of serving.batch_table, datasheet vs fitted."""
+    rows0 = _suite_rows(frame, "serving.batch_table", "tokens_per_second", "datasheet")
+    rows1 = _suite_rows(frame, "serving.batch_table", "tokens_per_second", "fitted")
+    if rows0.empty or rows1.empty:
+        return None
+    p0, p1 = rows0.groupby("system")["value"].max(), rows1.groupby("system")["value"].max()
+    table = DerivedTable(
+        "Peak tokens/s before / after GPU calibration (datasheet -> fitted profile)",
+        "Modeled: the highest tokens/s over the batch sizes, A100-80GB at 100% of its "
+        "datasheet peaks vs at its fitted efficiency (`kvbench calibrate gpu`).",
+        ["system", "datasheet [tok/s]", "fitted [tok/s]", "fitted / datasheet"],
+    )
+    for system in p1.index:
+        b, a = float(p0.get(system, math.nan)), float(p1[system])
+        table.rows.append([str(system), f"{b:,.0f}", f"{a:,.0f}", _x(a / b if b else math.nan)])
+    return table
+
+
 def derived_tables(suite: str, frame: pd.DataFrame) -> list[DerivedTable]:
     """The derived tables of one sweep's page (possibly none)."""
-    make = {"serving.rate": sustained_table, "serving.batch_table": batch_table}.get(suite)
-    table = make(frame) if make else None
-    return [table] if table is not None else []
+    makers = {
+        "serving.rate": (sustained_table, calibration_rate_table),
+        "serving.batch_table": (batch_table, calibration_batch_table),
+    }.get(suite, ())
+    return [t for t in (make(frame) for make in makers) if t is not None]

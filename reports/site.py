@@ -31,8 +31,10 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from kvbench.reports import calibration as calibration_page
 from kvbench.reports import claims as claims_mod
-from kvbench.reports import figures, kernel_labels, tables
+from kvbench.reports import figures, figures_serving, kernel_labels, table_columns, tables
+from kvbench.reports import provenance as produced_by
 from kvbench.reports import serving as serving_tables
 from kvbench.reports.site_common import slug as _slug
 from kvbench.reports.site_peers import PEERS_HREF, peers_view
@@ -52,11 +54,17 @@ class SweepPage:
     cases: int
     header: list[str] = field(default_factory=list)
     rows: list[list[dict[str, str]]] = field(default_factory=list)
+    #: debug columns (table_columns.is_detail), shown collapsed under the main table
+    detail_header: list[str] = field(default_factory=list)
+    detail_rows: list[list[dict[str, str]]] = field(default_factory=list)
     n_keys: int = 0
     figure_files: list[dict[str, str]] = field(default_factory=list)
     provenance: list[str] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)
     kind_note: str = ""
+    #: what produced the numbers (reports.provenance): the short tag and its sentence
+    produced: str = ""
+    produced_sentence: str = ""
     derived: list[serving_tables.DerivedTable] = field(default_factory=list)
     outcomes: SweepOutcomes = field(default_factory=SweepOutcomes)
 
@@ -107,15 +115,23 @@ def _sweep_page(
     keys, metrics, rows, spread = tables.wide_with_spread(frame)
     unit = tables.units(frame)
     page = SweepPage(name, href, description, len(rows))
-    page.header = keys + metrics
+    main = [j for j, m in enumerate(metrics) if not table_columns.is_detail(m)]
+    detail = [j for j, m in enumerate(metrics) if table_columns.is_detail(m)]
+    page.header = [table_columns.header(k) for k in keys] + [metrics[j] for j in main]
+    page.detail_header = [table_columns.header(k) for k in keys] + [metrics[j] for j in detail]
     page.n_keys = len(keys)
     for row, row_spread in zip(rows, spread, strict=True):
-        cells = [_cell(tables.format_value(v)) for v in row[: len(keys)]]
+        keys_cells = [_cell(tables.format_value(v)) for v in row[: len(keys)]]
+        cells = []
         for v, m, sp in zip(row[len(keys) :], metrics, row_spread, strict=True):
             u = unit.get(m, "")
             cells.append(_cell(tables.format_value(v, u), sp.text(u) if sp is not None else ""))
-        page.rows.append(cells)
+        page.rows.append(keys_cells + [cells[j] for j in main])
+        if detail:
+            page.detail_rows.append(keys_cells + [cells[j] for j in detail])
     page.kind_note = _provenance(frame)
+    made = produced_by.produced(name, frame, description)
+    page.produced, page.produced_sentence = made.tag(), made.sentence()
     for i, spec in enumerate(figures.specs_for(name)):
         svg = figures.render(frame, spec)
         if svg is None:
@@ -129,7 +145,21 @@ def _sweep_page(
                 "spread": figures.spread_note(frame, spec),
             }
         )
+    for title, svg in figures_serving.extra_figures(name, frame):
+        fname = f"{_slug(name)}-x{len(page.figure_files)}.svg"
+        (fig_dir / fname).write_text(svg, encoding="utf-8")
+        page.figure_files.append(
+            {"src": f"figures/{fname}", "title": title, "spread": "", "width": "1000"}
+        )
+    for i, (title, svg) in enumerate(
+        calibration_page.scatter_svgs(frame) if name == calibration_page.SUITE else []
+    ):
+        fname = f"{_slug(name)}-scatter-{i}.svg"
+        (fig_dir / fname).write_text(svg, encoding="utf-8")
+        page.figure_files.append({"src": f"figures/{fname}", "title": title, "spread": ""})
     page.derived = serving_tables.derived_tables(name, frame)
+    if name == calibration_page.SUITE:
+        page.derived += calibration_page.error_tables(frame)
     return page
 
 
@@ -139,15 +169,17 @@ def backends(frame: pd.DataFrame) -> list[str]:
     return kernel_labels.labels_of(frame)
 
 
-def provenance(run: Run, frame: pd.DataFrame) -> str:
-    """One line naming where a suite's rows of `run` were measured: run id, device (and
+def provenance(run: Run, frame: pd.DataFrame, measured: bool = True) -> str:
+    """One line naming where a suite's rows of `run` came from: run id, device (and
     CPU), torch / triton versions, whether Triton ran in its interpreter, and the kernel
-    backends the rows name."""
+    backends the rows name. Rows nothing timed (`measured` False: modeled, predicted,
+    counted, closed form) name the host that computed them, never a measuring device."""
     env = run.environment
     device = str(env.get("device", "?"))
     if device == "cpu" and env.get("cpu_model"):
         device = f"cpu ({env['cpu_model']}, {env.get('cpu_count', '?')} cores)"
-    parts = [f"run {run.run_id}", f"started {run.created or '?'}", f"device {device}"]
+    where = f"device {device}" if measured else f"computed on host {device} (nothing timed)"
+    parts = [f"run {run.run_id}", f"started {run.created or '?'}", where]
     versions = [f"{k} {env[k]}" for k in ("torch", "triton") if env.get(k)]
     if versions:
         parts.append(", ".join(versions))
@@ -281,7 +313,8 @@ def build_site(
         for run in runs:
             mine = sub[sub["run_id"] == run.run_id]
             if not mine.empty:
-                page.provenance.append(provenance(run, mine))
+                kinds = produced_by.kinds_of(page.name, mine, page.description)
+                page.provenance.append(provenance(run, mine, produced_by.MEASURED in kinds))
                 note = completeness(run)
                 if note:
                     page.incomplete.append(f"run {run.run_id}: {note}")
@@ -315,21 +348,26 @@ def build_site(
             if page.name in claims_mod.CLAIM_SUITES.get(c.key, ())
         ]
         write(page.href, "site_sweep.html.j2", title=page.name, sweep=page, claims=related)
-    counts: dict[str, int] = {}
-    for _, v in first:
-        counts[v.verdict] = counts.get(v.verdict, 0) + 1
     write(
         "index.html",
         "site_index.html.j2",
         title="Runs",
         sweeps=pages,
-        claim_counts=sorted(counts.items()),
+        claim_counts=claims_mod.verdict_counts([v.verdict for _, v in first]),
         runs=[_run_view(r) for r in runs],
     )
+    claim_links = {
+        c.key: [
+            (name, hrefs[name]) for name in claims_mod.CLAIM_SUITES.get(c.key, ()) if name in hrefs
+        ]
+        for c, _ in first
+    }
     write(
         "claims.html",
         "site_claims.html.j2",
         title="Claims",
+        rule=claims_mod.RULE,
+        claim_links=claim_links,
         runs=[
             {
                 "run_id": r.run_id,

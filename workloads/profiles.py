@@ -36,6 +36,16 @@ H100: 18 NVLink4 links, 450 GB/s). Fixed per-step cost on the GPUs: 1 ms, an ass
 (kernel launches, scheduling and sampling of one engine iteration), not a measurement;
 all-reduce latency: 10 us per call (NCCL on NVLink, small messages), also an assumption.
 
+Fitted efficiency (`efficiency`, `kvbench.workloads.fitted_gpu`): a100-80gb and h100
+carry the fractions of HBM bandwidth and FLOP/s, and the per-kernel floor, that Vidur's
+measured linear layers reach (`kvbench calibrate gpu`); the datasheet figures above stay
+the fields `hbm_bandwidth` and `peak_flops`, and the step model prices with
+`effective_hbm_bandwidth` / `effective_peak_flops` plus the floor once per linear kernel
+(4 per layer). `datasheet()` gives the same device at 100% and no floor; the names
+`<name>-datasheet` selects it. a100-40gb and h200 have no measured profile here: they
+take a100-80gb's and h100's fractions (same die, other HBM), an assumption their
+`efficiency.source` states (label 'fitted:a100-80gb', 'fitted:h100').
+
 Note on [PA-deep-dive]'s swap-vs-recompute table: its recompute column (2,048 tokens of
 Llama-2-70B in 190 ms) implies ~1.5e15 FLOP/s, several A100s' worth; with FLOPs / peak on
 one A100 the recompute cost is ~5x higher, so `auto` picks swap even more clearly.
@@ -44,9 +54,11 @@ one A100 the recompute cost is ~5x higher, so `auto` picks swap even more clearl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from kvbench.workloads.efficiency import DATASHEET, Efficiency
 from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.fitted_gpu import FITTED
 
 #: Assumed fixed cost of one engine iteration on a GPU (seconds; see module docstring).
 GPU_STEP_OVERHEAD_S = 1e-3
@@ -70,6 +82,8 @@ class DeviceProfile:
         allreduce_latency_s: fixed cost of one all-reduce call, seconds.
         memory_bytes: device memory (0 = not stated); set-ups check that weights and KV
             fit it.
+        efficiency: achieved fractions of the two peaks and the per-kernel floor
+            (`DATASHEET`: 100%, no floor; fitted profiles carry their source).
     """
 
     name: str
@@ -81,6 +95,7 @@ class DeviceProfile:
     interconnect_bandwidth: float = 300e9
     allreduce_latency_s: float = 0.0
     memory_bytes: float = 0.0
+    efficiency: Efficiency = DATASHEET
 
     def __post_init__(self) -> None:
         for f in ("hbm_bandwidth", "peak_flops", "host_link_bandwidth", "interconnect_bandwidth"):
@@ -92,13 +107,34 @@ class DeviceProfile:
             if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"profile {self.name!r}: {f} must be >= 0, got {v!r}")
 
+    @property
+    def effective_hbm_bandwidth(self) -> float:
+        """HBM bandwidth the kernels reach: datasheet x fitted fraction, bytes/s."""
+        return self.hbm_bandwidth * self.efficiency.hbm_fraction
+
+    @property
+    def effective_peak_flops(self) -> float:
+        """FLOP/s the kernels reach: datasheet x fitted fraction."""
+        return self.peak_flops * self.efficiency.flops_fraction
+
+    @property
+    def calibration(self) -> str:
+        """'fitted' or 'datasheet': which figures the modeled times use."""
+        return self.efficiency.label
+
+    def datasheet(self) -> DeviceProfile:
+        """This device at its datasheet peaks (100%, no kernel floor)."""
+        if self.efficiency is DATASHEET:
+            return self
+        return replace(self, name=f"{self.name}-datasheet", efficiency=DATASHEET)
+
     def decode_seconds(self, kv_bytes_read: float, weight_bytes: float) -> float:
         """Memory time of one decode step: every weight and cached KV byte read once."""
-        return (kv_bytes_read + weight_bytes) / self.hbm_bandwidth
+        return (kv_bytes_read + weight_bytes) / self.effective_hbm_bandwidth
 
     def prefill_seconds(self, flops: float) -> float:
         """Compute-bound prefill of `flops` floating-point operations."""
-        return flops / self.peak_flops
+        return flops / self.effective_peak_flops
 
     def transfer_seconds(self, nbytes: float) -> float:
         """One direction of a host-link copy of `nbytes`."""
@@ -108,7 +144,7 @@ class DeviceProfile:
         """Prefill rate of a dense model of `params` parameters (2 FLOPs/param/token)."""
         if params <= 0:
             raise ConfigError(f"params must be > 0, got {params!r}")
-        return self.peak_flops / (2.0 * params)
+        return self.effective_peak_flops / (2.0 * params)
 
 
 def _gpu(name: str, hbm: float, flops: float, link: float, nvlink: float, gb: float, note: str):
@@ -122,10 +158,11 @@ def _gpu(name: str, hbm: float, flops: float, link: float, nvlink: float, gb: fl
         interconnect_bandwidth=nvlink,
         allreduce_latency_s=NVLINK_ALLREDUCE_LATENCY_S,
         memory_bytes=gb * 1e9,
+        efficiency=FITTED.get(name, DATASHEET),
     )
 
 
-PROFILES: dict[str, DeviceProfile] = {
+_PROFILES: dict[str, DeviceProfile] = {
     p.name: p
     for p in (
         _gpu("a100-40gb", 1.555e12, 312e12, 25e9, 300e9, 40, "A100 40GB SXM, PCIe Gen4 x16"),
@@ -141,6 +178,14 @@ PROFILES: dict[str, DeviceProfile] = {
             interconnect_bandwidth=8e9,
         ),
     )
+}
+PROFILES: dict[str, DeviceProfile] = {
+    **_PROFILES,
+    **{
+        p.datasheet().name: p.datasheet()
+        for p in _PROFILES.values()
+        if p.calibration != "datasheet"
+    },
 }
 
 

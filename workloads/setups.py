@@ -26,7 +26,7 @@ throughput tables assume, though fp16 weights of a 70B model are ~140 GB (35 GB 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import parse_bytes
@@ -170,3 +170,18 @@ def get_setup(name: str) -> ServingSetup:
         return SETUPS[str(name).lower()]
     except KeyError:
         raise ConfigError(f"unknown serving set-up {name!r}; known: {', '.join(SETUPS)}") from None
+
+
+#: How a modeled sweep prices its GPUs: the shipped fitted efficiency, or the datasheet.
+CALIBRATIONS = ("fitted", "datasheet")
+
+
+def with_calibration(setup: ServingSetup, calibration: str) -> ServingSetup:
+    """`setup` on its profile as shipped ('fitted': the fitted or transferred efficiency
+    of `kvbench.workloads.fitted_gpu`) or at the datasheet ('datasheet': 100%, no
+    kernel floor)."""
+    if calibration not in CALIBRATIONS:
+        raise ConfigError(f"unknown calibration {calibration!r}; known: {CALIBRATIONS}")
+    if calibration == "fitted":
+        return setup
+    return replace(setup, profile=setup.device.datasheet().name)

@@ -33,3 +33,14 @@ def time_scaled(trace: Trace, scale: float) -> Trace:
         return trace
     reqs = tuple(replace(r, arrival=r.arrival / s) for r in trace.requests)
     return Trace(reqs, {**trace.meta, "time_scale": s})
+
+
+def arrivals_before(trace: Trace, seconds: float) -> Trace:
+    """The requests of `trace` arriving before `seconds` (its first `seconds` of
+    traffic, at its own time scale); the trace itself when none is left out."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ConfigError(f"window must be a number of seconds > 0, got {seconds!r}")
+    reqs = tuple(r for r in trace.requests if r.arrival < seconds)
+    if len(reqs) == len(trace.requests):
+        return trace
+    return Trace(reqs, {**trace.meta, "window_s": float(seconds)})

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.prompt_ids import KnownIds
 
 FORMAT = "kvbench-trace"
 #: The newest version written (a trace without `prompt_blocks` is written as version 1).
@@ -81,18 +82,17 @@ BLOCK_ID_BASE = 1 << 56
 MAX_BLOCK_SPAN = (1 << 63) - BLOCK_ID_BASE
 
 
-class BlockTokenIds(Sequence[int]):
+class BlockTokenIds(KnownIds):
     """The prompt ids a list of block ids describes, without building them: id
     BLOCK_ID_BASE + block * block_tokens + position (injective in (block, position)),
     `length` ids in all (the last block keeps only the ids up to `length`).
 
     Immutable; a slice is a tuple of ints, built from ranges at C speed (a prefix-cache
     lookup slices one block at a time), so a 10^4-token prompt costs nothing until read.
-    Every id is an int >= BLOCK_ID_BASE (`nonnegative_ids`: `validate_prompt` trusts it).
+    Every id is an int >= BLOCK_ID_BASE (a `KnownIds`: `validate_prompt` trusts it).
     """
 
     __slots__ = ("_blocks", "_bt", "_len")
-    nonnegative_ids = True
 
     def __init__(self, blocks: Sequence[int], block_tokens: int, length: int) -> None:
         self._blocks = tuple(blocks)
@@ -101,6 +101,13 @@ class BlockTokenIds(Sequence[int]):
 
     def __len__(self) -> int:
         return self._len
+
+    def max_id(self) -> int:
+        """The largest id: a full block's last position, or the last block's last kept one."""
+        bt, blocks = self._bt, self._blocks
+        tail = BLOCK_ID_BASE + blocks[-1] * bt + (self._len - 1) % bt
+        full = blocks[:-1]
+        return max(tail, BLOCK_ID_BASE + max(full) * bt + bt - 1) if full else tail
 
     def _spans(self, start: int, stop: int) -> Iterator[range]:
         bt, blocks = self._bt, self._blocks

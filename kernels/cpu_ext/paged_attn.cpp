@@ -425,7 +425,8 @@ struct Geo {
 };
 
 // Decode task: sequence with block table `table` and length len, KV heads [h0, h1), its
-// logical blocks [j0, j1). Writes the unnormalized state of query heads h0*G .. h1*G - 1
+// logical blocks [j0, j1), reading positions lo .. len - 1 only (lo > 0: a sliding window
+// whose first block j0 is partial; its tokens before lo are skipped, not read). Writes the unnormalized state of query heads h0*G .. h1*G - 1
 // into pacc [Hq][D], pm [Hq], pl [Hq].
 // Each block is read twice in address order per head group: the K pass walks it token by
 // token (a token's heads are one contiguous row), the V pass head by head with the group's
@@ -435,7 +436,7 @@ struct Geo {
 template <typename T, int DC>
 void decode_task(const T* q, int64_t qs_h, const T* kc, const T* vc, const int32_t* table,
                  int64_t len, const Geo& g, int h0, int h1, int64_t j0, int64_t j1, float scale,
-                 float* pacc, float* pm, float* pl, std::vector<float>& buf) {
+                 float* pacc, float* pm, float* pl, std::vector<float>& buf, int64_t lo = 0) {
   const int D = DC > 0 ? DC : int(g.D), G = int(g.group), nh = h1 - h0;
   const int nrows = nh * G;
   buf.resize(size_t(nrows) * D + size_t(nrows) * MAX_BS);
@@ -457,9 +458,10 @@ void decode_task(const T* q, int64_t qs_h, const T* kc, const T* vc, const int32
   const int64_t strideb = tok * sizeof(T);
   for (int64_t j = j0; j < j1; ++j) {
     const int64_t pb = table[j];
-    const int nt = int(std::min<int64_t>(g.bs, len - j * g.bs));
-    const T* kb = kc + pb * blk + int64_t(h0) * D;
-    const T* vb = vc + pb * blk + int64_t(h0) * D;
+    const int64_t t0 = std::max<int64_t>(0, lo - j * g.bs);  // window: skip its first tokens
+    const int nt = int(std::min<int64_t>(g.bs, len - j * g.bs) - t0);
+    const T* kb = kc + pb * blk + t0 * tok + int64_t(h0) * D;
+    const T* vb = vc + pb * blk + t0 * tok + int64_t(h0) * D;
     // The next block of this sequence streams in while this one is computed: its K rows
     // during the K pass (a share before each (token pair, head) call), its V rows during
     // the V pass (a share before each (head, column group) call).
@@ -493,11 +495,15 @@ template <typename T, int DC>
 void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                  const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                  const torch::Tensor& seq_lens, double scale, torch::Tensor& out,
-                 int64_t max_seq_len, int64_t partition_blocks, int64_t heads_per_task) {
+                 int64_t max_seq_len, int64_t partition_blocks, int64_t heads_per_task,
+                 int64_t window) {
   const int64_t B = query.size(0);
   Geo g{k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3), query.size(1), 0};
   g.group = g.hq / g.hkv;
-  const int64_t used_blocks = (max_seq_len + g.bs - 1) / g.bs;
+  // window > 0: a sequence reads from the first block its window touches, so at most
+  // window + bs - 1 tokens from a block boundary; 0: full attention.
+  const int64_t span = window > 0 ? std::min(max_seq_len, window + g.bs - 1) : max_seq_len;
+  const int64_t used_blocks = (span + g.bs - 1) / g.bs;
   const int64_t P = std::max<int64_t>(1, (used_blocks + partition_blocks - 1) / partition_blocks);
   const int64_t HT = (g.hkv + heads_per_task - 1) / heads_per_task;
   const T* q = query.data_ptr<T>();
@@ -517,7 +523,8 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / (HT * P), ht = (task / P) % HT, p = task % P;
       const int64_t len = lens[b];
-      const int64_t j0 = p * partition_blocks;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t j0 = lo / g.bs + p * partition_blocks;
       const int64_t j1 = std::min((len + g.bs - 1) / g.bs, j0 + partition_blocks);
       const int h0 = int(ht * heads_per_task);
       const int h1 = int(std::min(g.hkv, h0 + heads_per_task));
@@ -529,7 +536,7 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
       }
       float* pacc = acc.data() + (b * P + p) * Hq * D;
       decode_task<T, DC>(q + b * qs_b, qs_h, kc, vc, tables + b * tstride, len, g, h0, h1, j0, j1,
-                         float(scale), pacc, pm, pl, buf);
+                         float(scale), pacc, pm, pl, buf, lo);
       if (P == 1) {  // one partition: normalize here, with no second parallel region
         for (int64_t r = h0 * g.group; r < h1 * g.group; ++r) {
           const float inv = 1.f / pl[r];
@@ -564,9 +571,210 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   });
 }
 
+// ---- Prefill / extend: each task a pair of small GEMMs per chunk of keys ----------------
+// A task holds the query rows of one (sequence, KV head, tile of query tokens): the tile's
+// tokens times the GQA group, in position order. For each chunk of PF_CHUNK keys it
+//   1. scores S^T = K Q^T with the rows across vector lanes (panels of VW rows, Q packed
+//      once per task as [panel][d][lane]): a PF_MT x PF_NR register tile, each broadcast K
+//      element feeding PF_NR FMAs and each Q vector PF_MT, no horizontal sums;
+//   2. runs the online softmax for VW rows at once (running max, correction and sum are
+//      vectors; exp by the polynomial vexp), masking causally only on chunks that reach
+//      past a panel's first position;
+//   3. accumulates O += P V with O row-major [row][d]: a PF_MR x PF_ND register tile, each
+//      broadcast probability feeding PF_ND FMAs and each V vector PF_MR; the correction
+//      of a row's running max is applied as its accumulators are loaded.
+// K and V rows are read where they lie when they are fp32 and the head dim fills whole
+// PF_ND-vector columns; otherwise a chunk is converted (and zero-padded) into fp32 scratch.
+constexpr int PF_MT = 6;      // keys per score micro-tile (broadcast)
+constexpr int PF_NR = 2;      // row panels (VW rows each) per score micro-tile
+constexpr int PF_MR = 6;      // query rows per P V micro-tile (broadcast)
+constexpr int PF_ND = 2;      // VW-wide columns of V per P V micro-tile
+constexpr int PF_CHUNK = 48;  // keys per softmax step (a multiple of PF_MT)
+constexpr int PF_ROWS = PF_NR * VW;  // rows are padded to a multiple of this
+
+// The float at p in every lane: one broadcast load (`vf{} + x` would add 0 to keep -0.0's
+// sign, a dependent add before each broadcast in the micro-kernels below).
+KVB_INLINE vf splat(const float* p) {
+#if VW == 16 && defined(__AVX512F__)
+  const __m512 x = _mm512_set1_ps(*p);
+#elif VW == 8 && defined(__AVX__)
+  const __m256 x = _mm256_broadcast_ss(p);
+#else
+  const vf x = {*p, *p, *p, *p};
+#endif
+  vf v;
+  std::memcpy(&v, &x, sizeof(v));
+  return v;
+}
+
+// st[i * spanel + m * VW + lane] = sum_d k[m][d] * qt[i * qpanel + d * VW + lane] for MT keys
+// and NR panels (the scale is already in q).
+template <int MT, int NR, int DC>
+KVB_INLINE void pf_scores(const float* const* kp, const float* qt, int D, int64_t qpanel,
+                          float* st, int64_t spanel) {
+  const int Dn = DC > 0 ? DC : D;
+  const float* k[MT];
+#pragma GCC unroll 8
+  for (int m = 0; m < MT; ++m) k[m] = kp[m];
+  vf a[MT][NR] = {};
+#pragma GCC unroll 4
+  for (int d = 0; d < Dn; ++d) {
+    vf q[NR];
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) {
+      std::memcpy(&q[i], qt + i * qpanel + d * VW, sizeof(vf));
+      KVB_IN_REGISTER(q[i]);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) {
+      const vf kb = splat(k[m] + d);
+#pragma GCC unroll 4
+      for (int i = 0; i < NR; ++i) a[m][i] += kb * q[i];
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MT; ++m)
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) std::memcpy(st + i * spanel + m * VW, &a[m][i], sizeof(vf));
+}
+
+// pf_scores for the keys [0, nt) of a chunk and the panels of one panel group.
+template <int DC>
+inline void pf_scores_keys(const float* const* kp, int nt, const float* qt, int D,
+                           int64_t qpanel, float* st, int64_t spanel) {
+  int t = 0;
+  for (; t + PF_MT <= nt; t += PF_MT)
+    pf_scores<PF_MT, PF_NR, DC>(kp + t, qt, D, qpanel, st + t * VW, spanel);
+  switch (nt - t) {
+    case 5: pf_scores<5, PF_NR, DC>(kp + t, qt, D, qpanel, st + t * VW, spanel); break;
+    case 4: pf_scores<4, PF_NR, DC>(kp + t, qt, D, qpanel, st + t * VW, spanel); break;
+    case 3: pf_scores<3, PF_NR, DC>(kp + t, qt, D, qpanel, st + t * VW, spanel); break;
+    case 2: pf_scores<2, PF_NR, DC>(kp + t, qt, D, qpanel, st + t * VW, spanel); break;
+    case 1: pf_scores<1, PF_NR, DC>(kp + t, qt, D, qpanel, st + t * VW, spanel); break;
+    default: break;
+  }
+}
+
+// o[m * os + c * VW ..] = o[..] * corr[m] + sum_{t < nt} p[m][t * VW] * v[t][d0 + c * VW ..]
+// for MR rows (p[m]: row m's probabilities, VW apart) and ND vector columns.
+template <int MR, int ND>
+KVB_INLINE void pf_pv(float* o, int64_t os, const float* const* p, const float* corr,
+                      const float* const* vp, int d0, int nt) {
+  vf a[MR][ND];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+    const float c = corr[m];
+#pragma GCC unroll 4
+    for (int n = 0; n < ND; ++n) {
+      std::memcpy(&a[m][n], o + m * os + n * VW, sizeof(vf));
+      a[m][n] *= c;
+    }
+  }
+  const float* pr[MR];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) pr[m] = p[m];
+  for (int t = 0; t < nt; ++t) {
+    const float* v = vp[t] + d0;
+    vf vv[ND];
+#pragma GCC unroll 4
+    for (int n = 0; n < ND; ++n) {
+      std::memcpy(&vv[n], v + n * VW, sizeof(vf));
+      KVB_IN_REGISTER(vv[n]);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      const vf pb = splat(pr[m] + t * VW);
+#pragma GCC unroll 4
+      for (int n = 0; n < ND; ++n) a[m][n] += pb * vv[n];
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int n = 0; n < ND; ++n) std::memcpy(o + m * os + n * VW, &a[m][n], sizeof(vf));
+}
+
+// Per-thread scratch of one prefill task (reused across its tasks).
+struct PrefillScratch {
+  std::vector<float> qt, st, o, m, l, corr, kv;
+  std::vector<int32_t> lim;
+  std::vector<const float*> kp, vp, prow;
+};
+
+// O += P V for rows [r0, nr) of a chunk of nt keys: column groups outer (a V column slice
+// stays in L1 while every row group reads it), PF_MR rows at a time.
+inline void pf_pv_rows(PrefillScratch& w, int r0, int nr, int Dp, int nt) {
+  const int64_t spanel = int64_t(PF_CHUNK) * VW;
+  for (int r = r0; r < nr; ++r) w.prow[r] = w.st.data() + (r / VW) * spanel + r % VW;
+  for (int d0 = 0; d0 < Dp; d0 += PF_ND * VW) {
+    int r = r0;
+    for (; r + PF_MR <= nr; r += PF_MR)
+      pf_pv<PF_MR, PF_ND>(w.o.data() + int64_t(r) * Dp + d0, Dp, w.prow.data() + r,
+                          w.corr.data() + r, w.vp.data(), d0, nt);
+    float* o = w.o.data() + int64_t(r) * Dp + d0;
+    const float* const* pr = w.prow.data() + r;
+    const float* c = w.corr.data() + r;
+    switch (nr - r) {
+      case 5: pf_pv<5, PF_ND>(o, Dp, pr, c, w.vp.data(), d0, nt); break;
+      case 4: pf_pv<4, PF_ND>(o, Dp, pr, c, w.vp.data(), d0, nt); break;
+      case 3: pf_pv<3, PF_ND>(o, Dp, pr, c, w.vp.data(), d0, nt); break;
+      case 2: pf_pv<2, PF_ND>(o, Dp, pr, c, w.vp.data(), d0, nt); break;
+      case 1: pf_pv<1, PF_ND>(o, Dp, pr, c, w.vp.data(), d0, nt); break;
+      default: break;
+    }
+  }
+}
+
+// The online-softmax step of panel rows [0, VW) at st (keys [0, nt) of the chunk whose first
+// key sits at position cb): row lanes whose position limit lim (position + 1) is at most
+// cb + t see key t as zero probability. Scores become probabilities in place; m, l and corr
+// (the factor the row's accumulators take) are updated.
+inline void pf_softmax_panel(float* st, int nt, int cb, const int32_t* limp, float* mp,
+                             float* lp, float* cp) {
+  vf mo, lo;
+  vi lim;
+  std::memcpy(&mo, mp, sizeof(vf));
+  std::memcpy(&lo, lp, sizeof(vf));
+  std::memcpy(&lim, limp, sizeof(vi));
+  const vf ninf = vf{} + NEG_INF;
+  const bool masked = limp[0] < cb + nt;  // rows are in position order: lane 0 sees least
+  vf vm = ninf;
+  if (masked) {
+    for (int t = 0; t < nt; ++t) {
+      vf x;
+      std::memcpy(&x, st + t * VW, sizeof(vf));
+      x = (vi{} + (cb + t)) < lim ? x : ninf;
+      vm = x > vm ? x : vm;
+    }
+  } else {
+    for (int t = 0; t < nt; ++t) {
+      vf x;
+      std::memcpy(&x, st + t * VW, sizeof(vf));
+      vm = x > vm ? x : vm;
+    }
+  }
+  const vf mn = mo > vm ? mo : vm;
+  // 1 where the max holds (also -inf == -inf: a row that has seen nothing yet)
+  const vf corr = mn == mo ? vf{} + 1.f : vexp(mo - mn);
+  const vf ms = mn == ninf ? vf{} : mn;
+  vf vs = {};
+  for (int t = 0; t < nt; ++t) {
+    vf x;
+    std::memcpy(&x, st + t * VW, sizeof(vf));
+    x = vexp(x - ms);
+    if (masked) x = (vi{} + (cb + t)) < lim ? x : vf{};
+    std::memcpy(st + t * VW, &x, sizeof(vf));
+    vs += x;
+  }
+  const vf ln = lo * corr + vs;
+  std::memcpy(mp, &mn, sizeof(vf));
+  std::memcpy(lp, &ln, sizeof(vf));
+  std::memcpy(cp, &corr, sizeof(vf));
+}
+
 // Prefill / extend: task = (sequence b, KV head h, tile of up to `tile` query tokens); the
-// tile's G * tokens query rows walk the blocks up to the tile's last position, each row
-// masked causally at its own position. DC as for decode_task.
+// tile's G * tokens query rows walk the keys up to the tile's last position in chunks of
+// PF_CHUNK, each row masked causally at its own position. DC as for decode_task.
 template <typename T, int DC>
 void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                   const torch::Tensor& v_cache, const torch::Tensor& block_tables,
@@ -576,6 +784,10 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   Geo g{k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3), query.size(1), 0};
   g.group = g.hq / g.hkv;
   const int G = int(g.group), D = DC > 0 ? DC : int(g.D);
+  constexpr int CW = PF_ND * VW;
+  const int Dp = (D + CW - 1) / CW * CW;  // accumulator row (and scratch V row) length
+  // fp32 rows with whole columns are read in place; others go through fp32 scratch
+  const bool in_place = std::is_same<T, float>::value && Dp == D;
   const T* q = query.data_ptr<T>();
   const T* kc = k_cache.data_ptr<T>();
   const T* vc = v_cache.data_ptr<T>();
@@ -586,83 +798,120 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   const int32_t* cu = cu_seqlens_q.data_ptr<int32_t>();
   const int64_t qs_t = query.stride(0), qs_h = query.stride(1);
   const int64_t os_t = out.stride(0), os_h = out.stride(1);
-  std::vector<int64_t> tile_seq, tile_start;
+  // Tasks in (sequence, KV head, tile) order: a thread's consecutive tasks read the same
+  // K/V rows, which the previous task left in L3.
+  struct Task {
+    int64_t b, start;
+    int h;
+  };
+  std::vector<Task> tasks;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t s0 = cu[b]; s0 < cu[b + 1]; s0 += tile) {
-      tile_seq.push_back(b);
-      tile_start.push_back(s0);
-    }
-  const int64_t ntiles = int64_t(tile_seq.size());
+    for (int h = 0; h < int(g.hkv); ++h)
+      for (int64_t s0 = cu[b]; s0 < cu[b + 1]; s0 += tile) tasks.push_back({b, s0, h});
   const int64_t tok = g.hkv * D;
-  const int64_t blk = g.bs * tok;
-  at::parallel_for(0, ntiles * g.hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buf;
-    std::vector<int> lim;
+  const float fscale = float(scale);
+  at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    PrefillScratch w;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t ti = task / g.hkv;
-      const int h = int(task % g.hkv);
-      const int64_t b = tile_seq[ti], start = tile_start[ti];
+      const int h = tasks[task].h;
+      const int64_t b = tasks[task].b, start = tasks[task].start;
       const int64_t nq = std::min<int64_t>(start + tile, cu[b + 1]) - start;
       const int64_t pos0 = lens[b] - (cu[b + 1] - cu[b]) + (start - cu[b]);  // first row's position
       const int nr = int(nq * G);
-      buf.assign(size_t(nr) * (2 * D + MAX_BS + 2), 0.f);
-      float* qf = buf.data();
-      float* acc = qf + size_t(nr) * D;
-      float* s = acc + size_t(nr) * D;
-      float* m = s + size_t(nr) * MAX_BS;
-      float* l = m + nr;
-      lim.assign(size_t(nr), 0);
-      for (int64_t i = 0; i < nq; ++i)
-        for (int gg = 0; gg < G; ++gg) {
-          const T* qr = q + (start + i) * qs_t + (int64_t(h) * G + gg) * qs_h;
-          float* dst = qf + (i * G + gg) * D;
-          for (int d = 0; d < D; ++d) dst[d] = Ld<T>::one(qr + d);
-          m[i * G + gg] = NEG_INF;
-        }
-      const int64_t last = pos0 + nq - 1;  // the tile sees keys 0 .. last
-      for (int64_t j = 0; j <= last / g.bs; ++j) {
-        const int64_t pb = tables[b * tstride + j];
-        const int64_t base = j * g.bs;
-        const int nt = int(std::min<int64_t>(g.bs, last + 1 - base));
-        for (int64_t i = 0; i < nq; ++i)
-          for (int gg = 0; gg < G; ++gg) lim[i * G + gg] = int(std::min<int64_t>(pos0 + i + 1 - base, nt));
-        int r0 = 0;  // rows are in position order: the first ones may see none of the block
-        while (r0 < nr && lim[r0] <= 0) ++r0;
-        if (r0 == nr) continue;
-        const T* kp = kc + pb * blk + int64_t(h) * D;
-        const T* vp = vc + pb * blk + int64_t(h) * D;
-        scores<T>(qf + size_t(r0) * D, nr - r0, D, kp, tok, nt, float(scale),
-                  s + size_t(r0) * MAX_BS);
-        for (int r = r0; r < nr; ++r)
-          row_softmax(s + size_t(r) * MAX_BS, lim[r], nt, m[r], l[r], acc + size_t(r) * D, D);
-        pv<T>(acc + size_t(r0) * D, nr - r0, D, s + size_t(r0) * MAX_BS, vp, tok, nt);
+      const int nrp = (nr + PF_ROWS - 1) / PF_ROWS * PF_ROWS;
+      const int64_t qpanel = int64_t(D) * VW, spanel = int64_t(PF_CHUNK) * VW;
+      w.qt.assign(size_t(nrp) * D, 0.f);
+      w.st.resize(size_t(nrp) * PF_CHUNK);
+      w.o.assign(size_t(nr) * Dp, 0.f);
+      w.m.assign(size_t(nrp), NEG_INF);
+      w.l.assign(size_t(nrp), 0.f);
+      w.corr.resize(size_t(nrp));
+      w.lim.resize(size_t(nrp));
+      w.prow.resize(size_t(nrp));
+      w.kp.resize(PF_CHUNK);
+      w.vp.resize(PF_CHUNK);
+      if (!in_place) w.kv.assign(size_t(2) * PF_CHUNK * Dp, 0.f);
+      // Q^T panels, scaled; pad rows (zeros) share the last row's position
+      for (int r = 0; r < nrp; ++r) {
+        const int rr = std::min(r, nr - 1);
+        w.lim[r] = int32_t(pos0 + rr / G + 1);
+        if (r >= nr) continue;
+        const T* qr = q + (start + r / G) * qs_t + (int64_t(h) * G + r % G) * qs_h;
+        float* dst = w.qt.data() + (r / VW) * qpanel + r % VW;
+        for (int d = 0; d < D; ++d) dst[d * VW] = Ld<T>::one(qr + d) * fscale;
       }
-      for (int64_t i = 0; i < nq; ++i)
-        for (int gg = 0; gg < G; ++gg) {
-          const int r = int(i * G + gg);
-          const float inv = 1.f / l[r];
-          T* orow = o + (start + i) * os_t + (int64_t(h) * G + gg) * os_h;
-          for (int d = 0; d < D; ++d) Ld<T>::store(orow + d, acc[size_t(r) * D + d] * inv);
+      const int64_t keys = pos0 + nq;  // the tile sees keys 0 .. keys - 1
+      for (int64_t cb = 0; cb < keys; cb += PF_CHUNK) {
+        const int nt = int(std::min<int64_t>(PF_CHUNK, keys - cb));
+        // rows before r0 see none of this chunk (rows are in position order)
+        int r0 = 0;
+        while (r0 < nr && w.lim[r0] <= cb) ++r0;
+        r0 = r0 / PF_ROWS * PF_ROWS;
+        for (int t = 0; t < nt; ++t) {
+          const int64_t pos = cb + t;
+          const int64_t row = int64_t(tables[b * tstride + pos / g.bs]) * g.bs + pos % g.bs;
+          const T* kr = kc + row * tok + int64_t(h) * D;
+          const T* vr = vc + row * tok + int64_t(h) * D;
+          if (in_place) {
+            w.kp[t] = reinterpret_cast<const float*>(kr);
+            w.vp[t] = reinterpret_cast<const float*>(vr);
+          } else {
+            float* kd = w.kv.data() + size_t(t) * Dp;
+            float* vd = w.kv.data() + size_t(PF_CHUNK + t) * Dp;
+            const int DV = D / VW * VW;
+            for (int d = 0; d < DV; d += VW) {
+              const vf kx = Ld<T>::vec(kr + d), vx = Ld<T>::vec(vr + d);
+              std::memcpy(kd + d, &kx, sizeof(vf));
+              std::memcpy(vd + d, &vx, sizeof(vf));
+            }
+            for (int d = DV; d < D; ++d) {
+              kd[d] = Ld<T>::one(kr + d);
+              vd[d] = Ld<T>::one(vr + d);
+            }
+            w.kp[t] = kd;
+            w.vp[t] = vd;
+          }
         }
+        for (int r = r0; r < nrp; r += PF_ROWS)
+          pf_scores_keys<DC>(w.kp.data(), nt, w.qt.data() + (r / VW) * qpanel, D, qpanel,
+                             w.st.data() + (r / VW) * spanel, spanel);
+        for (int r = r0; r < nrp; r += VW)
+          pf_softmax_panel(w.st.data() + (r / VW) * spanel, nt, int(cb), w.lim.data() + r,
+                           w.m.data() + r, w.l.data() + r, w.corr.data() + r);
+        pf_pv_rows(w, r0, nr, Dp, nt);
+      }
+      for (int r = 0; r < nr; ++r) {
+        const float inv = 1.f / w.l[r];
+        T* orow = o + (start + r / G) * os_t + (int64_t(h) * G + r % G) * os_h;
+        const float* acc = w.o.data() + size_t(r) * Dp;
+        for (int d = 0; d < D; ++d) Ld<T>::store(orow + d, acc[d] * inv);
+      }
     }
   });
 }
 
 // First (sequence, logical block) whose table entry lies outside [0, num_blocks) within the
-// sequence's length, as b * max_blocks + j; -1 when every used entry is in the pool.
-int64_t first_bad_entry(const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
-                        int64_t block_size, int64_t num_blocks) {
+// sequence's length, as b * max_blocks + j; -1 when every used entry is in the pool. With a
+// sliding window (> 0), blocks wholly before a sequence's window are not read or checked.
+int64_t first_bad_entry_windowed(const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+                                 int64_t block_size, int64_t num_blocks, int64_t window) {
   const int32_t* t = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int64_t B = block_tables.size(0), W = block_tables.size(1), st = block_tables.stride(0);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t used = std::min<int64_t>(W, (int64_t(lens[b]) + block_size - 1) / block_size);
-    for (int64_t j = 0; j < used; ++j) {
+    const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) / block_size : 0;
+    for (int64_t j = first; j < used; ++j) {
       const int32_t x = t[b * st + j];
       if (x < 0 || x >= num_blocks) return b * W + j;
     }
   }
   return -1;
+}
+
+int64_t first_bad_entry(const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+                        int64_t block_size, int64_t num_blocks) {
+  return first_bad_entry_windowed(block_tables, seq_lens, block_size, num_blocks, 0);
 }
 
 }  // namespace
@@ -691,19 +940,29 @@ void with_head_dim(int64_t D, F&& f) {
   }
 }
 
-void paged_decode(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
-                  torch::Tensor block_tables, torch::Tensor seq_lens, double scale,
-                  torch::Tensor out, int64_t max_seq_len, int64_t partition_blocks,
-                  int64_t heads_per_task) {
+// window > 0: sliding-window decode (each sequence's last `window` tokens); 0: full.
+void paged_decode_windowed(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
+                           torch::Tensor block_tables, torch::Tensor seq_lens, double scale,
+                           torch::Tensor out, int64_t max_seq_len, int64_t partition_blocks,
+                           int64_t heads_per_task, int64_t window) {
+  TORCH_CHECK(window >= 0, "window must be >= 0");
   TORCH_CHECK(k_cache.size(1) <= MAX_BS, "block_size above ", MAX_BS);
   TORCH_CHECK(partition_blocks >= 1 && heads_per_task >= 1, "bad task split");
   KVB_DISPATCH(query.scalar_type(), {
     with_head_dim(k_cache.size(3), [&](auto dc) {
       decode_impl<scalar_t, decltype(dc)::value>(query, k_cache, v_cache, block_tables, seq_lens,
                                                  scale, out, max_seq_len, partition_blocks,
-                                                 heads_per_task);
+                                                 heads_per_task, window);
     });
   });
+}
+
+void paged_decode(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
+                  torch::Tensor block_tables, torch::Tensor seq_lens, double scale,
+                  torch::Tensor out, int64_t max_seq_len, int64_t partition_blocks,
+                  int64_t heads_per_task) {
+  paged_decode_windowed(query, k_cache, v_cache, block_tables, seq_lens, scale, out, max_seq_len,
+                        partition_blocks, heads_per_task, 0);
 }
 
 void paged_prefill(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -721,9 +980,46 @@ void paged_prefill(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_c
 
 int64_t vector_width() { return VW; }
 
+// The core's FMA peak as this build reaches it: on every thread of ATen's pool, `iters`
+// rounds of 12 independent vector FMA chains (more than the FMA latency times the FMA
+// ports, so the chains never wait), built with the kernels' flags. Returns the FLOPs done
+// (2 per lane per FMA); the caller times the call. The prefill's arithmetic rate is judged
+// against it (`kvbench bench --only kernel.prefill`: fma_peak_fraction).
+int64_t fma_probe(int64_t iters) {
+  constexpr int CHAINS = 12;
+  const int64_t threads = at::get_num_threads();
+  const int64_t rounds = iters;  // a local: the loop bound stays in a register
+  std::vector<float> sink(size_t(threads), 0.f);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      // no barrier on the chains: an asm operand per array element made GCC keep the
+      // array on the stack (a load and a store around every FMA, 1/4 of the peak)
+      vf a[CHAINS];
+      for (int c = 0; c < CHAINS; ++c) a[c] = vf{} + 1e-3f * float(c + 1);
+      const vf x = vf{} + 0.999999f, y = vf{} + 1e-7f;
+      for (int64_t it = 0; it < rounds; ++it) {
+#pragma GCC unroll 12
+        for (int c = 0; c < CHAINS; ++c) a[c] = a[c] * x + y;
+      }
+      vf s = {};
+      for (int c = 0; c < CHAINS; ++c) s += a[c];
+      sink[size_t(i)] = hsum(s);  // keeps the chains live
+    }
+  });
+  volatile float keep = 0.f;
+  for (float v : sink) keep = keep + v;
+  (void)keep;
+  return threads * iters * CHAINS * VW * 2;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention, blocks read in place");
   m.def("paged_prefill", &paged_prefill, "paged prefill/extend attention, blocks read in place");
   m.def("first_bad_entry", &first_bad_entry, "first block-table entry outside the pool, or -1");
+  m.def("paged_decode_windowed", &paged_decode_windowed,
+        "paged decode attention over each sequence's last `window` tokens (0: all)");
+  m.def("first_bad_entry_windowed", &first_bad_entry_windowed,
+        "first_bad_entry skipping the blocks wholly before each sequence's window");
   m.def("vector_width", &vector_width, "floats per vector register the build uses");
+  m.def("fma_probe", &fma_probe, "FLOPs of a peak-rate FMA loop on every thread (time it)");
 }

@@ -11,6 +11,16 @@ step as
 absolute relative per-step error, by Nelder-Mead on their logarithms from a start that
 fits a plain least-squares line; `step_errors` reports the error of any profile on any
 steps, so a fit can be judged on steps it never saw (held-out runs).
+
+Physical bounds: given `max_bandwidth` (a copy peak measured in the same run) and
+`max_flops` (a measured multiply-add peak), the fit searches only bandwidth <= the copy
+peak and FLOP/s <= the FMA peak, so a coefficient cannot buy accuracy with a machine that
+does not exist (unbounded, the 2-core build machine's fit reached 62 GiB/s of "bandwidth"
+beside an 8-13 GiB/s copy peak). What a step reads is counted as the kernels read it:
+the weights once, and each sequence's own KV tokens (its context + its new tokens), in
+place: the CPU kernels (`kernels.cpu_paged`) and the Triton ones walk each sequence's
+block table up to its length, so paged and contiguous caches alike are priced by the
+tokens they hold, never by a contiguous reservation's unused tail.
 """
 
 from __future__ import annotations
@@ -68,10 +78,21 @@ class Fit:
     steps: int
 
 
-def fit_profile(tm: TimeModel, steps: Sequence[StepWork], name: str = "cpu-fit") -> Fit:
-    """The profile (fixed, bandwidth, peak) that best prices `steps` (module docstring)."""
+def fit_profile(
+    tm: TimeModel,
+    steps: Sequence[StepWork],
+    name: str = "cpu-fit",
+    *,
+    max_bandwidth: float | None = None,
+    max_flops: float | None = None,
+) -> Fit:
+    """The profile (fixed, bandwidth, peak) that best prices `steps` (module docstring),
+    with bandwidth <= `max_bandwidth` (B/s) and FLOP/s <= `max_flops` where given."""
     from scipy.optimize import minimize
 
+    for label, cap in (("max_bandwidth", max_bandwidth), ("max_flops", max_flops)):
+        if cap is not None and not (math.isfinite(cap) and cap > 0):
+            raise ConfigError(f"{label} must be a finite number > 0, got {cap!r}")
     work = [s for s in steps if s.seconds > 0 and (s.decoders or s.chunks)]
     if len(work) < 3:
         raise ConfigError(f"need at least 3 measured steps to fit, got {len(work)}")
@@ -82,24 +103,43 @@ def fit_profile(tm: TimeModel, steps: Sequence[StepWork], name: str = "cpu-fit")
     slope = slope if slope > 0 else float(np.median(meas / flops))
     icpt = max(float(icpt), 1e-6)
     start = np.log([icpt, float(np.median(nbytes)) / icpt, 1.0 / slope])
+    upper = [0.0, _log_cap(max_bandwidth), _log_cap(max_flops)]  # fixed <= 1 s
+    start = np.minimum(start, np.asarray(upper) - 1e-9)
+    bounds = [(None, hi if math.isfinite(hi) else None) for hi in upper]
 
     def loss(x: np.ndarray) -> float:
         fixed, bw, peak = np.exp(x)
         pred = fixed + np.maximum(nbytes / bw, flops / peak)
         return float(np.mean(np.abs(pred - meas) / meas))
 
-    best = minimize(loss, start, method="Nelder-Mead", options={"maxiter": 4000, "xatol": 1e-4})
+    best = minimize(
+        loss,
+        start,
+        method="Nelder-Mead",
+        bounds=bounds,
+        options={"maxiter": 4000, "xatol": 1e-4},
+    )
     fixed, bw, peak = (float(v) for v in np.exp(best.x))
+    bw = min(bw, max_bandwidth) if max_bandwidth is not None else bw  # exp(log) rounding
+    peak = min(peak, max_flops) if max_flops is not None else peak
+    caps = "".join(
+        f", {what} <= {cap:.3g} measured" for what, cap in
+        (("bandwidth", max_bandwidth), ("FLOP/s", max_flops)) if cap is not None
+    )  # fmt: skip
     profile = DeviceProfile(
         name,
         bw,
         peak,
         tm.profile.host_link_bandwidth,
-        f"fitted to {len(work)} measured steps (mean |error| {best.fun:.1%})",
+        f"fitted to {len(work)} measured steps (mean |error| {best.fun:.1%}{caps})",
         step_overhead_s=fixed,
         interconnect_bandwidth=tm.profile.interconnect_bandwidth,
     )
     return Fit(profile, float(best.fun), len(work))
+
+
+def _log_cap(cap: float | None) -> float:
+    return math.log(cap) if cap is not None else math.inf
 
 
 def step_errors(tm: TimeModel, steps: Sequence[StepWork]) -> np.ndarray:

@@ -15,6 +15,12 @@ priced one by one (the event-driven and token-stepping engines must agree exactl
                / interconnect)
     swap     = round(blocks * block_bytes / tp * 1e12 / host link) per direction
 
+Bandwidth and FLOP/s are the profile's effective figures (datasheet x fitted fraction,
+`DeviceProfile.efficiency`), and `fixed` includes the fitted per-kernel floor of the
+4 linear kernels of every layer. The per-kernel fit combines memory and compute in
+quadrature (`kvbench.workloads.gpu_fit`); the step keeps the max, which is exact for
+spans of decode steps and optimistic near the knee.
+
 Every coefficient (weight_ps, kv_ps_per_token, dense_ps_per_token, ...) is rounded once
 to integer picoseconds, with weights, KV and FLOPs divided over the `tp` ranks. A step
 that runs no token (it only swaps) costs its swaps alone. Decode-only steps are linear
@@ -35,6 +41,8 @@ from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.profiles import DeviceProfile
 
 PREEMPTION_POLICIES = ("swap", "recompute", "auto")
+#: QKV, O, up (gate+up) and down projections: the kernels the fitted floor applies to.
+LINEAR_KERNELS_PER_LAYER = 4
 BATCHING_POLICIES = ("continuous", "static")
 MODES = ("event", "token")
 SAMPLE_PREEMPTION = ("request", "sequence")
@@ -154,23 +162,30 @@ class TimeModel:
 
     @cached_property
     def fixed_ps(self) -> int:
-        """Fixed cost of a step that runs the model (profile.step_overhead_s)."""
-        return self._ps(self.profile.step_overhead_s)
+        """Fixed cost of a step that runs the model: profile.step_overhead_s plus the
+        fitted per-kernel floor once per linear-layer kernel (4 per layer; 0 at the
+        datasheet)."""
+        floor = LINEAR_KERNELS_PER_LAYER * self.geometry.num_layers
+        return self._ps(
+            self.profile.step_overhead_s + floor * self.profile.efficiency.kernel_floor_s
+        )
 
     @cached_property
     def weight_ps(self) -> int:
         """Reading one rank's share of the weights once."""
-        return self._ps(self.weight_bytes / self.tp / self.profile.hbm_bandwidth)
+        return self._ps(self.weight_bytes / self.tp / self.profile.effective_hbm_bandwidth)
 
     @cached_property
     def kv_ps_per_token(self) -> int:
         """Reading one token's KV (one rank's share of the heads)."""
-        return self._ps(self.geometry.bytes_per_token / self.tp / self.profile.hbm_bandwidth)
+        return self._ps(
+            self.geometry.bytes_per_token / self.tp / self.profile.effective_hbm_bandwidth
+        )
 
     @cached_property
     def dense_ps_per_token(self) -> int:
         """The dense layers' compute for one token (2 FLOPs per parameter), per rank."""
-        return self._ps(2.0 * self.params / self.tp / self.profile.peak_flops)
+        return self._ps(2.0 * self.params / self.tp / self.profile.effective_peak_flops)
 
     @cached_property
     def _attn_flops_per_pair(self) -> float:
@@ -183,7 +198,7 @@ class TimeModel:
     @cached_property
     def attn_ps_per_kv_token(self) -> int:
         """Decode attention compute per cached token read by one decoding query."""
-        return self._ps(self._attn_flops_per_pair / self.profile.peak_flops)
+        return self._ps(self._attn_flops_per_pair / self.profile.effective_peak_flops)
 
     @cached_property
     def allreduce_fixed_ps(self) -> int:
@@ -224,7 +239,7 @@ class TimeModel:
         mem = self.weight_ps + self.kv_ps_per_token * kv
         comp = self.dense_ps_per_token * tokens + self.attn_ps_per_kv_token * kv_read
         if pairs:
-            comp += self._ps(pairs * self._attn_flops_per_pair / self.profile.peak_flops)
+            comp += self._ps(pairs * self._attn_flops_per_pair / self.profile.effective_peak_flops)
         return (
             self.fixed_ps
             + self.allreduce_fixed_ps

@@ -2,8 +2,10 @@
 (which is also the order of the default run and of `--shard`)."""
 
 from kvbench.suites.bench.sweeps import (  # noqa: F401
+    calibration,
     capacity,
     kernels,
+    kv_specs,
     peers,
     predicted,
     scheduling,

@@ -1,5 +1,7 @@
-"""Timing: a warm-up + repeats + median harness on CPU, `triton.testing.do_bench` on GPU
-(statistics over every call it timed), and a copy-bandwidth peak to judge achieved
+"""Timing: a warm-up + repeats + median harness on CPU, CUDA graphs on GPU
+(`triton.testing.do_bench_cudagraph`, falling back to `do_bench` where capture fails;
+statistics over every sample it took, the method in `stats["cuda_graph"]`), the host
+cost of one call (`host_call_time`), and a copy-bandwidth peak to judge achieved
 bandwidth against (`CopyProbe`): timed once per run (`BenchContext.copy_peak`), or paired
 with a kernel repeat by repeat (`paired_fraction`) where the machine is noisy.
 
@@ -10,6 +12,7 @@ sample) so one sample is long enough for the clock to resolve.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -19,6 +22,8 @@ import torch
 
 from kvbench.suites.bench.registry import Measurement
 from kvbench.workloads.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -94,15 +99,68 @@ def time_cpu(
 def time_gpu(
     fn: Callable[[], object], config: TimingConfig = TimingConfig()
 ) -> dict[str, float | int]:
-    """Time `fn` on a CUDA device with `triton.testing.do_bench` (warm-up, L2 cleared
-    between calls, CUDA events around each call); per-call statistics in seconds, all
-    from one measurement: every time do_bench took (`return_mode="all"`), so `n` is
-    the number of calls it actually timed (it picks that from a ~100 ms budget), not
-    `config.repeats`."""
-    from triton.testing import do_bench
+    """Time `fn` on a CUDA device, free of host overhead where it can be.
 
-    times_ms = do_bench(fn, warmup=25, rep=100, return_mode="all")
-    return summarize([float(t) / 1e3 for t in times_ms])
+    First `triton.testing.do_bench_cudagraph`: `fn` is captured into a CUDA graph of
+    back-to-back calls (~100 ms of them) and replayed, so the host's Python and launch
+    cost (15-66 us a Triton call, more than a small decode takes on an H100) is off the
+    clock; each sample is one replay's mean per call, and the L2 cache is not cleared
+    between the calls in a graph. Where capture fails (a host sync, an allocation or a
+    CPU tensor inside `fn`), `triton.testing.do_bench` times each call between CUDA
+    events with L2 cleared, host launch cost included. Per-call statistics in seconds
+    from one measurement (`return_mode="all"`: `n` is the number of samples it took,
+    not `config.repeats`); `stats["cuda_graph"]` is 1.0 for the graph, 0.0 for the
+    fallback."""
+    import triton.testing
+
+    try:
+        times_ms = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="all")
+        method = 1.0
+    except Exception as exc:  # capture refused: any error the capture raises
+        log.info(
+            "CUDA graph capture failed (%s: %s); timing with do_bench", type(exc).__name__, exc
+        )
+        _recover_from_capture()
+        times_ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="all")
+        method = 0.0
+    stats = summarize([float(t) / 1e3 for t in times_ms])
+    stats["cuda_graph"] = method
+    return stats
+
+
+def _recover_from_capture() -> None:
+    """Wait for the device after a failed capture (no-op without CUDA), so the fallback
+    starts on an idle stream."""
+    if torch.cuda.is_available():
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError as exc:  # the failed capture's error, reported by the sync
+            log.info("synchronize after a failed capture: %s", exc)
+
+
+def host_call_time(
+    fn: Callable[[], object], device: torch.device, config: TimingConfig = TimingConfig()
+) -> dict[str, float | int]:
+    """Host cost of one call of `fn`: wall time of `calls` back-to-back calls with no
+    device synchronisation inside, per call (seconds), repeated `config.repeats` times.
+
+    On a GPU the calls only enqueue work, so while the device keeps up this is the
+    Python + launch cost per call, the part CUDA-graph timing leaves out (for kernels
+    slower than their launch it is bounded by the kernel time instead)."""
+    dev = torch.device(device)
+    calls = 50
+    for _ in range(max(1, config.warmup)):
+        fn()
+    _sync(dev)
+    samples = []
+    for _ in range(config.repeats):
+        _sync(dev)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls)
+    _sync(dev)
+    return summarize(samples, calls)
 
 
 def time_fn(
@@ -146,6 +204,60 @@ class CopyProbe:
         return [
             Measurement("copy_peak_paired", self.bytes_moved / float(stats["median"]), "B/s"),
             Measurement("copy_time_paired", float(stats["median"]), "s", stats),
+        ]
+
+
+#: Rounds of the FMA probe per call (12 vector FMAs each, on every thread): about 4 ms on
+#: the 2-core build machine at its peak; `FmaProbe.lasting` stretches it to a kernel's time.
+FMA_PROBE_ITERS = 2_000_000
+#: Most rounds `FmaProbe.lasting` gives a call (about 0.4 s at the build machine's peak).
+FMA_PROBE_MAX_ITERS = 100 * FMA_PROBE_ITERS
+
+
+class FmaProbe:
+    """The C++ build's peak-rate FMA loop (`kernels.cpu_paged.fma_probe`: 12 independent
+    vector FMA chains on every thread), to time beside a kernel in the same repeats as
+    `CopyProbe` is: its FLOPs per second in a repeat is the FMA peak of that moment, and
+    a kernel's FLOPs per second over it (`paired_fraction` with FLOPs for bytes) the
+    fraction of that peak it reached."""
+
+    def __init__(self, iters: int = FMA_PROBE_ITERS) -> None:
+        from kvbench.kernels import cpu_paged
+
+        self._probe = cpu_paged.fma_probe
+        self.iters = iters
+        self.flops = cpu_paged.fma_probe(1) * iters  # FLOPs per call (one warm call)
+
+    @classmethod
+    def lasting(cls, seconds: float) -> FmaProbe:
+        """A probe whose call takes about `seconds` now (scaled from one timed call of
+        `FMA_PROBE_ITERS` rounds, between that and `FMA_PROBE_MAX_ITERS`). On a shared
+        host a probe as long as the kernel it is paired with is preempted about as often
+        as the kernel is; a few-ms probe runs inside one time slice at full speed while
+        the kernel shares the cores, and the fraction would read low."""
+        probe = cls()
+        t0 = time.perf_counter()
+        probe()
+        took = time.perf_counter() - t0
+        iters = int(FMA_PROBE_ITERS * seconds / max(took, 1e-9))
+        return cls(min(FMA_PROBE_MAX_ITERS, max(FMA_PROBE_ITERS, iters)))
+
+    def __call__(self) -> int:
+        return self._probe(self.iters)
+
+    def rows(
+        self, kernel_seconds: list[float], probe_seconds: list[float], flops: int
+    ) -> list[Measurement]:
+        """The paired FMA peak (FLOP/s at the probe's median time) and the kernel's
+        fraction of it (median of per-repeat ratios)."""
+        stats = summarize(probe_seconds)
+        return [
+            Measurement("fma_peak_paired", self.flops / float(stats["median"]), "FLOP/s"),
+            Measurement(
+                "fma_peak_fraction",
+                paired_fraction(kernel_seconds, probe_seconds, flops, self.flops),
+                "fraction",
+            ),
         ]
 
 

@@ -63,16 +63,10 @@ def test_bench_replay_mooncake_conversation(benchmark) -> None:
     own arrival times on Llama-3-70B, 8 x H100 TP8, block 16, prefix caching, event mode;
     the issue's goal: under 3 minutes on the 2-core build machine."""
     from kvbench.paged.serving.replay import prefix_hit_rate, serve_trace
-    from kvbench.suites.bench.sweeps.mooncake_reader import read_mooncake
-    from kvbench.suites.bench.sweeps.trace_serving import trace_file
-    from kvbench.workloads.errors import ConfigError
     from kvbench.workloads.setups import get_setup
+    from kvbench.workloads.shipped import shipped_trace
 
-    try:
-        path = trace_file()
-    except ConfigError as exc:
-        pytest.skip(str(exc))
-    trace = read_mooncake(path)
+    trace = shipped_trace("mooncake-conversation")
     setup = get_setup("llama-3-70b-8xh100-tp8")
     result = benchmark.pedantic(lambda: serve_trace(trace, setup), rounds=1, iterations=1)
     assert len({r.request for r in result.records}) == len(trace)

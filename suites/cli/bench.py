@@ -114,14 +114,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def claims_line(path) -> str:  # type: ignore[no-untyped-def]
-    """'claims: 3 hold, 1 does not hold, 14 not measured (of 18)' for the run at `path`."""
+    """'claims: 3 hold, 1 does not hold, 2 not applicable here, 14 not measured (of 20)'
+    for the run at `path`: every verdict counted, so the counts add up to the total."""
     from kvbench.reports import claims
     from kvbench.reports.store.reader import load_run
 
     verdicts = [v.verdict for _, v in claims.evaluate(load_run(path).frame())]
-    plural = {claims.HOLDS: "hold", claims.FAILS: "do not hold"}
-    parts = []
-    for v in (claims.HOLDS, claims.FAILS, claims.NOT_MEASURED):
-        n = verdicts.count(v)
-        parts.append(f"{n} {v if n == 1 else plural.get(v, v)}")
+    parts = [label for _, label in claims.verdict_counts(verdicts)]
     return f"claims: {', '.join(parts)} (of {len(verdicts)}; `kvbench report` shows each one)"

@@ -204,8 +204,10 @@ def test_kernel_sweep_timed_calls_read_nothing(
     launch.run = True
     sweep = next(s for s in all_sweeps() if s.name == name)
     list(sweep.measure(KERNEL_CASES[name], ctx))
-    assert len(ctx.timed_reads) == 2  # the paged call and SDPA on contiguous KV
-    assert ctx.timed_reads == [[], []]
+    # the paged call and SDPA on contiguous KV, then the paging-overhead pairs (the same
+    # kernel over scattered blocks and over a contiguous layout, repeat by repeat)
+    assert len(ctx.timed_reads) >= 2
+    assert all(reads == [] for reads in ctx.timed_reads), ctx.timed_reads
     assert launch.launches, "the sweep never reached the Triton launch"
 
 

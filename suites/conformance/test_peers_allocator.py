@@ -414,3 +414,29 @@ class _ModelAsAdapter:
 
     def free(self, rid):
         self.model.free_request(rid)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_trace_hit_replay_is_the_model_of_the_declared_rules(name):
+    """trace.prefix_capacity's peer rows (`prefix_hit_replay`): the first 20 requests of
+    the shipped Mooncake trace, one at a time through a pool of 300 blocks of 64 (it
+    evicts), give each peer the hit tokens of the allocator model under its declared
+    rules; kvbench's also equal the real-cache replay of `paged.hitrate`."""
+    from kvbench.paged.hitrate import replay
+    from kvbench.suites.peers.workloads import prefix_hit_replay
+    from kvbench.workloads.shipped import shipped_trace
+    from kvbench.workloads.trace import Trace
+
+    trace = Trace(shipped_trace("mooncake-conversation").requests[:20])
+    blocks, bs = 300, 64
+
+    def prompts():
+        return ((list(r.prompt_ids(i)), r.salt) for i, r in enumerate(trace.requests))
+
+    alloc = make(name, blocks, bs)
+    got = prefix_hit_replay(alloc, prompts(), blocks * bs)
+    model = _ModelAsAdapter(AllocatorModel(blocks, bs, alloc.traits))
+    assert got == prefix_hit_replay(model, prompts(), blocks * bs) > 0
+    if name == "kvbench":
+        ours = replay(trace, blocks * bs, bs)
+        assert ours.evictions > 0 and got == ours.hit_tokens

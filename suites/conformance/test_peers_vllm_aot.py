@@ -65,6 +65,26 @@ def test_kvbench_decode_no_heavier_than_vllm_decode(records):
     assert mine.shared_bytes <= theirs.shared_bytes, (mine, theirs)
 
 
+def test_kvbench_prefill_tiles_no_heavier_than_vllm_2d(records):
+    """The goal of issue 31: each prefill tile kvbench's dispatch can pick (BLOCK_M 16, 32,
+    64) at D=128, block 16, fp16, sm_90 has 0 spills and no more registers or shared memory
+    than vLLM's unified 2D kernel at the same BLOCK_M and warps (BLOCK_M 16 is vLLM's own
+    choice; the others are its recorded launch with BLOCK_M and warps replaced)."""
+    tiles = [r for r in records if r.impl == "kvbench" and r.role == "prefill"]
+    assert len(tiles) == 3, [r.variant for r in tiles]
+    for tile in tiles:
+        mine = tile.record
+        block_m, warps = mine.config["BLOCK_M"], mine.num_warps
+        variant = (
+            "unified 2D" if block_m == 16 else f"unified 2D at BLOCK_M {block_m}, {warps} warps"
+        )
+        theirs = _one(records, "vllm", variant)
+        assert theirs.config["BLOCK_M"] == block_m and theirs.num_warps == warps
+        assert mine.spills == 0
+        assert mine.registers <= theirs.registers, (mine, theirs)
+        assert mine.shared_bytes <= theirs.shared_bytes, (mine, theirs)
+
+
 def test_table_and_rows(records):
     text = vllm_aot.format_table(records)
     assert "vllm.kernel_unified_attention" in text and "paged_decode" in text

@@ -29,7 +29,6 @@ from kvbench.paged.serving.time_model import SchedulerConfig, SeqRecord, TimeMod
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.profiles import get_profile
-from kvbench.workloads.prompt_ids import HashBlockPrompt
 from kvbench.workloads.setups import ServingSetup, get_setup
 from kvbench.workloads.time_scale import time_scaled
 from kvbench.workloads.trace import Trace, TraceRequest
@@ -228,7 +227,7 @@ def _shared_trace() -> Trace:
     shapes = [((0, 1, 2), 1400), ((0, 1, 3), 1200), ((0, 4), 700), ((0, 1, 2, 5), 1700)]
     return Trace(
         tuple(
-            TraceRequest(i, 0.5 * i, n, 4, HashBlockPrompt(ids, n))  # type: ignore[arg-type]
+            TraceRequest(i, 0.5 * i, n, 4, prompt_blocks=ids, prompt_block_tokens=512)
             for i, (ids, n) in enumerate(shapes)
         )
     )
@@ -252,18 +251,6 @@ def test_hash_block_prompts_share_what_their_ids_share() -> None:
         assert prefix_hit_rate(result) == pytest.approx(
             sum(cached.values()) / sum(r.prompt_len for r in trace.requests)
         )
-
-
-def test_hash_block_prompt_is_its_listed_tokens() -> None:
-    p = HashBlockPrompt((7, 9, 11), 1100)
-    listed = [7] * 512 + [9] * 512 + [11] * 76
-    assert list(p) == listed and len(p) == 1100 and p.max_id() == 11
-    for a, b in ((0, 16), (500, 530), (1000, 1100), (0, 1100), (-5, None), (3, 3)):
-        assert p[a:b] == tuple(listed[a:b])
-    assert p[513] == 9 and p[-1] == 11
-    for bad in (((1, 2), 1025), ((1, 2), 512), ((-1,), 5), ((1,), 0)):
-        with pytest.raises(ConfigError):
-            HashBlockPrompt(*bad)  # type: ignore[arg-type]
 
 
 def test_the_mooncake_setup_fits_and_serves() -> None:

@@ -44,8 +44,8 @@ DECODE_BATCH, DECODE_CONTEXT = 4, 4096
 PREFILL_BATCH, PREFILL_TOKENS = 4, 128
 #: Constexprs shown in the configuration column (the rest are in the JSON record).
 SHOWN = (
-    "TILE_SIZE", "BLOCK_M", "BLOCK_Q", "NUM_SEGMENTS_PER_SEQ", "BLOCK_N", "BLOCK_H",
-    "NUM_KV_SPLITS", "QH", "TILE_N", "BLOCK_SIZE", "num_stages",
+    "TILE_SIZE", "BLOCK_M", "BLOCK_Q", "BLOCK_N", "BLOCK_H", "QH", "TILE_N", "num_warps",
+    "num_stages", "NUM_SEGMENTS_PER_SEQ", "NUM_KV_SPLITS", "BLOCK_SIZE",
 )  # fmt: skip
 
 
@@ -249,6 +249,34 @@ def _compile_launch(launch: _Launch, shape: Shape, arch: int) -> PeerRecord:
     return PeerRecord("vllm", role, variant, shape, record, c["num_stages"])
 
 
+def tile_matched(shape: Shape) -> list[tuple[int, int]]:
+    """(BLOCK_M, warps) of kvbench's prefill tiles for `shape` that vLLM's launcher does not
+    pick itself: vLLM's unified 2D kernel is also compiled at each, so every kvbench tile has
+    a vLLM row at the same BLOCK_M and warps (and vLLM's own KV tile) to be held to."""
+    own = 16  # vLLM's 2D BLOCK_M for GQA groups up to 16 (Llama-class: 4)
+    return [
+        (int(cfg.constexprs["BLOCK_M"]), cfg.num_warps)
+        for cfg in configs.prefill_configs(shape.torch_dtype, shape.head_dim)
+        if int(cfg.constexprs["BLOCK_M"]) != own
+    ]
+
+
+def _at_tile(launch: _Launch, block_m: int, warps: int) -> _Launch:
+    """vLLM's recorded 2D launch with BLOCK_M (and BLOCK_Q = BLOCK_M / group) and warps
+    replaced; everything else (TILE_SIZE, stages, the other constexprs) as vLLM chose."""
+    names = launch.fn.arg_names
+    group = NUM_Q_HEADS // NUM_KV_HEADS
+    constants = dict(launch.compile["constants"])
+    for path in list(constants):
+        if len(path) == 1 and names[path[0]] == "BLOCK_M":
+            constants[path] = block_m
+        elif len(path) == 1 and names[path[0]] == "BLOCK_Q":
+            constants[path] = block_m // group
+    compile_ = {**launch.compile, "constants": constants, "num_warps": warps}
+    variant = f"unified 2D at BLOCK_M {block_m}, {warps} warps"
+    return _Launch(launch.role, variant, launch.fn, compile_)
+
+
 def _vllm_job(job: tuple[list[Shape], list[int]]) -> list[dict[str, Any]]:
     shapes, archs = job
     out = []
@@ -256,6 +284,10 @@ def _vllm_job(job: tuple[list[Shape], list[int]]) -> list[dict[str, Any]]:
         for arch in archs:
             for launch in _record(shape, arch):
                 out.append(_compile_launch(launch, shape, arch).as_dict())
+                if launch.variant == "unified 2D":
+                    for block_m, warps in tile_matched(shape):
+                        matched = _at_tile(launch, block_m, warps)
+                        out.append(_compile_launch(matched, shape, arch).as_dict())
     return out
 
 
@@ -268,7 +300,10 @@ def kvbench_configs(shape: Shape) -> list[tuple[str, str, configs.KernelConfig]]
         ("decode", "split decode", configs.decode_config(dt, d, group, single=False)),
         ("decode", "single-partition decode", configs.decode_config(dt, d, group, single=True)),
         ("decode-reduce", "split decode reduce", configs.reduce_config(dt, d)),
-        ("prefill", "prefill", configs.prefill_config(dt, d)),
+        *(
+            ("prefill", f"prefill, BLOCK_M {cfg.constexprs['BLOCK_M']}", cfg)
+            for cfg in configs.prefill_configs(dt, d)
+        ),
         ("kv-write", "copy_rows (write_kv)", configs.copy_config(2, src_identity=True)),
     ]
 
@@ -295,7 +330,13 @@ def _cache_path(cache_dir: Path, shapes: Sequence[Shape], archs: Sequence[int]) 
     from kvbench.suites.peers.vllm_adapter import version
 
     key = json.dumps(
-        [version(), triton.__version__, [asdict(s) for s in shapes], list(archs)],
+        [
+            version(),
+            triton.__version__,
+            [asdict(s) for s in shapes],
+            list(archs),
+            [tile_matched(s) for s in shapes],
+        ],
         sort_keys=True,
     )
     return cache_dir / f"vllm-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
@@ -349,7 +390,7 @@ def format_table(records: Sequence[PeerRecord]) -> str:
     """Fixed-width side-by-side table, grouped by shape and architecture."""
     head = (
         f"{'dtype':<5} {'D':>4} {'bs':>3} {'arch':<6} {'impl':<8} {'kernel (variant)':<44} "
-        f"{'config':<44} {'regs':>5} {'spill':>5} {'shared':>7} {'sass':>6}"
+        f"{'config':<60} {'regs':>5} {'spill':>5} {'shared':>7} {'sass':>6}"
     )
     lines = [head, "-" * len(head)]
     for r in sorted(records, key=sort_key):
@@ -361,7 +402,7 @@ def format_table(records: Sequence[PeerRecord]) -> str:
         bs = "any" if r.impl == "kvbench" and r.role != "kv-write" else s.block_size
         lines.append(
             f"{s.dtype:<5} {s.head_dim:>4} {bs!s:>3} {rec.arch:<6} {r.impl:<8} "
-            f"{(rec.kernel + ' (' + r.variant + ')')[:44]:<44} {shown[:44]:<44} "
+            f"{(rec.kernel + ' (' + r.variant + ')')[:44]:<44} {shown[:60]:<60} "
             f"{rec.registers:>5} {rec.spills:>5} {rec.shared_bytes:>7} {rec.sass_instructions:>6}"
         )
     return "\n".join(lines)

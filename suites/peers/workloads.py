@@ -7,6 +7,9 @@
   pool small enough that cached prefixes get evicted. The trace is generated lazily (a
   100k-request trace would hold ~13 M token ids) and `replay` times only the adapter's
   calls, so building token lists costs no peer anything.
+* `prefix_hit_replay`: a trace's prompts served one at a time through an allocator
+  adapter (admit, free; the blocks stay cached until evicted): the prefix-hit tokens,
+  for the trace.prefix_capacity peer rows (`paged.hitrate`'s replay model).
 * `decode_inputs`, `paged_decode_fn`, `sdpa_decode_fn`: one CPU decode step over the same
   random K/V, paged through an attention adapter (blocks scattered by a seeded
   permutation) or contiguous for torch's SDPA.
@@ -168,6 +171,23 @@ def replay(
         alloc.free(rid)
     spent += clock() - t0
     return ReplayResult(spent, count, hits, retries)
+
+
+def prefix_hit_replay(
+    alloc: AllocatorAdapter, prompts: Iterable[tuple[Sequence[int], str | None]], max_tokens: int
+) -> int:
+    """Prefix-hit tokens of `prompts` ((token ids, salt) pairs, in arrival order) served one
+    at a time through `alloc`: each is admitted (the adapter computes the rest of the
+    prompt and caches its full blocks) and freed at once, so the blocks stay cached until
+    a later admission evicts them: `paged.hitrate`'s replay model, on a peer. A prompt
+    longer than `max_tokens` (the cache's capacity) goes in cut to its first
+    `max_tokens` ids, as there."""
+    hits = 0
+    for i, (ids, salt) in enumerate(prompts):
+        cut = ids if len(ids) <= max_tokens else ids[:max_tokens]
+        hits += alloc.admit(i, cut, salt)
+        alloc.free(i)
+    return hits
 
 
 def decode_inputs(

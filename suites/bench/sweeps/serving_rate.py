@@ -5,8 +5,8 @@ the engine's time model (`paged.serving.rate`): ShareGPT-like and Alpaca-like re
 a Poisson process; the systems are paged (kvbench), Orca's three contiguous reservations
 (max, pow2, oracle) and request-level batching (static, FasterTransformer-like), all on
 the same set-up and KV memory (`workloads.setups`: the paper's OPT-13B on one
-A100-40GB by default; OPT-66B on 4 x A100-40GB and OPT-175B on 8 x A100-80GB with
---full).
+A100-40GB, OPT-66B on 4 x A100-40GB and OPT-175B on 8 x A100-80GB; see DEFAULT_NOTE for
+what the default run leaves to --full).
 
 Two kinds of case:
 
@@ -17,15 +17,19 @@ Two kinds of case:
   floor (one decode step of one sequence; see `paged.serving.rate`).
 
 Every number is modeled (the engine's time model of the named GPUs), never measured.
+The `calibration` parameter says which GPU figures priced the steps: "fitted" (the
+profiles' fitted efficiency, `kvbench calibrate gpu`; A100-40GB takes A100-80GB's fit,
+an assumption) or "datasheet" (100% of the datasheet peaks, no kernel floor). Grid cases
+run fitted; knee cases run both, so the sustained rates can be compared before/after.
 """
 
 from __future__ import annotations
 
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads.setups import CALIBRATIONS
 
 SYSTEM_NAMES = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle", "static")
-DEFAULT_SETUPS = ("opt-13b-1xa100-40gb",)
 FULL_SETUPS = ("opt-13b-1xa100-40gb", "opt-66b-4xa100-40gb", "opt-175b-8xa100-80gb")
 WORKLOADS = ("sharegpt", "alpaca")
 #: (set-up, workload) -> (default grid, full grid) of rates in requests/s, chosen to span
@@ -36,11 +40,17 @@ RATE_GRID: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]] = 
         (0.25, 0.5, 1, 1.5, 2, 2.5, 3, 4, 5),
     ),
     ("opt-13b-1xa100-40gb", "alpaca"): ((5, 20, 80, 150), (2, 5, 10, 20, 40, 80, 120, 150, 180)),
-    ("opt-66b-4xa100-40gb", "sharegpt"): ((), (0.25, 0.5, 1, 1.5, 2, 2.5, 3, 4)),
+    ("opt-66b-4xa100-40gb", "sharegpt"): ((0.25, 0.5, 1, 2, 3), (0.25, 0.5, 1, 1.5, 2, 2.5, 3, 4)),
     ("opt-66b-4xa100-40gb", "alpaca"): ((), (2, 5, 10, 20, 40, 80, 120, 160)),
-    ("opt-175b-8xa100-80gb", "sharegpt"): ((), (0.25, 0.5, 1, 1.5, 2, 3, 4, 6)),
+    ("opt-175b-8xa100-80gb", "sharegpt"): ((0.5, 1, 2, 4, 8), (0.25, 0.5, 1, 2, 3, 4, 6, 8, 10)),
     ("opt-175b-8xa100-80gb", "alpaca"): ((), (2, 5, 10, 20, 40, 80, 120, 160)),
 }
+#: What the default run leaves out, and why (the sweep's description carries it).
+DEFAULT_NOTE = (
+    "default run: the three OPT set-ups on ShareGPT-like requests (the rate claims are on "
+    "ShareGPT), OPT-13B also on Alpaca-like; OPT-66B / OPT-175B on Alpaca only with --full, "
+    "to keep the default run a few minutes"
+)
 #: Seconds of arrivals per trace (see `paged.serving.rate` on why a duration, not a count):
 #: long enough that a 10 x floor bound is crossed at a modest overload (ShareGPT's long
 #: outputs need longer), short enough for the default run.
@@ -54,13 +64,20 @@ _TRACES: dict[tuple, object] = {}
 
 def _cases(full: bool) -> list[Case]:
     out: list[Case] = []
-    for setup in FULL_SETUPS if full else DEFAULT_SETUPS:
+    for setup in FULL_SETUPS:
         for w in WORKLOADS:
             grid = RATE_GRID[(setup, w)][1 if full else 0]
+            if not grid:  # left to --full (DEFAULT_NOTE says which and why)
+                continue
             base = {"setup": setup, "workload": w, "duration": DURATION[w]}
             for s in SYSTEM_NAMES:
-                out += [{**base, "system": s, "rate": float(r)} for r in grid]
-                out.append({**base, "system": s, "bound_factor": BOUND_FACTOR})
+                out += [
+                    {**base, "system": s, "calibration": "fitted", "rate": float(r)} for r in grid
+                ]
+                out += [
+                    {**base, "system": s, "calibration": c, "bound_factor": BOUND_FACTOR}
+                    for c in CALIBRATIONS
+                ]
     return out
 
 
@@ -102,7 +119,8 @@ def _start_rate(setup: str, workload: str) -> float:
     "modeled serving under Poisson load (vLLM paper, Figure 12): normalized latency, TTFT "
     "and throughput against request rate for paged, Orca (max / pow2 / oracle) and "
     "request-level batching on the paper's set-ups; sustained rate = highest rate with "
-    f"mean normalized latency under {BOUND_FACTOR:g} x the set-up's one-sequence decode step",
+    f"mean normalized latency under {BOUND_FACTOR:g} x the set-up's one-sequence decode step; "
+    + DEFAULT_NOTE,
     _cases,
     requires=("kvbench.paged.serving.rate",),
     tags=("serving", "modeled"),
@@ -110,9 +128,9 @@ def _start_rate(setup: str, workload: str) -> float:
 def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.paged.serving.rate import latency_floor, run_at_rate, sustained_rate
     from kvbench.paged.serving.simulation import setup_time_model
-    from kvbench.workloads.setups import get_setup
+    from kvbench.workloads.setups import get_setup, with_calibration
 
-    setup = get_setup(case["setup"])
+    setup = with_calibration(get_setup(case["setup"]), case.get("calibration", "fitted"))
     trace = _rate_trace(case["workload"], ctx.seed)
     duration = case["duration"]
     if "rate" in case:

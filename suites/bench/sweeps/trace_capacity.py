@@ -10,6 +10,14 @@ Each row is one (trace, capacity, block size, policy):
     optimal    the offline optimal bound at the same capacity (Belady's MIN: evict the
                block whose next possible hit is farthest in the future) on the same
                replay model (`workloads.prefix_oracle`).
+    vllm       a peer row: vLLM's v1 KVCacheManager (prefix caching on; its free queue
+               evicts least recently freed first) on the same requests and the same
+               replay model (`suites.peers.workloads.prefix_hit_replay`), at the
+               capacities the real LRU cache runs at by default (3M and 50M), at every
+               block size of the grid; only where vLLM is installed (the peers env),
+               its version a case parameter (elsewhere the rows are absent and the
+               reason is logged). Always replayed, also where the capacity holds the
+               whole footprint (see below). Computed exactly, no timing.
 
 Metrics: hit_rate = prefix-hit tokens / prompt tokens; hit_rate_ceiling = the same for an
 unbounded cache (every earlier prefix cached); fraction_of_ceiling = their ratio.
@@ -27,6 +35,7 @@ and 16, policies lru, lfu, optimal.
 from __future__ import annotations
 
 import functools
+import logging
 
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
@@ -37,12 +46,32 @@ TRACE = "mooncake-conversation"
 #: Cache capacities [tokens]: log-spaced 10^4..10^9 plus the paper's 3M and 50M.
 CAPACITIES = (10_000, 100_000, 1_000_000, 3_000_000, 10_000_000, 50_000_000, 10**8, 10**9)
 DEFAULT_REPLAYED = (3_000_000, 50_000_000)
+#: The peer whose KVCacheManager replays the trace beside kvbench (policy name = peer).
+PEER = "vllm"
+
+log = logging.getLogger(__name__)
+_reported: list[str] = []
+
+
+def _peer_version() -> str | None:
+    """The peer's version where it is installed here (a cheap probe, no import), else None
+    (the reason logged once per process)."""
+    from kvbench.suites.peers import registry
+
+    why = registry.unavailable_reason(PEER)
+    if why is None:
+        return registry.peer_version(PEER)
+    if not _reported:
+        _reported.append(why)
+        log.warning("trace.prefix_capacity: no %s peer rows: %s", PEER, why)
+    return None
 
 
 def capacity_cases(full: bool) -> list[Case]:
     """The grid (module docstring)."""
     block_sizes = (512, 16) if full else (512,)
-    cases = []
+    peer = _peer_version()
+    cases: list[Case] = []
     for bs in block_sizes:
         for cap in CAPACITIES:
             policies = ["optimal"]
@@ -53,6 +82,16 @@ def capacity_cases(full: bool) -> list[Case]:
             for policy in sorted(policies):
                 cases.append(
                     {"trace": TRACE, "capacity_tokens": cap, "block_size": bs, "policy": policy}
+                )
+            if peer is not None and cap in DEFAULT_REPLAYED:
+                cases.append(
+                    {
+                        "trace": TRACE,
+                        "capacity_tokens": cap,
+                        "block_size": bs,
+                        "policy": PEER,
+                        "version": peer,
+                    }
                 )
     return cases
 
@@ -77,7 +116,10 @@ def hit_tokens(case: Case) -> tuple[int, bool]:
     )
     acc = _accesses(trace, bs)
     footprint = acc.footprint_blocks()
-    if cap // bs >= footprint:
+    unbounded = cap // bs >= footprint
+    if policy == PEER:
+        return _peer_hit_tokens(trace, cap, bs, footprint), unbounded
+    if unbounded:
         return _ceiling(trace, bs), True
     if policy == "optimal":
         return prefix_oracle.belady_hit_tokens(acc, cap), False
@@ -87,12 +129,26 @@ def hit_tokens(case: Case) -> tuple[int, bool]:
     return result.hit_tokens, False
 
 
+def _peer_hit_tokens(trace: str, cap: int, bs: int, footprint: int) -> int:
+    """Prefix-hit tokens of the peer's KVCacheManager with a pool of min(cap // bs,
+    footprint) blocks (PeerUnavailableError, a skip, where the peer does not import)."""
+    from kvbench.suites.peers.registry import load_allocator
+    from kvbench.suites.peers.workloads import prefix_hit_replay
+
+    blocks = cap // bs
+    requests = shipped_trace(trace).requests
+    prompts = ((r.prompt_ids(i), r.salt) for i, r in enumerate(requests))
+    alloc = load_allocator(PEER, min(blocks, footprint), bs)
+    return prefix_hit_replay(alloc, prompts, blocks * bs)
+
+
 @sweep(
     "trace.prefix_capacity",
     "prefix-cache hit rate vs cache capacity on the Mooncake conversation trace (computed "
     "exactly: the real PagedKVCache, memory-only, LRU / LFU; Belady's optimal bound; the "
-    "unbounded ceiling). Default run: block 512, LRU at 3M and 50M tokens, the bound at "
-    "every capacity; --full: block 16 and 512, 10^4-10^9 tokens, LRU, LFU and optimal",
+    "unbounded ceiling; vLLM's KVCacheManager beside them at 3M and 50M where installed). "
+    "Default run: block 512, LRU at 3M and 50M tokens, the bound at every capacity; "
+    "--full: block 16 and 512, 10^4-10^9 tokens, LRU, LFU and optimal",
     capacity_cases,
     requires=("kvbench.paged.hitrate",),
     tags=("trace", "prefix"),

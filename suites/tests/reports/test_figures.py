@@ -37,3 +37,65 @@ def test_a_series_keeps_its_color_in_every_figure_of_a_suite() -> None:
     assert len(time_colors) == 3 and len(ratio_colors) == 2
     # kvbench and vllm: the first and third series of the time figure
     assert ratio_colors == [time_colors[0], time_colors[2]]
+
+
+def _decode_rows(
+    dtypes: tuple[str, ...], batches: tuple[int, ...], value: float = 0.1
+) -> pd.DataFrame:
+    rows = []
+    for dt in dtypes:
+        for b in batches:
+            for ctx in (128, 512, 2048):
+                key = f"{dt}-{b}-{ctx}"
+                rows.append({"run_id": "r", "suite": "kernel.decode", "case_key": key,
+                             "dtype": dt, "batch": b, "ctx_len": ctx, "block_size": 16,
+                             "metric": "paging_overhead", "value": value, "unit": "fraction"})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _axes_count(svg: str) -> int:
+    return len(set(re.findall(r'<g id="(axes_\d+)">', svg)))
+
+
+def test_a_crowded_figure_is_split_into_panels_of_at_most_eight_series() -> None:
+    spec = figures.FigureSpec("kernel.decode", "t", "ctx_len", ("paging_overhead",), logx=True,
+                              percent=True)  # fmt: skip
+    few = figures.render(_decode_rows(("float32",), (1, 8, 16)), spec)
+    many = figures.render(_decode_rows(("float32", "bfloat16", "float16"), (1, 2, 4, 8, 16)), spec)
+    assert few and many
+    assert _axes_count(few) == 1
+    assert _axes_count(many) == 3  # 15 series: one panel per dtype, 5 series each
+
+
+def test_integer_ticks_and_a_flat_share_not_drawn_past_100_percent() -> None:
+    spec = figures.FigureSpec("kernel.decode", "t", "ctx_len", ("paging_overhead",), logx=True,
+                              percent=True)  # fmt: skip
+    svg = figures.render(_decode_rows(("float32",), (8,), value=1.0), spec)
+    assert svg
+    import matplotlib.pyplot as plt
+
+    # the same axes drawn directly: ticks at the data's integer x values, y capped near 100%
+    fig, ax = plt.subplots()
+    rows = _decode_rows(("float32",), (8,), value=1.0)
+    ax.plot(rows["ctx_len"], rows["value"])
+    figures._axes(ax, spec, rows)
+    assert list(ax.get_xticks()) == [128, 512, 2048]
+    assert ax.get_ylim()[0] == 0.0 and ax.get_ylim()[1] <= 1.011
+    plt.close(fig)
+
+
+def test_measured_and_modeled_lines_of_one_series_share_a_colour() -> None:
+    """serving.measured draws each system measured (solid) and modeled (dashed): the pair
+    gets one colour, so a reader matches them at a glance; other figures are unchanged."""
+    labels = [
+        "measured here, Orca (Max)",
+        "measured here, vLLM (paged)",
+        "modeled (CPU-fitted time model), Orca (Max)",
+        "modeled (CPU-fitted time model), vLLM (paged)",
+    ]
+    colors = figures._series_colors(pd.DataFrame(), ["metric", "system"], labels)
+    assert colors[labels[0]] == colors[labels[2]] and colors[labels[1]] == colors[labels[3]]
+    assert colors[labels[0]] != colors[labels[1]]
+    plain = ["paged kernel, block_size=16", "SDPA on contiguous K/V, block_size=16"]
+    other = figures._series_colors(pd.DataFrame(), ["metric", "block_size"], plain)
+    assert other[plain[0]] != other[plain[1]]

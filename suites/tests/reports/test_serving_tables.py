@@ -72,3 +72,25 @@ def test_missing_rows_are_not_measured(tmp_path: Path) -> None:
     v = _verdicts(tmp_path / "y.jsonl")
     for key in ("rate-paper", "seed001-batch", "calibration-cpu", "cow-beam-load"):
         assert v[key].verdict == claims.NOT_MEASURED
+
+
+@pytest.mark.parametrize(
+    ("system", "knee", "why"),
+    [
+        ("contiguous-oracle", 4.0 / 1.54, "1.54x: below 1.7x, once accepted by a 10% tolerance"),
+        (
+            "contiguous-oracle",
+            4.0 / 2.74,
+            "2.74x rounds to 2.7x: inside at the published precision",
+        ),
+        ("static", 4.0 / 3.0, "3x: FasterTransformer-like faster than Orca (Max) at 4x"),
+        ("static", 4.0 / 23.0, "23x: above 'up to 22x'"),
+    ],
+)
+def test_no_tolerance_below_or_above_the_published_ranges(
+    tmp_path: Path, system: str, knee: float, why: str
+) -> None:
+    verdict = _verdicts(_write(tmp_path, {**KNEES, system: knee}, BATCH))["rate-paper"]
+    expect = claims.HOLDS if "inside" in why else claims.FAILS
+    assert verdict.verdict == expect, why
+    assert "Orca (Oracle)" in verdict.measured and "FasterTransformer" in verdict.measured

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.paged.cache import PagedKVCache
+from kvbench.reference.validation import validate_prompt
 from kvbench.suites.cli import main
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
@@ -46,6 +47,18 @@ def test_mooncake_rows_become_block_prompts_with_arrivals_in_seconds(tmp_path: P
     assert len(ids) == 600  # the partial last block keeps input_length
     assert ids[:512] == list(b.prompt_ids(1))  # same hash id, same ids
     assert ids[512:] == [BLOCK_ID_BASE + 4 * 512 + p for p in range(88)]
+
+
+@pytest.mark.parametrize(
+    ("blocks", "length"), [((3, 4), 600), ((5, 1), 600), ((9,), 1), ((2, 7, 1), 1536)]
+)
+def test_block_prompts_know_their_largest_id(blocks: tuple[int, ...], length: int) -> None:
+    """max_id (what the engine asks instead of iterating 145M ids) is the listed ids' max,
+    whether a full block or the cut last one holds it."""
+    req = TraceRequest(0, 0.0, length, 1, prompt_blocks=blocks, prompt_block_tokens=512)
+    ids = req.prompt_ids(0)
+    assert ids.max_id() == max(list(ids))  # type: ignore[attr-defined]
+    assert validate_prompt(ids, 4096) is ids  # trusted as given, not copied
 
 
 def test_version_2_round_trips_and_version_1_files_still_read(tmp_path: Path) -> None:
@@ -167,6 +180,28 @@ MOONCAKE_BAD = {
         "timestamp",
     ),
     "truncated": ('{"timestamp": 9, "input_length": 5, "output_len', None),
+    "fractional length": (
+        '{"timestamp": 9, "input_length": 5.5, "output_length": 1, "hash_ids": [0]}',
+        "input_length",
+    ),
+    "boolean length": (
+        '{"timestamp": 9, "input_length": 5, "output_length": true, "hash_ids": [0]}',
+        "output_length",
+    ),
+    "ids not a list": (
+        '{"timestamp": 9, "input_length": 5, "output_length": 1, "hash_ids": 0}',
+        "hash_ids",
+    ),
+    "negative id": (
+        '{"timestamp": 9, "input_length": 5, "output_length": 1, "hash_ids": [-1]}',
+        "hash_ids",
+    ),
+    "timestamp text": (
+        '{"timestamp": "9", "input_length": 5, "output_length": 1, "hash_ids": [0]}',
+        "timestamp",
+    ),
+    "not an object": ("[9, 5, 1, [0]]", None),
+    "empty line": ("", None),
 }
 GOOD_LINE = '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}'
 
@@ -192,6 +227,8 @@ AZURE_BAD = {
     "negative length": ("2023-11-16 18:15:47,5,-44", "GeneratedTokens"),
     "bad time": ("yesterday,5,44", "TIMESTAMP"),
     "backwards": ("2023-11-16 18:15:45,5,44", "TIMESTAMP"),
+    "fractional length": ("2023-11-16 18:15:47,5.5,44", "ContextTokens"),
+    "empty line": ("", None),
 }
 
 
@@ -205,6 +242,16 @@ def test_bad_azure_rows_are_refused_with_line_and_field(tmp_path: Path, kind: st
     with pytest.raises(TraceError) as info:
         read_azure(path)
     assert (info.value.line, info.value.field) == (3, field)
+
+
+def test_a_csv_without_the_azure_header_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text("time,prompt,output\n2023-11-16 18:15:46.5,1,1\n")
+    with pytest.raises(TraceError, match="line 1: field 'header'"):
+        read_azure(path)
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    with pytest.raises(TraceError, match="no requests after the header"):
+        read_azure(path)
 
 
 @pytest.mark.parametrize("fmt", ["mooncake", "azure"])
@@ -252,3 +299,24 @@ def test_cli_import_writes_the_trace_and_a_bad_file_writes_nothing(
     fresh = tmp_path / "never.jsonl"
     assert main(["workload", "--import", f"mooncake:{bad}", "--out", str(fresh)]) == 2
     assert not fresh.exists()
+
+
+def test_an_imported_azure_trace_drives_simulate_and_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Azure import (no prefix information) feeds `simulate` and `rate --trace`,
+    goodput and the SLO search included."""
+    rows = [f"2023-11-16 18:15:{46 + i // 2}.{i % 2 * 5},{200 + 37 * i},{20 + i}" for i in range(8)]
+    csv = tmp_path / "a.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "a.jsonl"
+    assert main(["workload", "--import", f"azure:{csv}", "--out", str(out)]) == 0
+    assert len(Trace.read(out)) == 8
+    capsys.readouterr()
+    slo = ["--slo-ttft", "2", "--slo-tpot", "0.1"]
+    assert main(["simulate", "--trace", str(out), "--profile", "h100", *slo]) == 0
+    assert "goodput" in capsys.readouterr().out
+    setup = ["--setup", "llama-3-70b-8xh100-tp8", "--system", "paged"]
+    assert main(["rate", *setup, "--trace", str(out), "--time-scale", "1,2", *slo]) == 0
+    text = capsys.readouterr().out
+    assert "highest load with p99 within the SLO" in text and "goodput" in text

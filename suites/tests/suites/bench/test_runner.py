@@ -203,8 +203,15 @@ def test_kernel_decode_measures_the_same_attention_both_ways() -> None:
     )
     # the overhead is the median of paired per-repeat ratios: within the ratios' extremes
     paged, contig = got["time_paged"].stats, got["time_contiguous"].stats
-    ratio = got["paged_overhead"].value + 1
+    ratio = got["overhead_vs_sdpa"].value + 1
     assert paged["min"] / contig["max"] <= ratio <= paged["max"] / contig["min"]
+    # paging overhead: the same kernel on the contiguous layout, paired; the same output
+    layout = got["time_paged_contiguous_layout"].stats
+    paging = got["paging_overhead"]
+    assert paging.stats is not None and paging.stats["n"] == layout["n"]
+    assert paged["min"] / layout["max"] <= paging.value + 1 <= paged["max"] / layout["min"]
+    assert paging.stats["q1"] <= paging.value <= paging.stats["q3"]
+    assert got["rel_diff_layouts"].value < 1e-6
     # the fraction of the copy peak is paired: a median of per-repeat fractions, each
     # (bytes / paged time) / (copy bytes / copy time), so it lies within their extremes
     copy = got["copy_time_paired"].stats
@@ -227,6 +234,8 @@ def test_kernel_prefill_matches_causal_sdpa(q_len: int) -> None:
     case = {"block_size": 8, "ctx_len": 37, "q_len": q_len, "batch": 2, "dtype": "float32"}
     got = {m.metric: m.value for m in sw.measure({**case, "gqa": 4}, _ctx())}
     assert got["rel_diff_vs_sdpa"] < 1e-5
+    assert got["rel_diff_layouts"] < 1e-6 and got["time_paged_contiguous_layout"] > 0
+    assert "paging_overhead" in got
     chosen = [k for k in got if k.startswith("contiguous_sdpa_backend_")]
     assert len(chosen) == 1 and got[chosen[0]] == 1.0
     # the rows name the path that ran, as decode's do (the page's provenance line reads them)
@@ -234,6 +243,28 @@ def test_kernel_prefill_matches_causal_sdpa(q_len: int) -> None:
 
     assert got["kernel_path_is_cpp"] == float(cpu_paged.status().path == "cpp")
     assert got["backend_is_triton"] == 0.0 and got["first_call_time"] > 0
+    # the FMA-peak rows come with the C++ path (its build holds the probe), and only then
+    fma = {"fma_peak_paired", "fma_peak_fraction"}
+    assert (fma <= set(got)) == (cpu_paged.status().path == "cpp")
+    assert not fma & set(got) or got["fma_peak_paired"] > 0 < got["fma_peak_fraction"]
+
+
+def test_fma_probe_counts_flops_and_lasts_about_as_asked() -> None:
+    """FLOPs per call scale with the rounds; `lasting` scales the rounds to the time asked
+    for, within [FMA_PROBE_ITERS, FMA_PROBE_MAX_ITERS]; the rows divide repeat by repeat."""
+    from kvbench.kernels import cpu_paged
+    from kvbench.suites.bench import harness
+
+    if cpu_paged.status().path != "cpp":
+        pytest.skip(f"no C++ CPU kernel here: {cpu_paged.status().reason}")
+    probe = harness.FmaProbe(1000)
+    assert probe.flops == 1000 * cpu_paged.fma_probe(1) and probe() == probe.flops
+    assert harness.FmaProbe.lasting(0.0).iters == harness.FMA_PROBE_ITERS
+    assert harness.FmaProbe.lasting(3600.0).iters == harness.FMA_PROBE_MAX_ITERS
+    rows = {m.metric: m.value for m in probe.rows([2.0, 1.0, 4.0], [1.0, 1.0, 1.0], 10**6)}
+    assert rows["fma_peak_paired"] == pytest.approx(probe.flops)  # median probe time 1 s
+    # per repeat (1e6 / t) / flops: medians of 0.5, 1, 0.25 x 1e6 / flops
+    assert rows["fma_peak_fraction"] == pytest.approx(0.5e6 / probe.flops)
 
 
 def test_gpu_timing_reports_what_do_bench_ran(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,6 +280,10 @@ def test_gpu_timing_reports_what_do_bench_ran(monkeypatch: pytest.MonkeyPatch) -
         calls.append(return_mode)
         return [4.0, 1.0, 2.0, 3.0, 5.0, 2.0, 3.0]  # ms
 
+    def no_capture(fn, rep, return_mode):  # type: ignore[no-untyped-def]
+        raise RuntimeError("capture refused")  # the do_bench fallback is this test's subject
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", no_capture)
     monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
     stats = time_gpu(lambda: None, TimingConfig(repeats=15))
     assert calls == ["all"]
@@ -396,7 +431,11 @@ def test_serving_replay_measures_the_trace_and_holds_event_mode_to_token_steppin
 
     sw = registry.get_sweep("serving.replay")
     case = {"workload": "sharegpt", "requests": 300, "block_size": 16, "kv_budget": "1GB"}
-    m = {x.metric: x.value for x in sw.measure({**case, "mode": "token"}, _ctx())}
+    rows = {x.metric: x for x in sw.measure({**case, "mode": "token"}, _ctx())}
+    m = {k: x.value for k, x in rows.items()}
+    wall_stats = rows["replay_wall_time"].stats  # repeated: the wall time has its spread
+    assert wall_stats is not None and wall_stats["n"] == scheduling.REPLAY_REPEATS
+    assert wall_stats["min"] <= m["replay_wall_time"] <= wall_stats["max"]
     decode_tokens = sum(r.output_len for r in generate("sharegpt", 300, seed=0).requests)
     wall = m["replay_wall_time"]
     assert m["decode_tokens_per_second"] * wall == pytest.approx(decode_tokens)

@@ -18,7 +18,8 @@ from kvbench.suites.bench.sweeps import trace_capacity as tc
 SWEEP = "trace.prefix_capacity"
 
 
-def test_default_grid_is_small_and_full_grid_covers_the_issue() -> None:
+def test_default_grid_is_small_and_full_grid_covers_the_issue(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(tc, "_peer_version", lambda: None)  # where vLLM is not installed
     sweep = get_sweep(SWEEP)
     default = sweep.cases(False)
     replayed = [c for c in default if c["policy"] != "optimal"]
@@ -32,6 +33,23 @@ def test_default_grid_is_small_and_full_grid_covers_the_issue() -> None:
     assert {c["block_size"] for c in full} == {16, 512}
     assert {c["policy"] for c in full} == {"lru", "lfu", "optimal"}
     assert all(set(c) == {"trace", "capacity_tokens", "block_size", "policy"} for c in full)
+
+
+def test_the_vllm_peer_rows_join_where_vllm_is_installed(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With the peer installed, each grid gains vLLM rows at the LRU default points (3M,
+    50M) at each of its block sizes, the version a parameter; the rest is unchanged."""
+    monkeypatch.setattr(tc, "_peer_version", lambda: None)
+    without = {False: tc.capacity_cases(False), True: tc.capacity_cases(True)}
+    monkeypatch.setattr(tc, "_peer_version", lambda: "0.32.0")
+    for full, plain in without.items():
+        cases = tc.capacity_cases(full)
+        peer = [c for c in cases if c["policy"] == "vllm"]
+        assert [c for c in cases if c["policy"] != "vllm"] == plain
+        sizes = (512, 16) if full else (512,)
+        assert sorted((c["block_size"], c["capacity_tokens"]) for c in peer) == sorted(
+            (bs, cap) for bs in sizes for cap in (3_000_000, 50_000_000)
+        )
+        assert all(c["version"] == "0.32.0" for c in peer)
 
 
 def _metrics(case: dict) -> dict[str, float]:
@@ -122,3 +140,30 @@ def test_bench_writes_the_rows(tmp_path: Path, monkeypatch) -> None:  # type: ig
     assert {"hit_rate", "hit_rate_ceiling", "fraction_of_ceiling"} <= set(rows)
     assert rows["hit_rate"]["case"] == one[0]
     assert 0.9 < rows["fraction_of_ceiling"]["value"] <= 1.0
+
+
+def test_the_capacity_figure_draws_the_ceiling_once_on_decades(tmp_path: Path) -> None:
+    """The ceiling (the same for every policy) is one series named by its metric; each
+    policy's hit rate is its own; the x axis is log 10 (capacities are decades)."""
+    from kvbench.reports import figures
+
+    with ResultWriter("c", tmp_path) as w:
+        for policy in ("lru", "optimal", "vllm"):
+            for cap in (10_000, 3_000_000, 10**9):
+                case = {"trace": tc.TRACE, "capacity_tokens": cap, "block_size": 512}
+                case["policy"] = policy
+                if policy == "vllm":
+                    case["version"] = "0.32.0"
+                w.record(SWEEP, case, "hit_rate", 0.1, "fraction")
+                w.record(SWEEP, case, "hit_rate_ceiling", 0.37, "fraction")
+    (run,) = load_runs(["c"], tmp_path)
+    frame = run.frame()
+    (spec,) = [s for s in figures.specs_for(SWEEP) if s.fixed.get("block_size") == 512]
+    assert spec.logx_base == 10
+    sub = figures._select(figures._suite_rows(frame, spec), spec)
+    ceiling = sub[sub["metric"] == "hit_rate_ceiling"]
+    assert sorted(ceiling["capacity_tokens"]) == [10_000, 3_000_000, 10**9]
+    assert ceiling["policy"].isna().all() and (ceiling["block_size"] == 512).all()
+    assert sorted(sub[sub["metric"] == "hit_rate"]["policy"].unique()) == ["lru", "optimal", "vllm"]
+    svg = figures.render(frame, spec)
+    assert svg is not None and svg.startswith("<svg")

@@ -1,5 +1,5 @@
 """trace.serving on a small Mooncake-format trace built here: every view measures what it
-says (units, ranges, consistency between views), and the reader maps the format."""
+says (units, ranges, consistency between views), and the sweep reads the shipped trace."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 
 from kvbench.suites.bench.context import BenchContext
-from kvbench.suites.bench.sweeps import mooncake_reader
 from kvbench.suites.bench.sweeps import trace_serving as ts
-from kvbench.workloads.errors import ConfigError
-from kvbench.workloads.prompt_ids import HashBlockPrompt
-from kvbench.workloads.trace import TraceError
+from kvbench.workloads.shipped import shipped_trace
+from kvbench.workloads.trace_import import read_mooncake
 
 
 def _write(path: Path, rows: list[dict]) -> Path:
@@ -39,32 +37,21 @@ def _rows(n: int) -> list[dict]:
     return rows
 
 
-def test_reader_maps_the_format(tmp_path: Path) -> None:
-    path = _write(tmp_path / "t.jsonl", _rows(10))
-    trace = mooncake_reader.read_mooncake(path)
-    assert len(trace) == 10
-    assert [r.arrival for r in trace.requests[:5]] == [0.0, 0.0, 0.0, 0.0, 3.0]
-    first = trace.requests[0]
-    assert isinstance(first.prompt, HashBlockPrompt)
-    assert first.prompt_len == 612 and first.prompt[0] == 0 and first.prompt[600] == 1
-    assert len(mooncake_reader.read_mooncake(path, window_s=3.0)) == 4
-    bad = _rows(3)
-    bad[1]["hash_ids"] = [0]  # 512 tokens cannot cover input_length 613
-    with pytest.raises(TraceError, match="line 2") as info:
-        mooncake_reader.read_mooncake(_write(tmp_path / "bad.jsonl", bad))
-    assert info.value.field == "hash_ids"
-    del bad[2]["output_length"]
-    bad[1]["hash_ids"] = _rows(3)[1]["hash_ids"]
-    with pytest.raises(TraceError, match="line 3"):
-        mooncake_reader.read_mooncake(_write(tmp_path / "bad2.jsonl", bad))
-    with pytest.raises(ConfigError, match="does not exist"):
-        mooncake_reader.read_mooncake(tmp_path / "missing.jsonl")
+def test_the_sweep_replays_the_shipped_trace() -> None:
+    """The sweep reads the trace shipped in the package (offline on a fresh clone): the
+    first 300 s of the Mooncake conversation trace, prompts described by hash blocks."""
+    ts._TRACES.clear()
+    trace = ts._trace(ts.DEFAULT_WINDOW_S)
+    assert trace.requests and all(r.arrival < ts.DEFAULT_WINDOW_S for r in trace.requests)
+    whole = shipped_trace(ts.TRACE)
+    assert trace.requests == whole.requests[: len(trace)]
+    assert whole.requests[len(trace)].arrival >= ts.DEFAULT_WINDOW_S
+    assert all(r.prompt_block_tokens == 512 for r in trace.requests)
 
 
 def test_every_view_measures_consistently(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _write(tmp_path / "t.jsonl", _rows(40))
-    monkeypatch.setattr(ts, "TRACE_FILES", (path,))
-    monkeypatch.setattr(ts, "_TRACES", {})
+    monkeypatch.setattr(ts, "_TRACES", {ts.DEFAULT_WINDOW_S: read_mooncake(path)})
     monkeypatch.setattr(ts, "_RUNS", {})
     ctx = BenchContext(device=__import__("torch").device("cpu"))
     cases = ts._cases(False)
@@ -73,9 +60,13 @@ def test_every_view_measures_consistently(tmp_path: Path, monkeypatch: pytest.Mo
     assert all(c["window_s"] == ts.DEFAULT_WINDOW_S for c in cases)
     assert {c["time_scale"] for c in cases if c["view"] == "grid"} == set(ts.TIME_SCALES)
     by_view: dict[str, list[dict]] = {v: [] for v in views}
+    stats: dict[str, dict] = {}
     for case in cases:
-        got = {m.metric: (m.value, m.unit) for m in ts.trace_serving(case, ctx)}
+        measured = ts.trace_serving(case, ctx)
+        got = {m.metric: (m.value, m.unit) for m in measured}
         by_view[case["view"]].append({"case": case, **got})
+        if case["view"] == "replay":
+            stats = {m.metric: m.stats for m in measured if m.stats}
     for row in by_view["grid"]:
         assert row["goodput"][1] == "requests/s" and row["ttft_p99"][1] == "s"
         assert 0.0 <= row["slo_attainment"][0] <= 1.0
@@ -90,6 +81,10 @@ def test_every_view_measures_consistently(tmp_path: Path, monkeypatch: pytest.Mo
     assert admitted == 40
     (replay,) = by_view["replay"]
     assert replay["replay_wall_time"][0] > 0
+    for metric in ("replay_wall_time", "replay_cpu_time", "replay_prompt_tokens_per_second"):
+        spread = stats[metric]  # measured here: repeated, with q1-q3 and n
+        assert spread["n"] == ts.REPLAY_REPEATS
+        assert spread["q1"] <= replay[metric][0] <= spread["q3"]
     assert replay["replay_prompt_tokens"][0] == sum(r["input_length"] for r in _rows(40))
     assert not any(
         math.isnan(v[0]) for row in by_view["timeline"] for k, v in row.items() if k != "case"

@@ -266,6 +266,11 @@ BAD_WORDS: list[tuple[str, list[str], str]] = [
     ("capacity", ["--kv-budget=1GB", "--model="], "''"),
     ("capacity", ["--kv-budget=1GB", "--kv-heads=6", "--tp=4"], "tp=4"),
     ("capacity", ["--kv-budget=1GB", "--format=xml"], "'xml'"),
+    ("capacity", ["--kv-budget=1GB", "--model=mistral-7b", "--tp=2"], "--tp=2"),
+    ("capacity", ["--kv-budget=1GB", "--model=gemma-2-9b", "--layers=3"], "--layers"),
+    ("capacity", ["--kv-budget=1GB", "--model=llama-3-8b", "--step-tokens=4"], "--step-tokens"),
+    ("capacity", ["--kv-budget=1GB", "--model=whisper-large-v3", "--encoder-len=9"], "encoder"),
+    ("capacity", ["--kv-budget=1GB", "--model=mistral-7b", "--avg-len=9000"], "avg_len=9000"),
     ("utilization", ["--format=xml"], "'xml'"),
     ("utilization", ["--min-len=3000"], "3000"),
     (
@@ -296,6 +301,11 @@ BAD_WORDS: list[tuple[str, list[str], str]] = [
     ("simulate", ["--burstiness=2", "--arrivals=poisson:-3"], "-3"),
     ("merge", [], None),
     ("no-such-command", [], "no-such-command"),
+    ("calibrate", ["cpu", "--profiles=x"], "'cpu'"),
+    ("calibrate", ["gpu"], "--profiles"),
+    ("calibrate", ["gpu", "--profiles=a", "--judge=b"], "not allowed"),
+    ("calibrate", ["gpu", "--profiles=no-such-folder"], "no-such-folder"),
+    ("calibrate", ["gpu", "--judge="], "''"),
 ]
 
 
@@ -390,6 +400,7 @@ INPUT_OPTIONS: list[tuple[str, list[str], set[str]]] = [
     ("workload", ["workload", "--import", "azure:{f}", "--out", "imported.jsonl"], set()),
     ("hitrate", ["hitrate", "-q", "--capacity=1e4", "--trace", "{f}"], set()),
     ("rate", ["rate", "--no-knee", "--rates=1", "--duration=1", "--trace", "{f}"], set()),
+    ("capacity", ["capacity", "--kv-budget=1GB", "--hf-config", "{f}"], set()),
 ]
 
 
@@ -667,3 +678,47 @@ def test_real_process_exits_2_with_one_line(tmp_path: Path, argv: list[str]) -> 
     assert_refused(done.returncode, done.stderr, argv[0])
     assert list(tmp_path.iterdir()) == []
     TRIED["cli: real process"] += 1
+
+
+def test_calibrate_refuses_bad_profile_folders_and_outputs(workdir: Path) -> None:
+    """Malformed mlp.csv (named with its line and column), a GPU with no fitted profile
+    under --judge, a folder with no mlp.csv, and a --csv that cannot be written: refused
+    in one line, nothing written."""
+    from kvbench.suites.tests.workloads.vidur_tree import LLAMA_7B, write_model
+    from kvbench.workloads.efficiency import Efficiency
+    from kvbench.workloads.profiles import get_profile
+
+    base = workdir / "calib"
+    eff = Efficiency(0.9, 0.7, 5e-6)
+    bad = base / "bad"
+    path = write_model(bad, "h100", "org/m", LLAMA_7B, get_profile("h100"), eff)
+    lines = path.read_text().splitlines()
+    cells = lines[2].split(",")
+    cells[lines[0].split(",").index("time_stats.attn_pre_proj.median")] = "oops"
+    path.write_text("\n".join([lines[0], lines[1], ",".join(cells), *lines[3:]]) + "\n")
+    write_model(base / "cpu", "cpu", "org/m", LLAMA_7B, get_profile("cpu"), eff)
+    write_model(base / "good", "h100", "org/m", LLAMA_7B, get_profile("h100"), eff)
+    (base / "none").mkdir()
+    (base / "blocker").write_text("x\n")
+    good = str(base / "good")
+    huge = base / "huge"
+    path = write_model(huge, "h100", "org/m", LLAMA_7B, get_profile("h100"), eff)
+    lines = path.read_text().splitlines()
+    cells = lines[1].split(",")
+    cells[lines[0].split(",").index("n_embd")] = "1e300"
+    path.write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    binary = base / "binary"
+    path = write_model(binary, "h100", "org/m", LLAMA_7B, get_profile("h100"), eff)
+    path.write_bytes(b"\xff\xfe" + path.read_bytes())
+    cases = [
+        (["calibrate", "gpu", "--profiles", str(bad)], "line 3: column"),
+        (["calibrate", "gpu", "--judge", str(base / "cpu")], "'cpu'"),
+        (["calibrate", "gpu", "--profiles", str(base / "none")], "holds no compute"),
+        (["calibrate", "gpu", "--judge", str(huge)], "'n_embd': '1e300' is above"),
+        (["calibrate", "gpu", "--judge", str(binary)], "mlp.csv: not UTF-8 text"),
+        (["calibrate", "gpu", "--profiles", good, "--csv", "."], None),
+        (["calibrate", "gpu", "--profiles", good, "--csv", "calib/blocker/x.csv"], "is a file"),
+    ]
+    _all_refused(
+        workdir, [(argv, "calibrate", "cli file: calibrate profiles", n) for argv, n in cases]
+    )

@@ -1,0 +1,169 @@
+"""What produced a sweep's numbers, in one short tag a reader sees at a glance.
+
+Every sweep page, figure caption, table heading and the index's sweep table name one of
+
+    measured here (CPU | GPU)   timed on the machine that ran the bench;
+    counted here                exact block / slot counts from replaying requests through
+                                kvbench's allocator (no clock involved);
+    modeled (profile ...)       the serving engine's time model on a device profile (a GPU
+                                the run did not have): numbers of the model, not a machine;
+    predicted                   the kernels' cost model over GPU profiles;
+    measured on a GPU (Vidur)   operator times Vidur's profiles published, measured on GPUs
+                                elsewhere (read from a file, not timed here);
+    compiled here               what the compiler reports for ahead-of-time builds;
+    closed form                 arithmetic on the case's parameters.
+
+A sweep that mixes kinds (modeled rows beside measured ones) names both. The kind comes
+from `KINDS` by sweep name, else from the sweep's description ("modeled", "predicted",
+"closed form"), else "measured here" when its rows carry repeat statistics, else
+"not stated".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+MEASURED = "measured here"
+COUNTED = "counted here"
+MODELED = "modeled"
+PREDICTED = "predicted"
+PUBLISHED_GPU = "measured on a GPU (Vidur profiles)"
+COMPILED = "compiled here"
+CLOSED_FORM = "closed form"
+NOT_STATED = "not stated"
+
+#: Each sweep's kinds, in the order a page names them.
+KINDS: dict[str, tuple[str, ...]] = {
+    "capacity.footprint": (CLOSED_FORM,),
+    "capacity.concurrency": (CLOSED_FORM,),
+    "capacity.prefix_formula": (CLOSED_FORM,),
+    "kernel.decode": (MEASURED,),
+    "kernel.prefill": (MEASURED,),
+    "kernel.predicted": (PREDICTED,),
+    "kernel.static": (COMPILED,),
+    "peers.pool_ops": (MEASURED,),
+    "peers.trace_replay": (MEASURED,),
+    "peers.cpu_decode": (MEASURED,),
+    "serving.batch": (COUNTED, MODELED),
+    "serving.block_size": (COUNTED, MODELED),
+    "serving.sharing": (COUNTED,),
+    "serving.sample_preemption": (COUNTED, MODELED),
+    "serving.replay": (MEASURED,),
+    "serving.batch_table": (MODELED,),
+    "serving.cow_load": (MODELED,),
+    "serving.rate": (MODELED,),
+    "serving.measured": (MEASURED, MODELED),
+    "cow.parallel_sampling": (COUNTED,),
+    "cow.beam_search": (COUNTED,),
+    "prefix.scenarios": (COUNTED, CLOSED_FORM),
+    "prefix.shared_prompt": (COUNTED,),
+    "preempt.swap_vs_recompute": (MODELED, MEASURED),
+    "utilization.static": (COUNTED, CLOSED_FORM),
+    "trace.prefix_capacity": (COUNTED,),
+    "trace.serving": (MODELED, MEASURED),
+    # issue 27's GPU calibration: the kernel model beside Vidur's measured operator times
+    "calibration.gpu": (PREDICTED, PUBLISHED_GPU),
+    # sweeps of other lanes not yet on main (issue 30's fp8 decode, issue 29's KV specs)
+    "kernel.decode_fp8": (MEASURED,),
+    "capacity.kv_specs": (CLOSED_FORM,),
+}
+
+#: What each kind means, for the page's one-line note.
+MEANING: dict[str, str] = {
+    MEASURED: "timed on this machine",
+    COUNTED: "exact block / slot counts from replaying requests through kvbench's allocator",
+    MODELED: "the serving engine's time model on a device profile, not a measurement",
+    PREDICTED: "the kernels' cost model over GPU profiles, not a measurement",
+    PUBLISHED_GPU: "operator times measured on GPUs by Vidur's authors, read from their files",
+    COMPILED: "statistics of ahead-of-time compiles, no kernel run",
+    CLOSED_FORM: "arithmetic on the case's parameters",
+    NOT_STATED: "the sweep does not say",
+}
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What produced one sweep's numbers: the kinds, the measuring device where something
+    was measured, and the device profiles where something was modeled."""
+
+    kinds: tuple[str, ...]
+    device: str = ""
+    profiles: tuple[str, ...] = ()
+
+    @property
+    def measured(self) -> bool:
+        return MEASURED in self.kinds
+
+    def _parts(self) -> list[str]:
+        parts = []
+        for kind in self.kinds:
+            if kind == MEASURED and self.device:
+                parts.append(f"{kind} ({self.device})")
+            elif kind == MODELED and self.profiles:
+                parts.append(f"{kind} ({', '.join(self.profiles)})")
+            else:
+                parts.append(kind)
+        return parts
+
+    def tag(self) -> str:
+        """The short tag: 'measured here (CPU)', 'modeled (1xa100-40gb)', ..."""
+        return " + ".join(self._parts())
+
+    def sentence(self) -> str:
+        """The tag with what each kind means, for the top of a sweep page."""
+        return "Produced by: " + "; ".join(
+            f"{part} — {MEANING[kind]}"
+            for part, kind in zip(self._parts(), self.kinds, strict=True)
+        )
+
+
+def _device(frame: pd.DataFrame, env_device: str) -> str:
+    triton = frame[frame["metric"] == "backend_is_triton"]["value"]
+    if (not triton.empty and bool((triton > 0).all())) or env_device.startswith("cuda"):
+        return "GPU"
+    return "CPU"
+
+
+def _profiles(frame: pd.DataFrame) -> tuple[str, ...]:
+    """Device profiles the rows name: a `profile` case value (bar 'measured'), or the GPU
+    part of a `setup` such as 'opt-13b-1xa100-40gb' -> '1xa100-40gb'."""
+    out: list[str] = []
+    if "profile" in frame.columns:
+        out += [str(p) for p in frame["profile"].dropna().unique() if str(p) != "measured"]
+    if "setup" in frame.columns:
+        for setup in frame["setup"].dropna().unique():
+            parts = str(setup).split("-")
+            gpu = [i for i, p in enumerate(parts) if "x" in p and any(c.isdigit() for c in p)]
+            out.append("-".join(parts[gpu[0] :]) if gpu else str(setup))
+    return tuple(dict.fromkeys(sorted(out)))
+
+
+def kinds_of(suite: str, frame: pd.DataFrame, description: str = "") -> tuple[str, ...]:
+    """The sweep's kinds (see the module docstring for the fallbacks)."""
+    if suite in KINDS:
+        return KINDS[suite]
+    text = description.lower()
+    for word, kind in (("predicted", PREDICTED), ("closed form", CLOSED_FORM)):
+        if word in text:
+            return (kind,)
+    kinds = []
+    timed = "stats.n" in frame.columns and bool(frame["stats.n"].notna().any())
+    if timed or "measured" in text:
+        kinds.append(MEASURED)
+    if "modeled" in text or "model" in text.split():
+        kinds.append(MODELED)
+    return tuple(kinds) or (NOT_STATED,)
+
+
+def produced(
+    suite: str, frame: pd.DataFrame, description: str = "", env_device: str = "cpu"
+) -> Produced:
+    """What produced `frame` (one sweep's rows)."""
+    kinds = kinds_of(suite, frame, description)
+    return Produced(
+        kinds,
+        _device(frame, env_device) if MEASURED in kinds else "",
+        _profiles(frame) if MODELED in kinds else (),
+    )

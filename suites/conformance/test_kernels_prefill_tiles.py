@@ -1,0 +1,92 @@
+"""Every prefill tile the dispatch can pick, run under the Triton interpreter against the
+float64 oracle.
+
+The Triton prefill takes its tile (BLOCK_M query rows per program) by the rows the longest
+sequence's new tokens bring (new tokens x GQA group, `kernels.configs.prefill_block_m`):
+16 rows for short extends, 32 and 64 for longer prefills, capped per dtype and head dim.
+Each configuration `configs.all_configs()` lists for the prefill kernel is driven here by a
+batch whose longest run selects exactly it (the launch is recorded and checked), with a
+cached prefix, a second shorter sequence and rows that do not fill the last tile; the
+output is held to the oracle within the dtype's tolerance. A wrong tile choice fails the
+recorded-configuration check; a tile whose masking or indexing is wrong fails the oracle.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvbench.kernels import configs, ops, triton_ops
+from kvbench.reference import oracle
+from kvbench.suites.conformance.test_kernels_attention import make_paged
+
+GROUP = 4
+#: A head dim whose padded size is each D_PAD (96 and 160 are not powers of two: the masked
+#: columns are exercised too).
+HEAD_DIM_OF_PAD = {64: 64, 128: 96, 256: 160}
+
+
+def _prefill_tiles() -> list[configs.KernelConfig]:
+    return [c for c in configs.all_configs() if c.kernel == "paged_prefill"]
+
+
+def _new_tokens_for(cfg: configs.KernelConfig) -> int:
+    """The fewest new tokens (group of GROUP) whose rows select `cfg`'s BLOCK_M."""
+    head_dim = HEAD_DIM_OF_PAD[int(cfg.constexprs["D_PAD"])]
+    for q_len in range(1, 200):
+        if configs.prefill_config(cfg.dtype, head_dim, q_len * GROUP) == cfg:
+            return q_len
+    raise AssertionError(f"no query count selects {cfg.describe()}")
+
+
+def _id(cfg: configs.KernelConfig) -> str:
+    c = cfg.constexprs
+    return f"{configs.TRITON_DTYPE_NAMES[cfg.dtype]}-D{c['D_PAD']}-M{c['BLOCK_M']}"
+
+
+def test_tiles_follow_the_query_count() -> None:
+    """16 rows for short extends, larger tiles only for longer runs, never above the cap."""
+    f16 = torch.float16
+    assert configs.prefill_config(f16, 128, 1).constexprs["BLOCK_M"] == 16
+    assert configs.prefill_config(f16, 128, 64).constexprs["BLOCK_M"] == 16
+    assert configs.prefill_config(f16, 128, 65).constexprs["BLOCK_M"] == 32
+    assert configs.prefill_config(f16, 128, 512).constexprs["BLOCK_M"] == 64
+    assert configs.prefill_config(torch.float32, 128, 4096).constexprs["BLOCK_M"] == 16
+    assert configs.prefill_config(f16, 256, 4096).constexprs["BLOCK_M"] == 32
+    sizes = [int(c.constexprs["BLOCK_M"]) for c in configs.prefill_configs(f16, 128)]
+    assert sizes == [16, 32, 64]
+
+
+@pytest.mark.parametrize("cfg", _prefill_tiles(), ids=_id)
+def test_every_prefill_tile_matches_oracle(cfg: configs.KernelConfig) -> None:
+    dtype = cfg.dtype
+    head_dim = HEAD_DIM_OF_PAD[int(cfg.constexprs["D_PAD"])]
+    q_len = _new_tokens_for(cfg)
+    # a cached prefix of 9 tokens before the long run; a shorter second sequence
+    lens, q_lens = [q_len + 9, 5], [q_len, 3]
+    gen = torch.Generator().manual_seed(int(cfg.constexprs["BLOCK_M"]) + head_dim)
+    pb = make_paged(lens, 1, head_dim, 16, dtype, gen)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn((int(cu[-1]), GROUP, head_dim), generator=gen).to(dtype)
+    out = torch.full_like(q, float("nan"))
+    used: list[configs.KernelConfig] = []
+    real = triton_ops._launch
+
+    def record(c: configs.KernelConfig, *args):  # type: ignore[no-untyped-def]
+        used.append(c)
+        return real(c, *args)
+
+    triton_ops._launch = record
+    try:
+        ops.paged_prefill_attention(
+            q, pb.k_cache, pb.v_cache, pb.block_tables, cu, pb.seq_lens, out=out,
+            backend="triton",
+        )  # fmt: skip
+    finally:
+        triton_ops._launch = real
+    assert used == [cfg]
+    ref = torch.cat(
+        [oracle.extend_attention(q[cu[b] : cu[b + 1]], pb.keys[b], pb.values[b]) for b in range(2)]
+    )
+    err = oracle.relative_error(out, ref)
+    assert err <= oracle.tolerance(dtype), f"{_id(cfg)} q_lens={q_lens}: relative error {err}"

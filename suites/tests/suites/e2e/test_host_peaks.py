@@ -1,0 +1,38 @@
+"""Measured peaks that bound the CPU calibration (`suites.e2e.host_peaks`): the work each
+probe counts, the fastest sample as the peak, and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvbench.suites.e2e import host_peaks
+from kvbench.workloads.errors import ConfigError
+
+
+def test_work_counted_and_fastest_sample_is_the_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the clock stubbed to 3, 1, 2 ms: copy counts read + written bytes, the FMA
+    probe 2 n^3 FLOPs; best = work / 1 ms, median = work / 2 ms."""
+    monkeypatch.setattr(host_peaks, "_timed", lambda fn, dev, repeats: [3e-3, 1e-3, 2e-3])
+    copy = host_peaks.copy_peak(nbytes=4096)
+    assert (copy.best, copy.median, copy.samples, copy.unit) == (8192 / 1e-3, 8192 / 2e-3, 3, "B/s")
+    fma = host_peaks.fma_peak(n=8)
+    assert fma.best == pytest.approx(2 * 8**3 / 1e-3) and fma.unit == "FLOP/s"
+
+
+def test_a_clock_that_cannot_resolve_and_bad_repeats_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(ConfigError, match="repeats must be >= 1, got 0"):
+        host_peaks.copy_peak(repeats=0, nbytes=4096)
+    monkeypatch.setattr(host_peaks, "_timed", lambda fn, dev, repeats: [0.0, 0.0])
+    with pytest.raises(ConfigError, match="cannot resolve"):
+        host_peaks.fma_peak(n=8)
+
+
+def test_real_probes_time_every_repeat() -> None:
+    """Unstubbed: one sample per repeat, the fastest at least the median, both > 0."""
+    for peak in (
+        host_peaks.copy_peak(repeats=3, nbytes=1 << 20),
+        host_peaks.fma_peak(repeats=3, n=64),
+    ):
+        assert peak.samples == 3 and peak.best >= peak.median > 0
