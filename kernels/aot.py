@@ -153,9 +153,8 @@ def signature(cfg: configs.KernelConfig) -> tuple[dict[str, str], dict[tuple[int
     pointers = _pointer_types(cfg)
     sig: dict[str, str] = {}
     attrs: dict[tuple[int], list] = {}
-    defaults = constexpr_defaults(fn)
     for i, name in enumerate(fn.arg_names):
-        if name in cfg.constexprs or name in defaults:
+        if name in cfg.constexprs or fn.params[i].is_constexpr:
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
             sig[name] = "*" + pointers[name]
@@ -167,6 +166,13 @@ def signature(cfg: configs.KernelConfig) -> tuple[dict[str, str], dict[tuple[int
             if name in _MULTIPLES_OF_16 or name.startswith("stride_"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
+
+
+def constants(cfg: configs.KernelConfig, fn: JITFunction) -> dict[str, object]:
+    """The configuration's constexprs plus the defaults of those it leaves out (WINDOWED
+    of the full-attention decode variants)."""
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    return {**defaults, **cfg.constexprs}
 
 
 def _count_sass(sass: str) -> int:
@@ -278,7 +284,7 @@ def compile_one(
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     sig, attrs = signature(cfg)
     fn = JIT[cfg.kernel] if kernel is None else kernel
-    src = ASTSource(fn, sig, {**constexpr_defaults(fn), **cfg.constexprs}, attrs)
+    src = ASTSource(fn, sig, constants(cfg, fn), attrs)
     try:
         kernel = triton.compile(
             src,

@@ -121,6 +121,12 @@ def decode_qh(group: int, d_pad: int, dtype: torch.dtype = torch.float16) -> int
 DECODE_STAGES = 2
 
 
+def _windowed(constexprs: dict[str, object], windowed: bool) -> dict[str, object]:
+    """The constexprs of the sliding-window variant: WINDOWED is listed only when True, so
+    the full-attention variants keep the keys (and baselines) they always had."""
+    return {**constexprs, "WINDOWED": True} if windowed else constexprs
+
+
 def fp8_constexprs(kv_dtype: torch.dtype | None) -> dict[str, object]:
     """The constexprs that select fp8 K/V in the kernels: mantissa bits and exponent bias
     of the format (`workloads.fp8`), or nothing for 16/32-bit K/V."""
@@ -151,12 +157,15 @@ def decode_config(
     group: int,
     single: bool,
     kv_dtype: torch.dtype | None = None,
+    *,
+    windowed: bool = False,
 ) -> KernelConfig:
     """Stage-1 split-KV decode kernel (`kv_dtype` fp8: K/V bytes dequantized in
     registers, same tiles as the query dtype's; ConfigError for a float32 query). KV tile sizes are chosen so that no variant spills
     and, for 16-bit types, so that the common GQA case (QH 16) at head dim 128 costs no
     more registers or shared memory than vLLM's Triton decode for the same shape (16 KV
-    tokens per step: 72 registers, 12.8 KB shared on sm_90; `kvbench kernels --peers`)."""
+    tokens per step: 72 registers, 12.8 KB shared on sm_90; `kvbench kernels --peers`).
+    `windowed`: the sliding-window variant (same tiles)."""
     d_pad = head_dim_pad(head_dim)
     qh = decode_qh(group, d_pad, dtype)
     # float32: a [TILE_N, D_PAD] tile of 4096 elements. 16-bit: 16 tokens where QH is 16
@@ -171,27 +180,34 @@ def decode_config(
     return KernelConfig(
         "paged_decode",
         dtype,
-        {
-            "QH": qh,
-            "D_PAD": d_pad,
-            "TILE_N": tile_n,
-            "SINGLE": single,
-            "DOT_PRECISION": _dot_precision(dtype),
-            "DOT_F32": False,
-            **kv_fp8,
-        },
+        _windowed(
+            {
+                "QH": qh,
+                "D_PAD": d_pad,
+                "TILE_N": tile_n,
+                "SINGLE": single,
+                "DOT_PRECISION": _dot_precision(dtype),
+                "DOT_F32": False,
+                **kv_fp8,
+            },
+            windowed,
+        ),
         # float32 keeps Triton's 3: at 2 its QH-16 split variant spills at head dim 128
         num_stages=DEFAULT_STAGES if dtype == torch.float32 else DECODE_STAGES,
     )
 
 
-def reduce_config(dtype: torch.dtype, head_dim: int) -> KernelConfig:
-    """Stage-2 log-sum-exp merge of decode partitions."""
+def reduce_config(dtype: torch.dtype, head_dim: int, *, windowed: bool = False) -> KernelConfig:
+    """Stage-2 log-sum-exp merge of decode partitions (`windowed`: of the sliding-window
+    variant's partitions)."""
     d_pad = head_dim_pad(head_dim)
     return KernelConfig(
         "paged_decode_reduce",
         dtype,
-        {"D_PAD": d_pad, "P_CHUNK": REDUCE_CHUNK if d_pad <= 128 else REDUCE_CHUNK // 2},
+        _windowed(
+            {"D_PAD": d_pad, "P_CHUNK": REDUCE_CHUNK if d_pad <= 128 else REDUCE_CHUNK // 2},
+            windowed,
+        ),
     )
 
 
@@ -280,8 +296,10 @@ def all_configs() -> list[KernelConfig]:
         for d_pad in HEAD_DIM_PADS:
             for group in (1, *DECODE_QH, 2 * DECODE_QH[-1]):
                 for single in (True, False):
-                    add(decode_config(dtype, d_pad, group, single))
+                    for windowed in (False, True):
+                        add(decode_config(dtype, d_pad, group, single, windowed=windowed))
             add(reduce_config(dtype, d_pad))
+            add(reduce_config(dtype, d_pad, windowed=True))
             for cfg in prefill_configs(dtype, d_pad):
                 add(cfg)
     for fmt in fp8.FORMATS.values():
@@ -291,5 +309,10 @@ def all_configs() -> list[KernelConfig]:
             for d_pad in HEAD_DIM_PADS:
                 for group in (1, *DECODE_QH, 2 * DECODE_QH[-1]):
                     for single in (True, False):
-                        add(decode_config(dtype, d_pad, group, single, fmt.dtype))
+                        for windowed in (False, True):
+                            add(
+                                decode_config(
+                                    dtype, d_pad, group, single, fmt.dtype, windowed=windowed
+                                )
+                            )
     return list(seen.values())

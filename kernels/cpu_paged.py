@@ -289,8 +289,10 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int32 else t.to(torch.int32)
 
 
-def _tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: AttentionDims):  # type: ignore[no-untyped-def]
-    """int32 tables (row-contiguous) and lens; IndexRangeError on an entry outside the pool."""
+def _tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: AttentionDims,  # type: ignore[no-untyped-def]
+            window: int | None = None):  # fmt: skip
+    """int32 tables (row-contiguous) and lens; IndexRangeError on an entry outside the pool
+    (with a sliding `window`, only entries from a sequence's first window block on)."""
     mod = _module()
     assert mod is not None
     tables = _int32(block_tables)
@@ -304,7 +306,8 @@ def _tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: AttentionD
             f"seq_lens holds {worst}, outside [1, {capacity}] (max_blocks="
             f"{tables.shape[1]} x block_size={dims.cache.block_size}); the C++ kernel refuses it"
         )
-    bad = int(mod.first_bad_entry(tables, lens, dims.cache.block_size, dims.cache.num_blocks))
+    bad = int(mod.first_bad_entry_windowed(tables, lens, dims.cache.block_size,
+                                           dims.cache.num_blocks, window or 0))  # fmt: skip
     if bad >= 0:
         b, j = divmod(bad, tables.shape[1])
         raise IndexRangeError(
@@ -323,19 +326,28 @@ def decode(
     scale: float,
     out: torch.Tensor,
     dims: AttentionDims,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Paged decode attention into `out` ([B, Hq, D]) with the C++ kernel; see kernels.ops."""
+    """Paged decode attention into `out` ([B, Hq, D]) with the C++ kernel; see kernels.ops.
+    With a sliding `window` each sequence's block loop starts at the first block its
+    window touches (at most window + block_size - 1 tokens from there)."""
     if dims.batch == 0:
         return out
-    tables, lens = _tables(block_tables, seq_lens, dims)
-    max_blocks = -(-dims.max_seq_len // dims.cache.block_size)
+    tables, lens = _tables(block_tables, seq_lens, dims, window)
+    span = (
+        dims.max_seq_len
+        if window is None
+        else min(dims.max_seq_len, window + dims.cache.block_size - 1)
+    )
+    max_blocks = -(-span // dims.cache.block_size)
     parts, heads = task_split(
         dims.batch, dims.cache.num_kv_heads, max_blocks, torch.get_num_threads()
     )
     mod = _module()
     assert mod is not None
-    mod.paged_decode(query, k_cache, v_cache, tables, lens, float(scale), out,
-                     int(dims.max_seq_len), parts, heads)  # fmt: skip
+    mod.paged_decode_windowed(query, k_cache, v_cache, tables, lens, float(scale), out,
+                              int(dims.max_seq_len), parts, heads, window or 0)  # fmt: skip
     return out
 
 

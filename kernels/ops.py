@@ -179,6 +179,7 @@ def paged_decode_attention(
     max_seq_len: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged KV.
 
@@ -197,13 +198,22 @@ def paged_decode_attention(
             when checking, else the tables' capacity.
         k_scale, v_scale: fp8 caches only (then required): float32 [num_kv_heads]; each
             K/V element read is `float32(byte) * scale`, rounded to the query dtype.
+        window: sliding window (HF / vLLM `sliding_window`): the query, at position
+            L - 1 of a sequence of L tokens, attends to positions max(0, L - window) ..
+            L - 1 only. Every backend starts at the first block the window touches (blocks
+            wholly before it are never read, and their table entries may be anything, e.g.
+            -1 where a cache released them) and masks the part of that block before the
+            window. None (default): full attention, unchanged. With fp8 K/V the Triton and
+            torch paths dequantize and window together; the C++ CPU fp8 decode has no
+            window (ConfigError: pass backend="torch").
 
     Returns:
         [batch, num_q_heads, head_dim] in the query dtype (`out` when given).
     """
     dims = val.check_decode(
-        query, k_cache, v_cache, block_tables, seq_lens, out, check_indices, max_seq_len
-    )
+        query, k_cache, v_cache, block_tables, seq_lens, out, check_indices, max_seq_len,
+        window=window,
+    )  # fmt: skip
     s = val.check_scale(scale, dims.cache.head_dim)
     kv_scales = fp8_ops.check_kv_scales(
         k_cache, k_scale, v_scale, dims.cache.num_kv_heads, check_indices
@@ -212,29 +222,28 @@ def paged_decode_attention(
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if choose_backend(query.device, backend) == "triton":
         return _triton().paged_decode_attention(
-            query,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            s,
-            out,
-            dims,
-            partition_size,
-            kv_scales,
-        )
+            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, partition_size,
+            kv_scales, window=window,
+        )  # fmt: skip
     if kv_scales is not None:
         if query.device.type == "cpu" and cpu_paged.supports(dims):
+            if window is not None:
+                raise ConfigError(
+                    f"window={window} with fp8 K/V ({k_cache.dtype}): the C++ CPU fp8 decode "
+                    "has no sliding window; use backend='torch' (or the Triton interpreter)"
+                )
             return cpu_paged.decode_fp8(
                 query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, kv_scales
             )
         return torch_ops.paged_decode_attention(
-            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, kv_scales
+            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, kv_scales, window
         )
     if query.device.type == "cpu" and cpu_paged.supports(dims):
-        return cpu_paged.decode(query, k_cache, v_cache, block_tables, seq_lens, s, out, dims)
+        return cpu_paged.decode(
+            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, window=window
+        )
     return torch_ops.paged_decode_attention(
-        query, k_cache, v_cache, block_tables, seq_lens, s, out, dims
+        query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, window
     )
 
 

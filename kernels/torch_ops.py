@@ -145,8 +145,10 @@ def paged_decode_attention(
     out: torch.Tensor,
     dims: AttentionDims,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Decode attention of `query[b]` over the first `seq_lens[b]` tokens of its blocks.
+    """Decode attention of `query[b]` over the first `seq_lens[b]` tokens of its blocks
+    (their last `window` tokens when given; see `window_tables`).
 
     Writes `out` ([B, Hq, D], query dtype) and returns it. fp8 caches: the gathered bytes
     are dequantized with `kv_scales` (`float32(byte) * scale`, then the query dtype).
@@ -155,6 +157,9 @@ def paged_decode_attention(
     batch, hq, d = query.shape
     if batch == 0:
         return out
+    if window is not None:
+        return _windowed_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out,
+                                dims, window, kv_scales)  # fmt: skip
     n_blocks = -(-dims.max_seq_len // cd.block_size)
     tables = block_tables[:, :n_blocks].to(torch.int64)
     if dims.max_seq_len != int(seq_lens.min()):  # entries past a length may be padding
@@ -178,6 +183,65 @@ def paged_decode_attention(
         k = k.masked_fill(invalid, 0)
         v = v.masked_fill(invalid, 0)
     res = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    out.copy_(res.reshape(batch, hq, d))
+    return out
+
+
+def window_tables(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, window: int, span: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each sequence's table from the first block its window touches (so blocks wholly
+    before the window are never gathered), with the matching lengths and the first
+    position to read in the shifted coordinates (< block_size: the partial block).
+
+    Sequence b of length L reads positions max(0, L - window) .. L - 1. Its first block
+    is f = max(0, L - window) // block_size; shifted, it has L' = L - f * block_size tokens
+    and reads from max(0, L' - window). `span` bounds every L' (tokens; the launch size).
+    """
+    lens = seq_lens.to(torch.int64)
+    first = (lens - window).clamp(min=0) // block_size
+    n_blocks = -(-span // block_size)
+    cols = first.unsqueeze(1) + torch.arange(n_blocks, device=block_tables.device)
+    cols = cols.clamp(max=block_tables.shape[1] - 1)
+    tables = block_tables.to(torch.int64).gather(1, cols)
+    shifted = lens - first * block_size
+    return tables, shifted, (shifted - window).clamp(min=0)
+
+
+def _windowed_decode(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    dims: AttentionDims,
+    window: int,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Sliding-window decode: gather only the blocks from the first one the window
+    touches, mask the part of that block before the window and the slots past the end.
+    fp8 caches: the gathered bytes are dequantized with `kv_scales` before masking."""
+    cd = dims.cache
+    batch, hq, d = query.shape
+    span = min(dims.max_seq_len, window + cd.block_size - 1)
+    tables, lens, lo = window_tables(block_tables, seq_lens, cd.block_size, window, span)
+    used = (lens + cd.block_size - 1) // cd.block_size
+    cols = torch.arange(tables.shape[1], device=tables.device)
+    tables = torch.where(cols < used.unsqueeze(1), tables, 0)  # padding past a length
+    k = _gather(k_cache, tables, slot=0)  # [B, Hkv, n_blocks * block_size, D]
+    v = _gather(v_cache, tables, slot=1)
+    if kv_scales is not None:
+        k = _dequantize_heads(k, kv_scales[0], query.dtype)
+        v = _dequantize_heads(v, kv_scales[1], query.dtype)
+    pos = torch.arange(k.shape[2], device=query.device)
+    keep = (pos.unsqueeze(0) >= lo.unsqueeze(1)) & (pos.unsqueeze(0) < lens.unsqueeze(1))
+    invalid = ~keep.view(batch, 1, -1, 1)  # zeroed: a masked NaN would poison SDPA
+    k = k.masked_fill(invalid, 0)
+    v = v.masked_fill(invalid, 0)
+    q = query.reshape(batch, cd.num_kv_heads, dims.group, d)
+    res = F.scaled_dot_product_attention(q, k, v, attn_mask=keep.view(batch, 1, 1, -1), scale=scale)
     out.copy_(res.reshape(batch, hq, d))
     return out
 

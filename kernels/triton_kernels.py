@@ -161,6 +161,7 @@ def _paged_decode(
     stride_khead,
     k_scale_ptr,
     v_scale_ptr,
+    window,
     QH: tl.constexpr,
     D_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
@@ -169,6 +170,7 @@ def _paged_decode(
     DOT_F32: tl.constexpr,
     FP8_MAN: tl.constexpr = 0,
     FP8_BIAS: tl.constexpr = 0,
+    WINDOWED: tl.constexpr = False,
 ):
     """Stage 1 of split-KV paged decode. Grid: (batch, num_kv_heads * n_chunks, parts).
 
@@ -182,12 +184,23 @@ def _paged_decode(
     dequantized in registers, `float32(k) * k_scale[kv_head]` rounded to the query dtype,
     then used exactly as a 16/32-bit tile; `k_scale_ptr` / `v_scale_ptr` are unused
     otherwise.
+
+    WINDOWED (sliding window of `window` tokens): the sequence is read from the first
+    block its window touches (table and positions shifted by the blocks skipped, which
+    are never loaded; partitions cover the shifted length), and the token loop starts at
+    the window's first token, so that block's earlier tokens are not loaded either. A
+    partition left with no visible token stores l = 0 and a zero output, which the
+    reduction weighs by 0. Both together: only the window's tiles are loaded, then
+    dequantized.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1) // n_chunks
     chunk = tl.program_id(1) % n_chunks
     part = tl.program_id(2)
     seq_len = tl.load(lens_ptr + seq)
+    if WINDOWED:
+        skipped = tl.maximum(seq_len - window, 0) // block_size
+        seq_len = seq_len - skipped * block_size
     start = part * partition_size
     if start < seq_len:
         end = tl.minimum(start + partition_size, seq_len)
@@ -205,11 +218,16 @@ def _paged_decode(
         l_i = tl.zeros([QH], dtype=tl.float32)
         acc = tl.zeros([QH, D_PAD], dtype=tl.float32)
         table_row = tables_ptr + seq.to(tl.int64) * stride_table
+        if WINDOWED:
+            table_row = table_row + skipped
         head_off = kv_head.to(tl.int64) * stride_khead
         if FP8_MAN > 0:
             k_scale = tl.load(k_scale_ptr + kv_head)
             v_scale = tl.load(v_scale_ptr + kv_head)
-        for t0 in range(start, end, TILE_N):
+        begin = start
+        if WINDOWED:  # the first block's tokens before the window: the loop starts past them
+            begin = tl.maximum(start, seq_len - window)
+        for t0 in range(begin, end, TILE_N):
             tok = t0 + tl.arange(0, TILE_N)
             tok_ok = tok < end
             block = tl.load(table_row + tok // block_size, mask=tok_ok, other=0).to(tl.int64)
@@ -241,15 +259,18 @@ def _paged_decode(
             acc = acc * alpha[:, None] + pv
             m_i = m_new
         out_mask = row_ok[:, None] & d_ok[None, :]
+        denom = l_i
+        if WINDOWED:
+            denom = tl.where(l_i > 0, l_i, 1.0)
         if SINGLE:
-            o = acc / l_i[:, None]
+            o = acc / denom[:, None]
             o_off = seq.to(tl.int64) * stride_ob + q_head[:, None] * stride_oh + d[None, :]
             tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=out_mask)
         else:
             idx = (seq.to(tl.int64) * num_q_heads + q_head) * max_parts + part
             tl.store(part_max_ptr + idx, m_i, mask=row_ok)
             tl.store(part_sum_ptr + idx, l_i, mask=row_ok)
-            o = acc / l_i[:, None]
+            o = acc / denom[:, None]
             tl.store(part_out_ptr + idx[:, None] * head_dim + d[None, :], o, mask=out_mask)
 
 
@@ -265,14 +286,20 @@ def _paged_decode_reduce(
     max_parts,
     stride_ob,
     stride_oh,
+    window,
+    block_size,
     D_PAD: tl.constexpr,
     P_CHUNK: tl.constexpr,
+    WINDOWED: tl.constexpr = False,
 ):
     """Stage 2 of split-KV decode: merge a sequence's partitions by log-sum-exp.
-    Grid: (batch, num_q_heads). out = sum_p w_p o_p / sum_p w_p, w_p = l_p 2^(m_p - M)."""
+    Grid: (batch, num_q_heads). out = sum_p w_p o_p / sum_p w_p, w_p = l_p 2^(m_p - M).
+    WINDOWED: the partitions cover the length from the window's first block, as stage 1."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(lens_ptr + seq)
+    if WINDOWED:
+        seq_len = seq_len - tl.maximum(seq_len - window, 0) // block_size * block_size
     n_parts = (seq_len + partition_size - 1) // partition_size
     base = (seq.to(tl.int64) * num_q_heads + head) * max_parts
     p = tl.arange(0, P_CHUNK)

@@ -152,10 +152,14 @@ def paged_decode_attention(
     dims: AttentionDims,
     partition_size: int | None = None,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Split-KV paged decode: one partition (single pass) when every sequence fits in
     `partition_size` tokens, else per-partition partials merged by log-sum-exp. fp8
-    caches: `kv_scales` (float32 [num_kv_heads] for K and V) dequantize each tile."""
+    caches: `kv_scales` (float32 [num_kv_heads] for K and V) dequantize each tile. With a
+    sliding `window`, the windowed variants read each sequence from the first block its
+    window touches: at most window + block_size - 1 tokens, which sizes the partitions."""
     part = configs.DEFAULT_PARTITION if partition_size is None else int(partition_size)
     if part < 1:
         raise ConfigError(f"partition_size={partition_size} must be >= 1")
@@ -163,9 +167,13 @@ def paged_decode_attention(
     batch, hq, d = query.shape
     if batch == 0:
         return out
-    n_parts = max(1, -(-dims.max_seq_len // part))
+    span = dims.max_seq_len if window is None else min(dims.max_seq_len, window + cd.block_size - 1)
+    n_parts = max(1, -(-span // part))
     single = n_parts == 1
-    cfg = configs.decode_config(query.dtype, d, dims.group, single, k_cache.dtype)
+    windowed = window is not None
+    cfg = configs.decode_config(
+        query.dtype, d, dims.group, single, k_cache.dtype, windowed=windowed
+    )
     qh = cfg.constexprs["QH"]
     n_chunks = -(-dims.group // qh)
     tables = block_tables.to(torch.int32)
@@ -214,9 +222,10 @@ def paged_decode_attention(
         k_cache.stride(2),
         k_scale,
         v_scale,
+        window or 0,
     )
     if not single:
-        rcfg = configs.reduce_config(query.dtype, d)
+        rcfg = configs.reduce_config(query.dtype, d, windowed=windowed)
         _launch(
             rcfg,
             (batch, hq),
@@ -232,6 +241,8 @@ def paged_decode_attention(
             n_parts,
             out.stride(0),
             out.stride(1),
+            window or 0,
+            cd.block_size,
         )
     return out
 

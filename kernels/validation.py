@@ -32,6 +32,8 @@ import torch
 
 from kvbench.workloads import fp8
 from kvbench.workloads.errors import ConfigError, ShapeError
+from kvbench.workloads.geometry import require_positive
+from kvbench.workloads.kv_spec import check_window
 
 #: dtypes the kernels accept for queries, keys, values and caches.
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
@@ -336,11 +338,7 @@ def check_scale(scale: float | None, head_dim: int) -> float:
 
 def _check_bound(name: str, value: int | None) -> int | None:
     """A caller's maximum (`max_seq_len`, `max_q_len`): None or an int >= 1."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}={value!r} must be an integer >= 1 (or None)")
-    return value
+    return None if value is None else require_positive(name, value)
 
 
 def _check_tables(
@@ -350,10 +348,13 @@ def _check_tables(
     device: torch.device,
     check_indices: bool,
     max_seq_len: int | None = None,
+    window: int | None = None,
 ) -> int:
     """Check block tables and KV lengths; return the longest length (tokens) to size the
     launch by: `max_seq_len` when given (capped at the tables' capacity), else the true
-    maximum when indices are checked, else the capacity (no host read)."""
+    maximum when indices are checked, else the capacity (no host read). With a sliding
+    `window`, entries of blocks wholly before a sequence's window are not read and not
+    checked (a cache that released them may hold -1 there)."""
     _check_index("block_tables", block_tables, 2, device)
     _check_index("seq_lens", seq_lens, 1, device)
     if seq_lens.shape[0] != block_tables.shape[0]:
@@ -377,6 +378,9 @@ def _check_tables(
     cols = torch.arange(block_tables.shape[1]).unsqueeze(0)
     table = block_tables.detach().to("cpu", torch.int64)
     live = cols < used.unsqueeze(1)
+    if window is not None:
+        first = (lens - window).clamp(min=0) // dims.block_size  # first block in the window
+        live &= cols >= first.unsqueeze(1)
     entries = table[live]
     bad = entries[(entries < 0) | (entries >= dims.num_blocks)]
     if bad.numel():
@@ -401,10 +405,14 @@ def check_decode(
     out: torch.Tensor | None = None,
     check_indices: bool = True,
     max_seq_len: int | None = None,
+    *,
+    window: int | None = None,
 ) -> AttentionDims:
     """Check a paged decode attention call: query `[batch, num_q_heads, head_dim]`, one
     token per sequence over `seq_lens[b]` cached tokens listed by `block_tables[b]`.
-    `max_seq_len` bounds every `seq_lens[b]` (see the module docstring)."""
+    `max_seq_len` bounds every `seq_lens[b]` (see the module docstring); `window` is None
+    or an int >= 1 (ConfigError otherwise)."""
+    check_window(window)
     dims = check_cache_pair(k_cache, v_cache)
     group = _check_query(query, dims, k_cache)
     if block_tables.dim() == 2 and query.shape[0] != block_tables.shape[0]:
@@ -412,7 +420,7 @@ def check_decode(
             f"query batch {query.shape[0]} differs from block_tables rows {block_tables.shape[0]}"
         )
     max_len = _check_tables(
-        block_tables, seq_lens, dims, k_cache.device, check_indices, max_seq_len
+        block_tables, seq_lens, dims, k_cache.device, check_indices, max_seq_len, window
     )
     _check_out(out, query)
     return AttentionDims(dims, query.shape[0], query.shape[1], group, max_len, 1)

@@ -9,10 +9,11 @@ from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.block_table import RequestState, block_table_tensor, slot_mapping
 from kvbench.paged.cache import PagedKVCache, snapshots_equal
 from kvbench.paged.prefix_cache import PrefixCache, PrefixCacheStats, block_key
-from kvbench.paged.swap import SwapSpace
+from kvbench.paged.swap import CpuBlockPool, SwapSpace
 
 __all__ = [
     "BlockPool",
+    "CpuBlockPool",
     "PagedKVCache",
     "PrefixCache",
     "PrefixCacheStats",

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 from kvbench.paged.eviction import make_queue
 from kvbench.paged.prefix_cache import PrefixCache
+from kvbench.reference.validation import MAX_INDEX
 from kvbench.workloads.errors import CapacityError, ConfigError
 from kvbench.workloads.geometry import require_positive
 
@@ -45,17 +46,21 @@ class BlockPool:
         prefix: PrefixCache | None = None,
         eviction: str = "lru",
     ):
-        require_positive("num_blocks", num_blocks)
-        require_positive("block_size", block_size)
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        # block ids and slots go to kernels as int32
+        self.num_blocks = require_positive("num_blocks", num_blocks, MAX_INDEX)
+        self.block_size = require_positive("block_size", block_size, MAX_INDEX)
         self.prefix = prefix
-        self.ref: list[int] = [0] * num_blocks
-        self.fill: list[int] = [0] * num_blocks
-        # pop() takes the end: start with block 0 on top so a fresh pool hands out 0, 1, 2...
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._evictable: OrderedDict[int, None] = make_queue(eviction)  # type: ignore[assignment]
         self.eviction = eviction
+        try:
+            self.ref: list[int] = [0] * num_blocks
+            self.fill: list[int] = [0] * num_blocks
+            # pop() takes the end: block 0 on top, so a fresh pool hands out 0, 1, 2...
+            self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        except MemoryError:
+            raise CapacityError(
+                f"cannot hold the bookkeeping of {num_blocks:,} blocks in host memory"
+            ) from None
         self.num_used = 0
         self.live_slots = 0
 

@@ -1,10 +1,23 @@
 """PagedKVCache: the paged implementation of the KV cache contract (reference/contract.py).
 
-Pieces (each its own module): `BlockPool` (physical blocks, refcounts, free stack, LRU of
-cached blocks), `PrefixCache` (sha256 chained block keys, verified hits), `RequestState` and
-block-table tensors, `SwapSpace` (CPU blocks), and `kernels.ops` (write_kv, copy_blocks,
-swap_blocks, paged_decode_attention: the only code that touches KV tensors; the backend
-follows `kernels.ops.choose_backend` unless `kernel_backend` forces one).
+The cache owns named parts, each a class with its own declared state, invariants and
+`check()`, each given at construction the other parts it works on (none reads the cache):
+
+    pool        `BlockPool` (block_pool.py): physical blocks, refcounts, fill, free stack,
+                LRU of evictable cached blocks; validates num_blocks and block_size
+    prefix      `PrefixCache` (prefix_cache.py): sha256 chained block keys, verified hits;
+                None when prefix caching is off
+    requests    `RequestTable` (requests.py): request states by id, lookups, admission order
+    kv          `DeviceKV` (device_kv.py): the device K/V pools and the `kernels.ops` calls
+                that touch them (write_kv, copy_blocks; none in memory-only mode)
+    swap        `SwapSpace` (swap.py): the CPU block pool (`swap.cpu`) and the swap of
+                request groups between it and the device
+    accounting  `CacheAccounting` (accounting.py): stats, prefix stats and the serving
+                accounting the engine reads (read-only)
+
+The cache itself plans and performs admission, growth (copy-on-write), fork and free, and
+answers the contract's calls by delegating to its parts. The kernels' backend follows
+`kernels.ops.choose_backend` unless `kernel_backend` forces one.
 
 Semantics:
     * admit reserves ceil(prompt_len / block_size) blocks: the longest verified chain of
@@ -36,44 +49,42 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from kvbench.kernels import ops
+from kvbench.paged.accounting import CacheAccounting, CacheLimits
 from kvbench.paged.block_pool import BlockPool
-from kvbench.paged.block_table import RequestState, block_table_tensor, slot_mapping
-from kvbench.paged.cache_inspect import PagedInspection, snapshots_equal
-from kvbench.paged.cache_serving import PagedServingAccounting
-from kvbench.paged.cache_swap import PagedSwap
+from kvbench.paged.block_table import RequestState, block_table_tensor
+from kvbench.paged.device_kv import DeviceKV
 from kvbench.paged.eviction import make_queue
-from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, block_key
-from kvbench.paged.swap import SwapSpace
-from kvbench.reference.contract import RequestId
+from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, PrefixCacheStats, block_key
+from kvbench.paged.requests import RequestTable
+from kvbench.paged.swap import CpuBlockPool, SwapSpace
+from kvbench.reference.contract import (
+    CacheStats,
+    Footprint,
+    Occupancy,
+    RequestId,
+    ServingTraits,
+)
 from kvbench.reference.validation import (
-    allocate_zeros,
+    MAX_INDEX,
     token_id_count,
-    validate_count,
     validate_device,
     validate_geometry,
     validate_kv_append,
     validate_prompt,
     validate_token_ids,
 )
-from kvbench.workloads.errors import (
-    CapacityError,
-    ConfigError,
-    DuplicateRequestError,
-    RequestStateError,
-    ShapeError,
-    UnknownRequestError,
-)
+from kvbench.workloads.errors import CapacityError, ConfigError, ShapeError
 from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.kv_quant import ScaleSpec, append_dtype, make_kv_quant
 from kvbench.workloads.torch_dtypes import torch_dtype
 
 
-class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
+class PagedKVCache:
     """A paged KV cache with prefix caching, copy-on-write, swap and watermark admission.
 
     Args:
@@ -97,6 +108,28 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
             `write_kv`, `gather` returns them, `attend` dequantizes in the kernel.
     """
 
+    # ---- the parts (module docstring); each checks its own invariants
+    pool: BlockPool
+    prefix: PrefixCache | None
+    requests: RequestTable
+    kv: DeviceKV
+    swap: SwapSpace
+    accounting: CacheAccounting
+    # ---- fixed at construction
+    block_size: int
+    num_blocks: int
+    max_seq_len: int
+    watermark: float
+    watermark_blocks: int
+    store_kv: bool
+    kernel_backend: str | None
+    _geometry: KVGeometry
+    _dtype: torch.dtype
+    _device: torch.device
+    _track_tokens: bool
+    # ---- counters
+    cow_copies: int
+
     def __init__(
         self,
         geometry: KVGeometry,
@@ -119,12 +152,11 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
         validate_geometry(geometry)
         self.kv_quant = make_kv_quant(geometry, k_scale, v_scale, scale_granularity)
         make_queue(eviction_policy)  # ConfigError on an unknown name, before anything
-        require_positive("num_blocks", num_blocks)
-        require_positive("block_size", block_size)
-        validate_count("num_blocks", num_blocks)
-        validate_count("block_size", block_size)
+        # block ids and slots go to kernels as int32; checked before anything is allocated
+        num_blocks = require_positive("num_blocks", num_blocks, MAX_INDEX)
+        block_size = require_positive("block_size", block_size, MAX_INDEX)
         if num_cpu_blocks:
-            validate_count("num_cpu_blocks", num_cpu_blocks)
+            require_positive("num_cpu_blocks", num_cpu_blocks, MAX_INDEX)
         if max_seq_len is not None:
             require_positive("max_seq_len", max_seq_len)
         if isinstance(watermark, bool) or not isinstance(watermark, numbers.Real):
@@ -134,38 +166,39 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
         self._geometry = geometry
         self._dtype = torch_dtype(geometry.dtype)
         self._device = validate_device(device)
+        ops.choose_backend(self._device, kernel_backend)  # ConfigError on an unknown name
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.max_seq_len = max_seq_len if max_seq_len is not None else num_blocks * block_size
         self.watermark = float(watermark)
         #: Blocks admission keeps free: the least integer >= watermark * num_blocks.
         self.watermark_blocks = math.ceil(round(self.watermark * num_blocks, 9))
-        ops.choose_backend(self._device, kernel_backend)  # ConfigError on an unknown name
         self.store_kv = store_kv
         self.kernel_backend = kernel_backend
-        block_shape = (block_size, geometry.num_kv_heads, geometry.head_dim)
-        self._k: torch.Tensor | None = None
-        self._v: torch.Tensor | None = None
-        if store_kv:
-            shape = (geometry.num_layers, num_blocks, *block_shape)
-            self._k = allocate_zeros(shape, self._dtype, self._device, "the key pool")
-            self._v = allocate_zeros(shape, self._dtype, self._device, "the value pool")
+        self.kv = DeviceKV(
+            geometry, num_blocks, block_size, self._dtype, self._device,
+            store_kv=store_kv, backend=kernel_backend,
+        )  # fmt: skip
         # the pool's bookkeeping after the tensors: a pool too big to hold fails first there
         self.prefix = PrefixCache(key_fn) if enable_prefix_caching else None
         self.pool = BlockPool(num_blocks, block_size, self.prefix, eviction_policy)
-        self.swap = SwapSpace(
+        cpu = CpuBlockPool(
             num_cpu_blocks,
-            block_shape if store_kv else None,
+            self.kv.block_shape if store_kv else None,
             geometry.num_layers,
             self._dtype,
             pin_memory=self._device.type == "cuda",
         )
-        self._requests: dict[Hashable, RequestState] = {}
-        self._order = 0
+        self.swap = SwapSpace(cpu, self.pool, self.kv, self.prefix, self.watermark_blocks)
+        self.requests = RequestTable()
+        limits = CacheLimits(
+            self.max_seq_len, self.watermark_blocks, store_kv, geometry.bytes_per_token
+        )
+        self.accounting = CacheAccounting(self.pool, self.prefix, self.swap, self.requests, limits)
+        #: Whether requests keep their token ids (needed for KV checks and prefix keys).
         self._track_tokens = store_kv or enable_prefix_caching
+        #: Copy-on-write copies made so far.
         self.cow_copies = 0
-        self.swap_outs = 0
-        self.swap_ins = 0
 
     # ------------------------------------------------------------------ properties
     @property
@@ -185,57 +218,49 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
         """Blocks an allocation can take now (free plus evictable cached)."""
         return self.pool.num_free
 
+    @property
+    def swap_outs(self) -> int:
+        """Requests swapped out so far."""
+        return self.swap.swap_outs
+
+    @property
+    def swap_ins(self) -> int:
+        """Requests swapped in so far."""
+        return self.swap.swap_ins
+
     def key_cache(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s K pool [num_blocks, block_size, num_kv_heads, head_dim] (a view)."""
-        return self._storage()[0][layer]
+        return self.kv.storage()[0][layer]
 
     def value_cache(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s V pool [num_blocks, block_size, num_kv_heads, head_dim] (a view)."""
-        return self._storage()[1][layer]
+        return self.kv.storage()[1][layer]
 
     # ------------------------------------------------------------------ lookups
-    def _get(self, request_id: RequestId) -> RequestState:
-        try:
-            return self._requests[request_id]
-        except (KeyError, TypeError):
-            raise UnknownRequestError(f"unknown request id {request_id!r}") from None
-
-    def _resident(self, request_id: RequestId, what: str) -> RequestState:
-        req = self._get(request_id)
-        if req.swapped:
-            raise RequestStateError(f"cannot {what} request {request_id!r}: it is swapped out")
-        return req
-
-    def _storage(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._k is None or self._v is None:
-            raise ConfigError("this cache is memory-only (store_kv=False): it holds no KV")
-        return self._k, self._v
-
     def seq_len(self, request_id: RequestId) -> int:
-        return self._get(request_id).seq_len
+        return self.requests.get(request_id).seq_len
 
     def request_ids(self) -> list[RequestId]:
         """All held requests (running and swapped), in admission order."""
-        return list(self._requests)
+        return self.requests.ids()
 
     def running_ids(self) -> list[RequestId]:
         """Requests whose blocks are on the device, in admission order."""
-        return [r for r, s in self._requests.items() if not s.swapped]
+        return self.requests.ids(swapped=False)
 
     def swapped_ids(self) -> list[RequestId]:
-        return [r for r, s in self._requests.items() if s.swapped]
+        return self.requests.ids(swapped=True)
 
     def is_swapped(self, request_id: RequestId) -> bool:
-        return self._get(request_id).swapped
+        return self.requests.get(request_id).swapped
 
     def block_table(self, request_id: RequestId) -> list[int]:
         """A copy of the request's block table (CPU block ids when swapped)."""
-        return list(self._get(request_id).blocks)
+        return list(self.requests.get(request_id).blocks)
 
     def token_ids(self, request_id: RequestId) -> list[int | None]:
         """Ids of the request's cached tokens (None where never given)."""
-        req = self._get(request_id)
-        tokens = req.token_list()
+        tokens = self.requests.get(request_id).token_list()
         if tokens is None:
             raise ConfigError("token ids are not tracked (memory-only, no prefix caching)")
         return tokens
@@ -243,16 +268,13 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
     def block_tables(self, request_ids: Sequence[RequestId]) -> tuple[torch.Tensor, torch.Tensor]:
         """int32 block tables [batch, max_blocks] and seq_lens [batch] of running requests,
         on the cache's device (the form `paged_decode_attention` takes)."""
-        reqs = [self._resident(r, "build a block table for") for r in request_ids]
+        reqs = [self.requests.resident(r, "build a block table for") for r in request_ids]
         tables, lens = block_table_tensor(
             [r.blocks for r in reqs], [r.seq_len for r in reqs], self.block_size
         )
         return tables.to(self._device), lens.to(self._device)
 
     # ------------------------------------------------------------------ planning (no changes)
-    def _extra(self, salt: str | None, adapter_id: str | None) -> ExtraKeys:
-        return (salt, adapter_id)
-
     def _match(self, prompt: Sequence[int], extra: ExtraKeys) -> tuple[list[bytes], list[int]]:
         if self.prefix is None:
             return [], []
@@ -269,7 +291,7 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
         self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None
     ) -> int:
         """Blocks admitting `prompt` now would take from the free count (after prefix hits)."""
-        _, hits = self._match(prompt, self._extra(salt, adapter_id))
+        _, hits = self._match(prompt, (salt, adapter_id))
         return self._admission_cost(len(prompt), hits)
 
     def can_admit(
@@ -289,7 +311,7 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
 
     def blocks_needed_to_grow(self, request_id: RequestId, n: int) -> int:
         """Blocks appending n tokens to a running request takes (fresh + copy-on-write)."""
-        fresh, cow = self._growth(self._resident(request_id, "grow"), n)
+        fresh, cow = self._growth(self.requests.resident(request_id, "grow"), n)
         return fresh + int(cow)
 
     def can_grow(self, request_id: RequestId, n: int) -> bool:
@@ -308,12 +330,7 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
     ) -> int:
         """Admit a request (see the module docstring); returns the prompt tokens served
         from the prefix cache (a multiple of block_size, < len(prompt))."""
-        try:
-            known = request_id in self._requests
-        except TypeError:
-            raise ConfigError(f"request id {request_id!r} is not hashable") from None
-        if known:
-            raise DuplicateRequestError(f"request id {request_id!r} is already admitted")
+        self.requests.require_new(request_id)
         prompt = validate_prompt(prompt, self.max_seq_len, check_ids=self._track_tokens)
         if output_len is not None and (
             isinstance(output_len, bool) or not isinstance(output_len, int) or output_len < 0
@@ -322,7 +339,7 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
         for name, value in (("salt", salt), ("adapter_id", adapter_id)):
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{name} must be a string or None, got {value!r}")
-        extra = self._extra(salt, adapter_id)
+        extra: ExtraKeys = (salt, adapter_id)
         keys, hits = self._match(prompt, extra)
         cost = self._admission_cost(len(prompt), hits)
         free = self.pool.num_free
@@ -339,29 +356,29 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
         if self.prefix is not None:
             self.prefix.record_lookup(len(prompt), len(hits), cached)
         tokens = list(prompt[:cached]) if self._track_tokens else None
-        self._requests[request_id] = RequestState(
-            request_id,
-            self._next_order(),
-            prompt,
-            salt,
-            extra,
-            output_len,
-            tokens,
-            cached,
-            hits + fresh,
-            keys,
+        self.requests.add(
+            RequestState(
+                request_id,
+                self.requests.next_order(),
+                prompt,
+                salt,
+                extra,
+                output_len,
+                tokens,
+                cached,
+                hits + fresh,
+                keys,
+            )
         )
         return cached
-
-    def _next_order(self) -> int:
-        self._order += 1
-        return self._order
 
     # ------------------------------------------------------------------ append
     def _check_growth(
         self, request_id: RequestId, n: int, token_ids: Sequence[int | None] | None
     ) -> tuple[RequestState, int, bool]:
-        req = self._resident(request_id, "append to")
+        """Validate appending n tokens (ids, max_seq_len, free blocks); returns the request
+        and its plan (fresh blocks, copy-on-write). Changes nothing."""
+        req = self.requests.resident(request_id, "append to")
         if token_ids is not None:
             if token_id_count(token_ids) != n:
                 raise ShapeError(f"token_ids has {len(token_ids)} ids for {n} tokens")
@@ -394,17 +411,7 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
         pending = None if self.kv_quant is None else self.kv_quant.prepare(keys, values)
         req, fresh, cow = self._check_growth(request_id, n, token_ids)
         start = self._grow(req, n, fresh, cow, token_ids)
-        if self._k is not None and self._v is not None:
-            slots = slot_mapping(req.blocks, self.block_size, start, n).to(self._device)
-            keys = keys.to(self._device).contiguous()
-            values = values.to(self._device).contiguous()
-            kb: dict = {"backend": self.kernel_backend}
-            for layer in range(self._geometry.num_layers):
-                if pending is not None:  # fp8: the kernels quantize with this layer's scales
-                    kb["k_scale"], kb["v_scale"] = pending.layer(layer, self._device)
-                ops.write_kv(
-                    self._k[layer], self._v[layer], keys[layer], values[layer], slots, **kb
-                )
+        self.kv.write(req.blocks, start, keys, values, pending)
         if self.kv_quant is not None and pending is not None:
             self.kv_quant.commit(pending)
         self._register_full_blocks(req)
@@ -417,47 +424,27 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
             raise ConfigError("append_tokens is for memory-only caches; use append with KV")
         if token_ids is None and type(n) is int and n > 0 and self._append_plain(request_id, n):
             return
-        require_positive("n", n)
+        n = require_positive("n", n)
         req, fresh, cow = self._check_growth(request_id, n, token_ids)
         self._grow(req, n, fresh, cow, token_ids)
         self._register_full_blocks(req)
 
     def _append_plain(self, request_id: RequestId, n: int) -> bool:
         """The common memory-only append (a resident request, no ids, no copy-on-write,
-        within max_seq_len) with the same checks and effects as the general path; False
-        (nothing changed) for anything else. Trace replays call it millions of times."""
+        within max_seq_len and the free blocks: what `_check_growth` would pass) grown by
+        `_grow`; False, nothing changed, for anything else (`_check_growth` then says
+        why). Trace replays call it millions of times, hence the checks inline."""
         try:
-            req = self._requests.get(request_id)
-        except TypeError:
+            req = self.requests.by_id[request_id]
+        except (KeyError, TypeError):
             return False
-        if req is None or req.swapped:
+        if req.swapped or req.seq_len + n > self.max_seq_len:
             return False
-        s, bs, pool = req.seq_len, self.block_size, self.pool
-        end = s + n
-        blocks = req.blocks
-        idx = s // bs
-        if end > self.max_seq_len or (idx < len(blocks) and pool.ref[blocks[idx]] != 1):
+        fresh, cow = self._growth(req, n)
+        if cow or fresh > self.pool.num_free:
             return False
-        fresh = -(-end // bs) - len(blocks)
-        if fresh > 0:
-            if fresh > pool.num_free:
-                raise CapacityError(
-                    f"cannot append {n} tokens to request {request_id!r}: needs {fresh} "
-                    f"blocks ({fresh} new, 0 copy-on-write), {pool.num_free} free"
-                )
-            for _ in range(fresh):
-                blocks.append(pool.allocate())
-        pool.fill_span(blocks, s, end)
-        tokens = req.tokens
-        if tokens is not None:
-            if s < req.prompt_len:  # prompt ids are known (and no unknown tail precedes them)
-                part = req.prompt[s:end]
-                tokens.extend(part)
-                req.unknown_tail += n - len(part)
-            else:
-                req.unknown_tail += n
-        req.seq_len = end
-        if req.hashable and tokens is not None and self.prefix is not None:
+        self._grow(req, n, fresh, False, None)
+        if req.hashable and self.prefix is not None:
             self._register_full_blocks(req)
         return True
 
@@ -472,32 +459,31 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
         """Take the planned blocks (copy-on-write first) and advance the request by n
         tokens; returns the first new position. Nothing here can fail."""
         bs, pool, s = self.block_size, self.pool, req.seq_len
-        idx = s // bs
+        blocks = req.blocks
         if cow:
-            old = req.blocks[idx]
+            idx = s // bs
+            old = blocks[idx]
             new = pool.allocate()
-            if self._k is not None and self._v is not None:
-                pair = torch.tensor([[old, new]], dtype=torch.int64, device=self._device)
-                for layer in range(self._geometry.num_layers):
-                    ops.copy_blocks(
-                        self._k[layer], self._v[layer], pair, backend=self.kernel_backend
-                    )
+            self.kv.copy_block(old, new)
             pool.set_fill(new, pool.fill[old])
             pool.decref(old)
-            req.blocks[idx] = new
+            blocks[idx] = new
             self.cow_copies += 1
         for _ in range(fresh):
-            req.blocks.append(pool.allocate())
+            blocks.append(pool.allocate())
         end = s + n
-        pool.fill_span(req.blocks, s, end)
-        if req.tokens is not None:
+        pool.fill_span(blocks, s, end)
+        tokens = req.tokens
+        if tokens is not None:
             if token_ids is not None:
                 req.materialize_tail()
-                req.tokens.extend(int(t) if t is not None else None for t in token_ids)
+                tokens.extend(int(t) if t is not None else None for t in token_ids)
+            elif s < req.prompt_len:  # prompt ids are known (and no unknown tail precedes)
+                part = req.prompt[s:end]
+                tokens.extend(part)
+                req.unknown_tail += n - len(part)
             else:
-                prompt_part = req.prompt[s:end] if s < req.prompt_len else ()
-                req.tokens.extend(prompt_part)
-                req.unknown_tail += n - len(prompt_part)
+                req.unknown_tail += n
         req.seq_len = end
         return s
 
@@ -523,13 +509,8 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
     # ------------------------------------------------------------------ fork / free
     def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
         """Make `child_id` share every written block of `parent_id` (copy-on-write later)."""
-        parent = self._resident(parent_id, "fork")
-        try:
-            known = child_id in self._requests
-        except TypeError:
-            raise ConfigError(f"request id {child_id!r} is not hashable") from None
-        if known:
-            raise DuplicateRequestError(f"request id {child_id!r} is already admitted")
+        parent = self.requests.resident(parent_id, "fork")
+        self.requests.require_new(child_id)
         shared = -(-parent.seq_len // self.block_size)
         own = len(parent.blocks) - shared  # the parent's pending prompt reservation
         if own > self.pool.num_free:
@@ -541,24 +522,21 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
         for b in blocks:
             self.pool.incref(b)
         blocks.extend(self.pool.allocate_many(own))
-        self._requests[child_id] = parent.copy_as(child_id, self._next_order(), blocks)
+        self.requests.add(parent.copy_as(child_id, self.requests.next_order(), blocks))
 
     def free(self, request_id: RequestId) -> None:
         """Release the request: its blocks tail first (or its CPU blocks if swapped)."""
-        req = self._get(request_id)
+        req = self.requests.get(request_id)
         if req.swapped:
             self.swap.release(req.blocks)
         else:
             self.pool.release(req.blocks)
-        del self._requests[request_id]
+        self.requests.remove(request_id)
 
     def gather(self, request_id: RequestId) -> tuple[torch.Tensor, torch.Tensor]:
         """The request's K and V [num_layers, seq_len, num_kv_heads, head_dim] (copies)."""
-        req = self._resident(request_id, "gather")
-        k, v = self._storage()
-        slots = slot_mapping(req.blocks, self.block_size, 0, req.seq_len).to(self._device)
-        flat = (k.shape[0], self.num_blocks * self.block_size, *k.shape[3:])
-        return k.view(flat)[:, slots].contiguous(), v.view(flat)[:, slots].contiguous()
+        req = self.requests.resident(request_id, "gather")
+        return self.kv.gather(req.blocks, req.seq_len)
 
     def attend(
         self,
@@ -569,8 +547,8 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
     ) -> torch.Tensor:
         """Decode attention of one query per request through `paged_decode_attention`."""
         g = self._geometry
-        reqs = [self._resident(r, "attend over") for r in request_ids]
-        k, v = self._storage()
+        reqs = [self.requests.resident(r, "attend over") for r in request_ids]
+        k, v = self.kv.storage()
         expected = (len(reqs), g.num_q_heads, g.head_dim)
         if not isinstance(query, torch.Tensor) or query.dim() != 3:
             raise ShapeError(f"query must be a tensor {list(expected)}, got {query!r:.80}")
@@ -605,6 +583,103 @@ class PagedKVCache(PagedSwap, PagedInspection, PagedServingAccounting):
             max_seq_len=max(r.seq_len for r in reqs),
             **fp8_scales,
         )
+
+    # ------------------------------------------------------------------ swap (part: swap)
+    def swap_out(self, request_id: RequestId) -> None:
+        """Copy all the request's blocks to CPU swap space and release them on the device."""
+        self.swap_out_group([request_id])
+
+    def swap_in(self, request_id: RequestId) -> None:
+        """Bring a swapped-out request back into fresh device blocks, bit for bit.
+
+        Admission-like: needs free - blocks >= watermark blocks (CapacityError otherwise).
+        """
+        self.swap_in_group([request_id])
+
+    def swap_out_group(self, request_ids: Sequence[RequestId]) -> None:
+        """Swap out several resident requests together, keeping what they share shared
+        (`SwapSpace.swap_out`). All or nothing: CapacityError (swap space too small for
+        the distinct blocks) or a bad id changes nothing."""
+        self.swap.swap_out(self.requests.group(request_ids, swapped=False))
+
+    def swap_in_group(self, request_ids: Sequence[RequestId]) -> None:
+        """Bring several swapped requests back together, bit for bit, restoring the sharing
+        among them (`SwapSpace.swap_in`). Admission-like: needs free - distinct blocks >=
+        watermark blocks. All or nothing: CapacityError or a bad id changes nothing."""
+        self.swap.swap_in(self.requests.group(request_ids, swapped=True))
+
+    # ------------------------------------------------------------------ reports (part: accounting)
+    def stats(self) -> CacheStats:
+        """Memory snapshot (O(requests + blocks)); see `CacheAccounting.stats`."""
+        return self.accounting.stats(self.cow_copies)
+
+    def prefix_stats(self) -> PrefixCacheStats:
+        """Prefix-cache counters (all zero when prefix caching is off)."""
+        return self.accounting.prefix_stats()
+
+    def serving_traits(self) -> ServingTraits:
+        """Fixed facts a serving engine reads once (contract: ServingCache)."""
+        return self.accounting.serving_traits()
+
+    def footprint(self, tokens: int) -> Footprint:
+        """Blocks a request of `tokens` tokens holds alone, against the admissible pool."""
+        return self.accounting.footprint(tokens)
+
+    def next_growth(self, request_id: RequestId, length: int) -> int:
+        """The next block boundary at or after `length`."""
+        return self.accounting.next_growth(length)
+
+    def occupancy(self) -> Occupancy:
+        """(free, used, cached-evictable blocks, live slots, reserved slots)."""
+        return self.accounting.occupancy()
+
+    def blocks_held(self, request_ids: Sequence[RequestId]) -> int:
+        """Distinct blocks (device or CPU) the requests hold, shared ones counted once."""
+        return self.accounting.blocks_held(request_ids)
+
+    # ------------------------------------------------------------------ checking
+    def snapshot(self) -> dict[str, object]:
+        """The whole state as comparable values and tensor copies (for atomicity tests;
+        compare two with `snapshots_equal`). Expensive: copies the KV pools."""
+        k, v = self.kv.snapshot()
+        cpu = self.swap.cpu
+        return {
+            "pool": self.pool.snapshot(),
+            "prefix": self.prefix.snapshot() if self.prefix is not None else None,
+            "swap": self.swap.snapshot(),
+            "requests": self.requests.snapshot(),
+            "cow_copies": self.cow_copies,
+            "k": k,
+            "v": v,
+            "cpu_k": None if cpu.k is None else cpu.k.clone(),
+            "cpu_v": None if cpu.v is None else cpu.v.clone(),
+        }
+
+    def check(self) -> None:
+        """Assert every part's invariants (pool and prefix index, device KV, request tables
+        against the pool, swap space against the swapped tables, the slot accounting)."""
+        self.pool.check()
+        self.kv.check()
+        self.requests.check(self.pool, self.prefix, self.max_seq_len)
+        self.swap.check(r.blocks for r in self.requests.states() if r.swapped)
+        self.accounting.check()
+
+
+def snapshots_equal(a: dict[str, object], b: dict[str, object]) -> bool:
+    """Whether two `PagedKVCache.snapshot()` results are identical (tensors bitwise)."""
+    if a.keys() != b.keys():
+        return False
+    for name in a:
+        x, y = a[name], b[name]
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return False
+            # bitwise: compare raw bytes so NaNs and -0.0 count as themselves
+            if not torch.equal(x.view(torch.uint8), y.view(torch.uint8)):
+                return False
+        elif x != y:
+            return False
+    return True
 
 
 __all__ = ["PagedKVCache", "snapshots_equal"]

@@ -1,6 +1,7 @@
-"""Swap space: a CPU block pool that holds the blocks of swapped-out requests.
+"""Swap space: a CPU block pool that holds the blocks of swapped-out requests, and the
+swap of requests between it and the device (`SwapSpace`, a part of `PagedKVCache`).
 
-It has the GPU pool's block shape, one K and one V tensor per layer stacked as
+The CPU pool (`CpuBlockPool`) has the GPU pool's block shape, one K and one V tensor per layer stacked as
 [num_layers, num_cpu_blocks, block_size, num_kv_heads, head_dim] (page-locked when the
 cache lives on a CUDA device, so the host-link copies are DMA straight to and from these
 rows; plain memory for a CPU cache), or no tensors in memory-only mode.
@@ -10,9 +11,15 @@ beam group, a request and its parallel samples) keep sharing the blocks they sha
 the device, so each shared block is copied and held once, as vLLM's block manager did
 for a swapped sequence group.
 
-Invariant (asserted by `check`): every CPU block is either on the free stack with
-reference count 0, or referenced by exactly `ref[block]` entries of the swapped
+Invariant (asserted by `CpuBlockPool.check`): every CPU block is either on the free stack
+with reference count 0, or referenced by exactly `ref[block]` entries of the swapped
 requests' block tables; the caller passes those tables in.
+
+`SwapSpace` moves whole requests: swap-out copies every distinct device block of a group
+once into a CPU block and releases the device blocks; swap-in (admission-like: it keeps
+the watermark) copies them back into fresh device blocks bit for bit, restores the
+sharing among the group and re-indexes their keyed blocks in the prefix cache. Both are
+all or nothing: a failure raises before anything changes.
 """
 
 from __future__ import annotations
@@ -21,10 +28,14 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from kvbench.paged.block_pool import BlockPool
+from kvbench.paged.block_table import RequestState
+from kvbench.paged.device_kv import DeviceKV, copy_between
+from kvbench.paged.prefix_cache import PrefixCache
 from kvbench.workloads.errors import CapacityError, ConfigError
 
 
-class SwapSpace:
+class CpuBlockPool:
     """CPU blocks for swapped-out requests (see module docstring)."""
 
     def __init__(
@@ -85,7 +96,7 @@ class SwapSpace:
             if ref[b] == 0:
                 free.append(b)
 
-    def snapshot(self) -> tuple:
+    def snapshot(self) -> tuple[list[int], list[int]]:
         return (list(self._free), list(self.ref))
 
     def check(self, owned: Iterable[Sequence[int]]) -> None:
@@ -100,3 +111,116 @@ class SwapSpace:
         assert counts == self.ref, "CPU block reference counts disagree with the tables"
         for b in range(self.num_blocks):
             assert (b in free) == (counts[b] == 0), f"CPU block {b} leaked"
+
+
+class SwapSpace:
+    """Swap of request groups between the device pool and a CPU block pool.
+
+    Owns the CPU pool (`cpu`) and the swap counters; works on the cache's device pool,
+    device KV and prefix cache, which it is given (it never looks requests up: the cache
+    hands it validated states)."""
+
+    def __init__(
+        self,
+        cpu: CpuBlockPool,
+        pool: BlockPool,
+        kv: DeviceKV,
+        prefix: PrefixCache | None,
+        watermark_blocks: int,
+    ) -> None:
+        self.cpu = cpu
+        self.pool = pool
+        self.kv = kv
+        self.prefix = prefix
+        #: Device blocks a swap-in leaves free (the cache's admission watermark).
+        self.watermark_blocks = watermark_blocks
+        #: Requests swapped out / in so far (a group of n counts n).
+        self.swap_outs = 0
+        self.swap_ins = 0
+
+    @property
+    def num_blocks(self) -> int:
+        """CPU blocks (0: the cache cannot swap)."""
+        return self.cpu.num_blocks
+
+    @property
+    def num_used(self) -> int:
+        """CPU blocks held by swapped requests now."""
+        return self.cpu.num_used
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """Drop a freed swapped request's CPU blocks."""
+        self.cpu.release(blocks)
+
+    def swap_out(self, reqs: Sequence[RequestState]) -> None:
+        """Swap out resident requests together, keeping what they share shared: every
+        distinct device block of theirs is copied once into one CPU block that carries one
+        reference per table entry. CapacityError (swap space too small) changes nothing."""
+        distinct = list(dict.fromkeys(b for req in reqs for b in req.blocks))
+        names = ", ".join(repr(r.request_id) for r in reqs)
+        cpu = self.cpu.allocate_many(len(distinct), f"request(s) {names} ")
+        to_cpu = dict(zip(distinct, cpu, strict=True))
+        if self.kv.k is not None and self.kv.v is not None:
+            assert self.cpu.k is not None and self.cpu.v is not None
+            copy_between(
+                (self.kv.k, self.kv.v), (self.cpu.k, self.cpu.v), list(to_cpu.items()),
+                self.kv.backend,
+            )  # fmt: skip
+        taken = set()
+        for req in reqs:
+            table = [to_cpu[b] for b in req.blocks]
+            for c in table:
+                if c in taken:
+                    self.cpu.incref(c)
+                taken.add(c)
+            self.pool.release(req.blocks)
+            req.blocks = table
+            req.swapped = True
+            self.swap_outs += 1
+
+    def swap_in(self, reqs: Sequence[RequestState]) -> None:
+        """Bring swapped requests back together, bit for bit, restoring the sharing among
+        them: one device block per distinct CPU block. Admission-like: needs free -
+        distinct blocks >= watermark blocks; CapacityError otherwise, nothing changed."""
+        distinct = list(dict.fromkeys(c for req in reqs for c in req.blocks))
+        need, free = len(distinct), self.pool.num_free
+        if free - need < self.watermark_blocks:
+            names = ", ".join(repr(r.request_id) for r in reqs)
+            raise CapacityError(
+                f"cannot swap in request(s) {names}: needs {need} blocks, {free} free, "
+                f"watermark keeps {self.watermark_blocks}"
+            )
+        gpu = self.pool.allocate_many(need)
+        to_gpu = dict(zip(distinct, gpu, strict=True))
+        if self.kv.k is not None and self.kv.v is not None:
+            assert self.cpu.k is not None and self.cpu.v is not None
+            copy_between(
+                (self.cpu.k, self.cpu.v), (self.kv.k, self.kv.v), list(to_gpu.items()),
+                self.kv.backend,
+            )  # fmt: skip
+        bs, taken = self.pool.block_size, set()
+        for req in reqs:
+            table = [to_gpu[c] for c in req.blocks]
+            for i, b in enumerate(table):
+                if b in taken:
+                    self.pool.incref(b)
+                else:  # sharers of a block agree on its fill: a write would have copied it
+                    self.pool.set_fill(b, min(bs, max(0, req.seq_len - i * bs)))
+                    taken.add(b)
+            self.cpu.release(req.blocks)
+            req.blocks = table
+            req.swapped = False
+            if self.prefix is not None and req.tokens is not None:
+                for i, key in enumerate(req.keys):
+                    parent = req.keys[i - 1] if i else None
+                    chunk = req.tokens[i * bs : (i + 1) * bs]
+                    self.prefix.insert(table[i], key, parent, chunk, req.extra)  # type: ignore[arg-type]
+            self.swap_ins += 1
+
+    def snapshot(self) -> tuple[object, ...]:
+        """The CPU pool's bookkeeping and the counters (its KV: `cpu.k`, `cpu.v`)."""
+        return (self.cpu.snapshot(), self.swap_outs, self.swap_ins)
+
+    def check(self, swapped_tables: Iterable[Sequence[int]]) -> None:
+        """The CPU pool's invariant over the swapped requests' tables."""
+        self.cpu.check(swapped_tables)

@@ -34,7 +34,6 @@ from kvbench.reference.oracle import decode_attention
 from kvbench.reference.validation import (
     allocate_zeros,
     token_id_count,
-    validate_count,
     validate_device,
     validate_geometry,
     validate_kv_append,
@@ -111,9 +110,8 @@ class ContiguousKVCache:
     ) -> None:
         validate_geometry(geometry)
         self.kv_quant = make_kv_quant(geometry, k_scale, v_scale, scale_granularity)
-        require_positive("capacity_tokens", capacity_tokens)
+        require_positive("capacity_tokens", capacity_tokens, 2**48)
         require_positive("max_seq_len", max_seq_len)
-        validate_count("capacity_tokens", capacity_tokens, 2**48)
         if policy not in POLICIES:
             raise ConfigError(f"unknown reservation policy {policy!r}; known: {POLICIES}")
         self._geometry = geometry

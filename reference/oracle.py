@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from kvbench.workloads.errors import ShapeError
+from kvbench.workloads.kv_spec import check_window
 
 
 def _check_heads(q_heads: int, k: torch.Tensor, v: torch.Tensor, what: str) -> int:
@@ -38,7 +39,12 @@ def default_scale(head_dim: int) -> float:
 
 
 def extend_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the last n queries of one sequence over its whole KV.
 
@@ -46,10 +52,14 @@ def extend_attention(
         q: [n, num_q_heads, head_dim], the queries of positions L-n .. L-1.
         k, v: [L, num_kv_heads, head_dim], keys and values of positions 0 .. L-1.
         scale: softmax scale; 1/sqrt(head_dim) when None.
+        window: sliding window (Mistral, HF `sliding_window`): the query at position p
+            sees only keys p - window + 1 .. p, its own token included. None: full.
 
     Returns:
-        [n, num_q_heads, head_dim] float64. Query i sees keys 0 .. L-n+i inclusive.
+        [n, num_q_heads, head_dim] float64. Query i sees keys 0 .. L-n+i inclusive
+        (from L-n+i-window+1 with a window).
     """
+    check_window(window)
     if q.dim() != 3:
         raise ShapeError(f"q must be [n, num_q_heads, head_dim], got {tuple(q.shape)}")
     n, q_heads, head_dim = q.shape
@@ -66,19 +76,28 @@ def extend_attention(
     scores = torch.matmul(q64, k64.transpose(1, 2)) * scale  # [Hq, n, L]
     query_pos = torch.arange(seq_len - n, seq_len, device=q.device).unsqueeze(1)
     key_pos = torch.arange(seq_len, device=q.device).unsqueeze(0)
-    scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+    hidden = key_pos > query_pos
+    if window is not None:
+        hidden = hidden | (key_pos <= query_pos - window)
+    scores = scores.masked_fill(hidden, float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1), v64)  # [Hq, n, D]
     return out.transpose(0, 1).contiguous()
 
 
 def decode_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of one query (the newest token) over a sequence's whole KV.
 
     Args:
         q: [num_q_heads, head_dim].
         k, v: [L, num_kv_heads, head_dim], L >= 1.
+        window: as for extend_attention: keys max(0, L - window) .. L - 1 only.
 
     Returns:
         [num_q_heads, head_dim] float64.
@@ -87,7 +106,7 @@ def decode_attention(
         raise ShapeError(f"q must be [num_q_heads, head_dim], got {tuple(q.shape)}")
     if k.dim() != 3 or k.shape[0] == 0:
         raise ShapeError(f"k must be [L>=1, num_kv_heads, head_dim], got {tuple(k.shape)}")
-    return extend_attention(q.unsqueeze(0), k, v, scale)[0]
+    return extend_attention(q.unsqueeze(0), k, v, scale, window=window)[0]
 
 
 def batched_decode_attention(
@@ -95,12 +114,15 @@ def batched_decode_attention(
     keys: Sequence[torch.Tensor],
     values: Sequence[torch.Tensor],
     scale: float | None = None,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
     """decode_attention for a batch of sequences of different lengths.
 
     Args:
         q: [batch, num_q_heads, head_dim].
         keys, values: one [L_i, num_kv_heads, head_dim] tensor per sequence.
+        window: sliding window of every sequence (None: full attention).
 
     Returns:
         [batch, num_q_heads, head_dim] float64.
@@ -110,7 +132,9 @@ def batched_decode_attention(
             f"q must be [batch, num_q_heads, head_dim] with one K and V per row; got q "
             f"{tuple(q.shape)}, {len(keys)} keys, {len(values)} values"
         )
-    outs = [decode_attention(q[i], keys[i], values[i], scale) for i in range(q.shape[0])]
+    outs = [
+        decode_attention(q[i], keys[i], values[i], scale, window=window) for i in range(q.shape[0])
+    ]
     return torch.stack(outs) if outs else q.new_zeros(q.shape, dtype=torch.float64)
 
 

@@ -108,17 +108,6 @@ def validate_device(device: object) -> torch.device:
         raise ConfigError(f"unknown device {device!r:.80}: {exc}") from None
 
 
-def validate_count(name: str, value: object, maximum: int = MAX_INDEX) -> int:
-    """A whole number in [1, maximum]; ConfigError naming it otherwise."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or not 1 <= value <= maximum
-    ):
-        raise ConfigError(f"{name} must be an integer in [1, {maximum:,}], got {value!r}")
-    return int(value)
-
-
 def allocate_zeros(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, what: str
 ) -> torch.Tensor:

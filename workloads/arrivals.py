@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import require_positive
 
 ArrivalProcess = Callable[[int, np.random.Generator], np.ndarray]
 
@@ -67,8 +68,7 @@ def gamma(n: int, rng: np.random.Generator, rate: float, burstiness: float = 1.0
 def bursts(n: int, size: int, interval: float) -> np.ndarray:
     """Bursts of `size` requests at t = 0, interval, 2 * interval, ..."""
     _check_n(n)
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-        raise ConfigError(f"burst size must be an integer >= 1, got {size!r}")
+    require_positive("burst size", size)
     if not (isinstance(interval, (int, float)) and interval >= 0 and np.isfinite(interval)):
         raise ConfigError(f"burst interval must be a number of seconds >= 0, got {interval!r}")
     return (np.arange(n, dtype=np.int64) // size).astype(np.float64) * float(interval)

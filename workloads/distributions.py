@@ -49,6 +49,7 @@ import numpy as np
 from scipy.special import ndtr
 
 from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import require_positive
 
 #: Published dataset means (tokens) the named log-normals are fitted to.
 PUBLISHED_MEANS: dict[str, float] = {
@@ -329,8 +330,7 @@ def parse_distribution(spec: str) -> LengthDistribution:
 
 
 def _check_len(what: str, n: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ConfigError(f"{what} must be an integer >= 1, got {n!r}")
+    require_positive(what, n)
 
 
 def _check_bounds(lo: int, hi: int) -> None:

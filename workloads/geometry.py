@@ -7,6 +7,7 @@ Everything else (block bytes, capacity, concurrency) derives from this one numbe
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 
@@ -45,11 +46,17 @@ def canonical_dtype(name: str) -> str:
     return key
 
 
-def require_positive(name: str, value: int) -> int:
-    """Return `value` if it is a positive integer, else raise ConfigError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    return value
+def require_positive(name: str, value: object, maximum: int | None = None) -> int:
+    """`value` as an int if it is a whole number >= 1 (and <= `maximum` when given), else
+    ConfigError naming it. The one positive-integer check of kvbench: sizes, counts and
+    lengths everywhere go through it (a bool is not a number here)."""
+    whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    n = int(value) if whole else 0  # type: ignore[call-overload]
+    if n < 1 or (maximum is not None and n > maximum):
+        if maximum is None:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        raise ConfigError(f"{name} must be an integer in [1, {maximum:,}], got {value!r}")
+    return n
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import require_positive
 from kvbench.workloads.trace import Trace
 
 
@@ -64,8 +65,7 @@ class BlockAccesses:
 
 def block_accesses(trace: Trace, block_size: int) -> BlockAccesses:
     """The trace's full-block identities at `block_size` (module docstring)."""
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ConfigError(f"block_size must be an integer >= 1, got {block_size!r}")
+    require_positive("block_size", block_size)
     reqs = trace.requests
     compact = len({r.prompt_block_tokens for r in reqs}) == 1 and all(
         r.prompt_blocks is not None

@@ -425,7 +425,8 @@ struct Geo {
 };
 
 // Decode task: sequence with block table `table` and length len, KV heads [h0, h1), its
-// logical blocks [j0, j1). Writes the unnormalized state of query heads h0*G .. h1*G - 1
+// logical blocks [j0, j1), reading positions lo .. len - 1 only (lo > 0: a sliding window
+// whose first block j0 is partial; its tokens before lo are skipped, not read). Writes the unnormalized state of query heads h0*G .. h1*G - 1
 // into pacc [Hq][D], pm [Hq], pl [Hq].
 // Each block is read twice in address order per head group: the K pass walks it token by
 // token (a token's heads are one contiguous row), the V pass head by head with the group's
@@ -435,7 +436,7 @@ struct Geo {
 template <typename T, int DC>
 void decode_task(const T* q, int64_t qs_h, const T* kc, const T* vc, const int32_t* table,
                  int64_t len, const Geo& g, int h0, int h1, int64_t j0, int64_t j1, float scale,
-                 float* pacc, float* pm, float* pl, std::vector<float>& buf) {
+                 float* pacc, float* pm, float* pl, std::vector<float>& buf, int64_t lo = 0) {
   const int D = DC > 0 ? DC : int(g.D), G = int(g.group), nh = h1 - h0;
   const int nrows = nh * G;
   buf.resize(size_t(nrows) * D + size_t(nrows) * MAX_BS);
@@ -457,9 +458,10 @@ void decode_task(const T* q, int64_t qs_h, const T* kc, const T* vc, const int32
   const int64_t strideb = tok * sizeof(T);
   for (int64_t j = j0; j < j1; ++j) {
     const int64_t pb = table[j];
-    const int nt = int(std::min<int64_t>(g.bs, len - j * g.bs));
-    const T* kb = kc + pb * blk + int64_t(h0) * D;
-    const T* vb = vc + pb * blk + int64_t(h0) * D;
+    const int64_t t0 = std::max<int64_t>(0, lo - j * g.bs);  // window: skip its first tokens
+    const int nt = int(std::min<int64_t>(g.bs, len - j * g.bs) - t0);
+    const T* kb = kc + pb * blk + t0 * tok + int64_t(h0) * D;
+    const T* vb = vc + pb * blk + t0 * tok + int64_t(h0) * D;
     // The next block of this sequence streams in while this one is computed: its K rows
     // during the K pass (a share before each (token pair, head) call), its V rows during
     // the V pass (a share before each (head, column group) call).
@@ -493,11 +495,15 @@ template <typename T, int DC>
 void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                  const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                  const torch::Tensor& seq_lens, double scale, torch::Tensor& out,
-                 int64_t max_seq_len, int64_t partition_blocks, int64_t heads_per_task) {
+                 int64_t max_seq_len, int64_t partition_blocks, int64_t heads_per_task,
+                 int64_t window) {
   const int64_t B = query.size(0);
   Geo g{k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3), query.size(1), 0};
   g.group = g.hq / g.hkv;
-  const int64_t used_blocks = (max_seq_len + g.bs - 1) / g.bs;
+  // window > 0: a sequence reads from the first block its window touches, so at most
+  // window + bs - 1 tokens from a block boundary; 0: full attention.
+  const int64_t span = window > 0 ? std::min(max_seq_len, window + g.bs - 1) : max_seq_len;
+  const int64_t used_blocks = (span + g.bs - 1) / g.bs;
   const int64_t P = std::max<int64_t>(1, (used_blocks + partition_blocks - 1) / partition_blocks);
   const int64_t HT = (g.hkv + heads_per_task - 1) / heads_per_task;
   const T* q = query.data_ptr<T>();
@@ -517,7 +523,8 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / (HT * P), ht = (task / P) % HT, p = task % P;
       const int64_t len = lens[b];
-      const int64_t j0 = p * partition_blocks;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t j0 = lo / g.bs + p * partition_blocks;
       const int64_t j1 = std::min((len + g.bs - 1) / g.bs, j0 + partition_blocks);
       const int h0 = int(ht * heads_per_task);
       const int h1 = int(std::min(g.hkv, h0 + heads_per_task));
@@ -529,7 +536,7 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
       }
       float* pacc = acc.data() + (b * P + p) * Hq * D;
       decode_task<T, DC>(q + b * qs_b, qs_h, kc, vc, tables + b * tstride, len, g, h0, h1, j0, j1,
-                         float(scale), pacc, pm, pl, buf);
+                         float(scale), pacc, pm, pl, buf, lo);
       if (P == 1) {  // one partition: normalize here, with no second parallel region
         for (int64_t r = h0 * g.group; r < h1 * g.group; ++r) {
           const float inv = 1.f / pl[r];
@@ -884,20 +891,27 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
 }
 
 // First (sequence, logical block) whose table entry lies outside [0, num_blocks) within the
-// sequence's length, as b * max_blocks + j; -1 when every used entry is in the pool.
-int64_t first_bad_entry(const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
-                        int64_t block_size, int64_t num_blocks) {
+// sequence's length, as b * max_blocks + j; -1 when every used entry is in the pool. With a
+// sliding window (> 0), blocks wholly before a sequence's window are not read or checked.
+int64_t first_bad_entry_windowed(const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+                                 int64_t block_size, int64_t num_blocks, int64_t window) {
   const int32_t* t = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int64_t B = block_tables.size(0), W = block_tables.size(1), st = block_tables.stride(0);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t used = std::min<int64_t>(W, (int64_t(lens[b]) + block_size - 1) / block_size);
-    for (int64_t j = 0; j < used; ++j) {
+    const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) / block_size : 0;
+    for (int64_t j = first; j < used; ++j) {
       const int32_t x = t[b * st + j];
       if (x < 0 || x >= num_blocks) return b * W + j;
     }
   }
   return -1;
+}
+
+int64_t first_bad_entry(const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+                        int64_t block_size, int64_t num_blocks) {
+  return first_bad_entry_windowed(block_tables, seq_lens, block_size, num_blocks, 0);
 }
 
 }  // namespace
@@ -926,19 +940,29 @@ void with_head_dim(int64_t D, F&& f) {
   }
 }
 
-void paged_decode(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
-                  torch::Tensor block_tables, torch::Tensor seq_lens, double scale,
-                  torch::Tensor out, int64_t max_seq_len, int64_t partition_blocks,
-                  int64_t heads_per_task) {
+// window > 0: sliding-window decode (each sequence's last `window` tokens); 0: full.
+void paged_decode_windowed(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
+                           torch::Tensor block_tables, torch::Tensor seq_lens, double scale,
+                           torch::Tensor out, int64_t max_seq_len, int64_t partition_blocks,
+                           int64_t heads_per_task, int64_t window) {
+  TORCH_CHECK(window >= 0, "window must be >= 0");
   TORCH_CHECK(k_cache.size(1) <= MAX_BS, "block_size above ", MAX_BS);
   TORCH_CHECK(partition_blocks >= 1 && heads_per_task >= 1, "bad task split");
   KVB_DISPATCH(query.scalar_type(), {
     with_head_dim(k_cache.size(3), [&](auto dc) {
       decode_impl<scalar_t, decltype(dc)::value>(query, k_cache, v_cache, block_tables, seq_lens,
                                                  scale, out, max_seq_len, partition_blocks,
-                                                 heads_per_task);
+                                                 heads_per_task, window);
     });
   });
+}
+
+void paged_decode(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
+                  torch::Tensor block_tables, torch::Tensor seq_lens, double scale,
+                  torch::Tensor out, int64_t max_seq_len, int64_t partition_blocks,
+                  int64_t heads_per_task) {
+  paged_decode_windowed(query, k_cache, v_cache, block_tables, seq_lens, scale, out, max_seq_len,
+                        partition_blocks, heads_per_task, 0);
 }
 
 void paged_prefill(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -992,6 +1016,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention, blocks read in place");
   m.def("paged_prefill", &paged_prefill, "paged prefill/extend attention, blocks read in place");
   m.def("first_bad_entry", &first_bad_entry, "first block-table entry outside the pool, or -1");
+  m.def("paged_decode_windowed", &paged_decode_windowed,
+        "paged decode attention over each sequence's last `window` tokens (0: all)");
+  m.def("first_bad_entry_windowed", &first_bad_entry_windowed,
+        "first_bad_entry skipping the blocks wholly before each sequence's window");
   m.def("vector_width", &vector_width, "floats per vector register the build uses");
   m.def("fma_probe", &fma_probe, "FLOPs of a peak-rate FMA loop on every thread (time it)");
 }

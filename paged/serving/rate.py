@@ -191,7 +191,6 @@ def run_system(
     result = simulate(
         trace,
         spec,
-        "auto",
         config=cfg,
         time_model=setup_time_model(setup, block_size),
     )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from kvbench.paged.serving.simulation import setup_spec, setup_time_model, simul
 from kvbench.paged.serving.slo import SLO, goodput, slo_margin
 from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult
 from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import require_positive
 from kvbench.workloads.setups import ServingSetup
 from kvbench.workloads.time_scale import time_scaled
 from kvbench.workloads.trace import Trace
@@ -51,9 +52,8 @@ def serve_trace(
     result = simulate(
         time_scaled(trace, time_scale),
         spec,
-        "auto",
-        setup.profile,
-        config=config,
+        profile=setup.profile,
+        config=replace(config or SchedulerConfig(), preemption="auto"),
         progress=progress,
         time_model=setup_time_model(setup, block_size),
     )
@@ -148,8 +148,7 @@ def timeline(
     window where it starts (`step_starts`; a long quiet stretch is not split, and its
     block figures are those of its first step). A window in which no step runs is idle:
     no request running or waiting, no KV held, no utilization or hit rate (NaN)."""
-    if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
-        raise ConfigError(f"windows must be an integer >= 1, got {windows!r}")
+    require_positive("windows", windows)
     rows = result.timeline
     blocks = result.info.get("kv_blocks") or max(
         (r.free_blocks + r.used_blocks for r in rows), default=1

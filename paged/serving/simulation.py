@@ -6,7 +6,7 @@ For the bench and report helpers:
     from kvbench.paged.cache_spec import CacheSpec
     from kvbench.paged.serving.simulation import simulate
     spec = CacheSpec(kind="paged", model="llama-2-70b", kv_budget="42GB", block_size=16)
-    result = simulate(trace, spec, policy="auto", profile="a100-80gb")
+    result = simulate(trace, spec, policy="auto", profile="a100-80gb")  # keywords only
     result.summary()   # utilization, peak_concurrency, preemptions, swaps, recomputes,
                        # steps, generated_tokens, tokens_per_step, modeled_seconds,
                        # tokens_per_second, processed_steps, wall_seconds, mean_running,
@@ -19,12 +19,12 @@ The cache kinds and how a KV budget becomes blocks: `paged.cache_spec`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from kvbench.paged.cache_spec import CacheSpec
 from kvbench.paged.serving.engine import Engine
 from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, TimeModel
 from kvbench.reference.contract import KVCache
+from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.presets import get_preset
 from kvbench.workloads.profiles import get_profile
 from kvbench.workloads.setups import ServingSetup
@@ -76,17 +76,28 @@ def setup_time_model(setup: ServingSetup, block_size: int = 16) -> TimeModel:
 def simulate(
     trace: Trace,
     spec: CacheSpec | KVCache,
-    policy: str = "auto",
-    profile: str = "a100-80gb",
+    *,
     config: SchedulerConfig | None = None,
+    policy: str | None = None,
+    profile: str = "a100-80gb",
     progress: Callable[[int], None] | None = None,
     model: str = "llama-2-70b",
     time_model: TimeModel | None = None,
 ) -> SimulationResult:
-    """Replay `trace` on a cache built from `spec` (or a given empty cache) with the
-    preemption `policy` ("swap", "recompute", "auto"), priced on device `profile` (or by
-    `time_model`, e.g. a set-up's)."""
-    cfg = replace(config or SchedulerConfig(), preemption=policy)
+    """Replay `trace` on a cache built from `spec` (or a given empty cache), priced on
+    device `profile` (or by `time_model`, e.g. a set-up's).
+
+    The preemption policy ("swap", "recompute", "auto") has one place: `config.preemption`.
+    `policy` is shorthand for `config=SchedulerConfig(preemption=policy)`; giving both is a
+    ConfigError (one would silently overwrite the other)."""
+    if policy is not None:
+        if config is not None:
+            raise ConfigError(
+                f"give the preemption policy once: policy={policy!r} or "
+                f"config.preemption={config.preemption!r}, not both"
+            )
+        config = SchedulerConfig(preemption=policy)
+    cfg = config or SchedulerConfig()
     if isinstance(spec, CacheSpec):
         cache = spec.build()
         tm = time_model or time_model_for(spec, profile)
@@ -96,5 +107,5 @@ def simulate(
         tm = time_model or time_model_for(CacheSpec(model=model, geometry=spec.geometry), profile)
         label = type(spec).__name__
     result = Engine(cache, cfg, tm).run(trace, progress)
-    result.info.update(cache=label, policy=policy, profile=profile, batching=cfg.batching)
+    result.info.update(cache=label, policy=cfg.preemption, profile=profile, batching=cfg.batching)
     return result

@@ -37,7 +37,7 @@ from typing import Any
 
 from kvbench.paged.serving.latency import flat
 from kvbench.workloads.errors import ConfigError
-from kvbench.workloads.geometry import KVGeometry
+from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.profiles import DeviceProfile
 
 PREEMPTION_POLICIES = ("swap", "recompute", "auto")
@@ -97,9 +97,7 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_batched_tokens", "max_num_seqs", "max_preemptions"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
+            require_positive(name, getattr(self, name))
         if self.max_num_seqs > self.max_batched_tokens:
             raise ConfigError(
                 f"max_num_seqs={self.max_num_seqs} exceeds max_batched_tokens="
@@ -151,8 +149,7 @@ class TimeModel:
     hidden_size: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
-            raise ConfigError(f"tp must be an integer >= 1, got {self.tp!r}")
+        require_positive("tp", self.tp)
         if not (self.params > 0 and self.weight_bytes >= 0):
             raise ConfigError(
                 f"params must be > 0 and weight_bytes >= 0, got {self.params!r}, "

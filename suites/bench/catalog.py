@@ -6,6 +6,7 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     capacity,
     kernels,
     kernels_fp8,
+    kv_specs,
     peers,
     predicted,
     scheduling,

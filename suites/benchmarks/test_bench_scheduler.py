@@ -26,7 +26,9 @@ SPEC = CacheSpec(kind="paged", model="llama-2-70b", kv_budget="42GB", block_size
 def _replay(benchmark, num_requests: int) -> None:
     trace = generate("sharegpt", num_requests, seed=0)
     decode_tokens = sum(r.output_len for r in trace.requests)
-    result = benchmark.pedantic(lambda: simulate(trace, SPEC, "auto"), rounds=1, iterations=1)
+    result = benchmark.pedantic(
+        lambda: simulate(trace, SPEC, policy="auto"), rounds=1, iterations=1
+    )
     assert result.generated_tokens == decode_tokens
     assert result.utilization >= 0.96
     wall = result.wall_seconds

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvbench.suites.cli.argtypes import float_range, int_range
+from kvbench.suites.cli.argtypes import check_input_file, float_range, int_range
+from kvbench.suites.cli.spec_capacity import SPEC_ONLY_OPTIONS, run_spec_plan
+from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, parse_bytes
 from kvbench.workloads.planner import CapacityPlan, plan_capacity
 from kvbench.workloads.presets import PRESETS, get_preset
+from kvbench.workloads.spec_presets import spec_preset_names
 from kvbench.workloads.units import format_bytes
 
 _count = int_range(1, 1 << 16)
@@ -27,7 +30,30 @@ def register(sub: argparse._SubParsersAction) -> None:
             "'42 GB' pool is 42000MiB)."
         ),
     )
-    p.add_argument("--model", default="llama-2-70b", help=f"preset: {', '.join(PRESETS)}")
+    p.add_argument(
+        "--model",
+        default="llama-2-70b",
+        help=f"preset: {', '.join(PRESETS)}; with sliding-window, hybrid or cross-attention "
+        f"layers (planned per layer group over one pool): {', '.join(spec_preset_names())}",
+    )
+    p.add_argument(
+        "--hf-config",
+        metavar="PATH",
+        help="plan the model a Hugging Face config.json describes (sliding_window, "
+        "layer_types, encoder-decoder) instead of --model",
+    )
+    p.add_argument(
+        "--encoder-len",
+        type=_length,
+        help="encoder tokens each cross-attention layer holds (encoder-decoder models; "
+        "default: the config's max_source_positions)",
+    )
+    p.add_argument(
+        "--step-tokens",
+        type=_length,
+        help="spec models: tokens a step computes (the chunked-prefill chunk; default 1, "
+        "token by token): a window holds window - 1 + step tokens during a step",
+    )
     p.add_argument("--layers", type=_count, help="override: number of layers")
     p.add_argument("--kv-heads", type=_count, help="override: KV heads")
     p.add_argument("--head-dim", type=_count, help="override: head dim")
@@ -57,6 +83,16 @@ def _geometry(args: argparse.Namespace) -> KVGeometry:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.hf_config is not None:
+        check_input_file(args.hf_config, "--hf-config")
+    if args.hf_config is not None or args.model.lower() in spec_preset_names():
+        return run_spec_plan(args)
+    given = [opt for opt, dest in SPEC_ONLY_OPTIONS if getattr(args, dest) is not None]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} apply to models with sliding-window or cross-attention "
+            f"layers ({', '.join(spec_preset_names())} or --hf-config), not to {args.model!r}"
+        )
     plan = plan_capacity(
         args.model,
         _geometry(args),

@@ -33,7 +33,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -43,7 +43,7 @@ from kvbench.paged.serving.latency import LATENCY_METRICS, LATENCY_STATS
 from kvbench.paged.serving.rate import served_throughput
 from kvbench.paged.serving.simulation import simulate, time_model_for
 from kvbench.paged.serving.slo import SLO, goodput
-from kvbench.paged.serving.time_model import SchedulerConfig
+from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
 from kvbench.suites.cli.argtypes import (
     check_input_file,
     check_output_dir,
@@ -122,18 +122,30 @@ def available_memory_bytes() -> int | None:
         return None
 
 
-def validate_args(args: argparse.Namespace, kinds: tuple[str, ...]) -> None:
+def spec_from_args(args: argparse.Namespace) -> CacheSpec:
+    """The run's one cache spec; each simulated cache is it with its own `kind`."""
+    return CacheSpec(
+        model=args.model,
+        kv_budget=args.kv_budget,
+        block_size=args.block_size,
+        max_seq_len=args.max_seq_len,
+        watermark=args.watermark,
+        prefix_caching=not args.no_prefix_caching,
+    )
+
+
+def validate_args(args: argparse.Namespace, kinds: tuple[str, ...], spec: CacheSpec) -> TimeModel:
     """Refuse, before anything is allocated or written, what the run could not do: an
-    output folder that cannot be written, a trace file that is missing, and a KV budget
-    whose block bookkeeping would not fit in the memory this machine has free."""
+    output folder that cannot be written, a trace file that is missing, an unknown model
+    or profile, and a KV budget whose block bookkeeping would not fit in the memory this
+    machine has free. Returns the run's time model (the spec's model on the profile)."""
     if args.out is not None:
         check_output_dir(args.out, "--out")
     if args.trace is not None:
         check_input_file(args.trace, "--trace")
     if args.mode not in ("event", "token"):
         raise ConfigError(f"unknown --mode {args.mode!r}; known: event, token")
-    spec = CacheSpec(model=args.model, kv_budget=args.kv_budget, block_size=args.block_size)
-    time_model_for(spec, args.profile)  # an unknown model or profile: ConfigError names it
+    time_model = time_model_for(spec, args.profile)  # ConfigError names a bad model/profile
     blocks = spec.blocks()  # parses the budget: ConfigError names it
     if blocks < 1:
         raise ConfigError(
@@ -150,6 +162,7 @@ def validate_args(args: argparse.Namespace, kinds: tuple[str, ...]) -> None:
                 f"host memory, more than half of the {format_bytes(free)} free: use a smaller "
                 "--kv-budget"
             )
+    return time_model
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -190,7 +203,8 @@ def _slo_rows(rows: list[dict], slo: SLO) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    validate_args(args, _kinds(args.cache))
+    base = spec_from_args(args)
+    time_model = validate_args(args, _kinds(args.cache), base)
     _arrivals_with_burstiness(args)
     slo = slo_from_args(args)
     trace = Trace.read(args.trace) if args.trace else trace_from_args(args)
@@ -218,15 +232,7 @@ def run(args: argparse.Namespace) -> int:
         trace.write(out / "trace.jsonl")
     rows = []
     for kind in kinds:
-        spec = CacheSpec(
-            kind=kind,
-            model=args.model,
-            kv_budget=args.kv_budget,
-            block_size=args.block_size,
-            max_seq_len=args.max_seq_len,
-            watermark=args.watermark,
-            prefix_caching=not args.no_prefix_caching,
-        )
+        spec = replace(base, kind=kind)
         with tqdm(
             total=sum(r.n for r in trace.requests),
             desc=kind,
@@ -235,7 +241,12 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         ) as bar:
             result = simulate(
-                trace, spec, args.policy, args.profile, config, bar.update, args.model
+                trace,
+                spec,
+                config=config,
+                profile=args.profile,
+                progress=bar.update,
+                time_model=time_model,
             )
         row = result.summary()
         if slo is not None:

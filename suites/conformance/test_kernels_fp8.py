@@ -352,3 +352,59 @@ def test_fp8_launches_are_in_the_aot_table_with_the_compiled_signature(
             else:
                 assert kind == "fp32" and isinstance(value, float), (cfg.kernel, name, kind)
     assert kernels == {"quantize_rows", "paged_decode", "paged_decode_reduce", "copy_rows"}
+
+
+@pytest.mark.parametrize("kv_dtype", FP8, ids=FP8_IDS)
+@pytest.mark.parametrize("backend", ["triton", "gather"])
+@pytest.mark.parametrize("partition", [None, 8])
+def test_fp8_windowed_decode_matches_float64_over_dequantized_window(
+    kv_dtype: torch.dtype, backend: str, partition: int | None
+) -> None:
+    """fp8 K/V with a sliding window: dequantized in the kernel and only the window read.
+    The table entries of blocks wholly before each window are -1 (released), so a path
+    that read them would fail the index check or the oracle; the oracle is float64
+    attention over the dequantized K/V with the window mask."""
+    d, bs, window, lens = 48, 8, 13, [5, 13, 14, 30, 61]
+    kc, vc, tables, seq_lens, keys, values, ks, vs = _fp8_batch(
+        lens, 2, d, bs, kv_dtype, True, seed=3
+    )
+    for b, n in enumerate(lens):
+        tables[b, : max(0, n - window) // bs] = -1
+    gen = torch.Generator().manual_seed(9)
+    q = torch.randn(len(lens), 4, d, generator=gen).to(torch.float16)
+    out = torch.full_like(q, float("nan"))
+    if backend == "gather":
+        dims = check_decode(q, kc, vc, tables, seq_lens, window=window)
+        scale = 1.0 / math.sqrt(d)
+        torch_ops.paged_decode_attention(
+            q, kc, vc, tables, seq_lens, scale, out, dims, (ks, vs), window
+        )
+    else:
+        ops.paged_decode_attention(
+            q, kc, vc, tables, seq_lens, out=out, backend="triton", partition_size=partition,
+            k_scale=ks, v_scale=vs, window=window,
+        )  # fmt: skip
+    fmt = fp8.fp8_format(kv_dtype)
+    kq = [fp8.dequantize(fp8.quantize(k, ks, fmt), ks, torch.float64) for k in keys]
+    vq = [fp8.dequantize(fp8.quantize(v, vs, fmt), vs, torch.float64) for v in values]
+    ref = oracle.batched_decode_attention(q.double(), kq, vq, window=window)
+    err = oracle.relative_error(out, ref)
+    assert err <= oracle.tolerance(torch.float16), (backend, err)
+
+
+def test_fp8_window_on_the_cpp_decode_is_refused() -> None:
+    """The C++ CPU fp8 decode has no window: ConfigError naming the window, out untouched."""
+    status = cpu_paged.status()
+    if status.path != "cpp":
+        pytest.skip(f"C++ CPU kernel unavailable here: {status.reason}")
+    kc, vc, tables, seq_lens, _, _, ks, vs = _fp8_batch(
+        [20], 2, 48, 8, torch.float8_e4m3fn, False, seed=1
+    )
+    q = torch.randn(1, 4, 48, dtype=torch.float16)
+    out = torch.full_like(q, float("nan"))
+    with pytest.raises(ConfigError, match="window=5"):
+        ops.paged_decode_attention(
+            q, kc, vc, tables, seq_lens, out=out, backend="torch", k_scale=ks, v_scale=vs,
+            window=5,
+        )  # fmt: skip
+    assert torch.isnan(out).all()

@@ -120,14 +120,14 @@ def test_swap_pool_is_pinned_only_for_a_cuda_cache(monkeypatch: pytest.MonkeyPat
     """A CPU cache never pins its swap pool, even where CUDA exists."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cache = PagedKVCache(KVGeometry(1, 1, 8, "float32"), 4, 4, num_cpu_blocks=2)
-    assert cache.swap.pinned is False
+    assert cache.swap.cpu.pinned is False
 
 
 @pytest.mark.gpu
 def test_cuda_cache_swap_pool_is_pinned_and_round_trips() -> None:
     geo = KVGeometry(2, 2, 64, "float16", 4)
     cache = PagedKVCache(geo, 8, 16, num_cpu_blocks=8, device="cuda")
-    assert cache.swap.pinned and cache.swap.k is not None and cache.swap.k.is_pinned()
+    assert cache.swap.cpu.pinned and cache.swap.cpu.k is not None and cache.swap.cpu.k.is_pinned()
     kv = torch.randn(2, 2, 40, 2, 64, device="cuda", dtype=torch.float16)
     cache.admit("a", list(range(40)))
     cache.append("a", kv[0], kv[1])

@@ -108,7 +108,7 @@ def test_poisson_arrivals_stay_event_driven_with_token_exact_latency() -> None:
     trace = generate("sharegpt", 120, seed=5, arrivals=parse_arrivals("poisson:4"))
     spec = CacheSpec(kind="paged", kv_budget="4GB")
     runs = {
-        mode: simulate(trace, spec, "auto", config=SchedulerConfig(mode=mode))
+        mode: simulate(trace, spec, config=SchedulerConfig(mode=mode))
         for mode in ("token", "event")
     }
     ev, tok = runs["event"], runs["token"]
@@ -158,7 +158,7 @@ def test_paper_utilization_claim_sharegpt() -> None:
     trace = generate("sharegpt", 300, seed=11)
     util = {}
     for kind in ("paged", "contiguous-max"):
-        util[kind] = simulate(trace, CacheSpec(kind=kind), "auto").utilization
+        util[kind] = simulate(trace, CacheSpec(kind=kind), policy="auto").utilization
     assert util["paged"] >= 0.96
     assert 0.20 <= util["contiguous-max"] <= 0.40
 

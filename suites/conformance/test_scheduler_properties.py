@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from kvbench.paged.cache import PagedKVCache
 from kvbench.paged.serving.beams import BeamGroup, plan_selection
 from kvbench.paged.serving.engine import Engine, RequestTooLargeError, SchedulerError, kv_for_tokens
+from kvbench.paged.serving.engine.preempt import Preemption
 from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
 from kvbench.reference.contiguous import ContiguousKVCache
 from kvbench.workloads.errors import ConfigError
@@ -347,7 +348,7 @@ def test_oversized_request_rejected_with_line() -> None:
 
 def test_a_preemption_livelock_is_an_error_not_a_hang(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A bug guard. 3 samples that cannot all run in 8 blocks finish when preempted one
-    by one; forced to be preempted as a unit (the rule `_family_fits` disabled) they swap
+    by one; forced to be preempted as a unit (the rule `Preemption.family_fits` disabled) they swap
     out and in forever, and the run fails after 10,000 barren steps instead of looping."""
     trace = Trace((TraceRequest("a", 0.0, 6, 20, n=3),))
     cfg = SchedulerConfig(max_num_seqs=3, preemption="swap")
@@ -356,7 +357,7 @@ def test_a_preemption_livelock_is_an_error_not_a_hang(monkeypatch) -> None:  # t
         return PagedKVCache(GEOM, 8, 4, num_cpu_blocks=64, store_kv=False)
 
     check_complete(Engine(make(), cfg, TM).run(trace), trace)
-    monkeypatch.setattr(Engine, "_family_fits", lambda self, r: True)
+    monkeypatch.setattr(Preemption, "family_fits", lambda self, r: True)
     with pytest.raises(SchedulerError, match=r"made no progress for 10001 steps up to step"):
         Engine(make(), cfg, TM).run(trace)
 

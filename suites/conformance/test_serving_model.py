@@ -109,7 +109,7 @@ def test_event_and_token_modes_agree_on_latency(kind: str, tm: TimeModel) -> Non
     trace = _arrival_trace(40, 1)
     spec = CacheSpec(kind=kind, geometry=GEOM, num_blocks=40, block_size=4, max_seq_len=80)
     runs = [
-        simulate(trace, spec, "auto", config=SchedulerConfig(mode=m), time_model=tm)
+        simulate(trace, spec, config=SchedulerConfig(mode=m), time_model=tm)
         for m in ("event", "token")
     ]
     assert runs[0].decisions() == runs[1].decisions()
@@ -127,7 +127,7 @@ def test_request_times_follow_the_clock_by_hand() -> None:
     tm = MODELS[0]
     trace = Trace((TraceRequest("a", 1.0, 8, 3),))
     spec = CacheSpec(kind="paged", geometry=GEOM, num_blocks=40, block_size=4)
-    result = simulate(trace, spec, "auto", config=SchedulerConfig(mode="token"), time_model=tm)
+    result = simulate(trace, spec, config=SchedulerConfig(mode="token"), time_model=tm)
     (rec,) = result.records
     first, finish = [rec.first_token_s], [rec.finish_s]
     prefill = tm.step_ps(0, 0, [(0, 8)])

@@ -51,7 +51,7 @@ def _trace(seed: int, n: int, rate: float = 2.0, samples: int = 1) -> Trace:
 def _run(trace: Trace, cap: int, mode: str = "event", blocks: int = 60):  # type: ignore[no-untyped-def]
     spec = CacheSpec(kind="paged", geometry=GEOM, num_blocks=blocks, block_size=4, max_seq_len=80)
     cfg = SchedulerConfig(mode=mode, max_concurrency=cap)
-    return simulate(trace, spec, "auto", config=cfg, time_model=TM)
+    return simulate(trace, spec, config=cfg, time_model=TM)
 
 
 # ------------------------------------------------------------------ the concurrency cap
@@ -205,7 +205,7 @@ def test_slo_search_is_monotone_in_the_bounds() -> None:
     spec = CacheSpec(kind="paged", geometry=GEOM, num_blocks=60, block_size=4, max_seq_len=80)
 
     def latency_at(scale: float) -> dict:
-        return simulate(time_scaled(trace, scale), spec, "auto", time_model=TM).latency
+        return simulate(time_scaled(trace, scale), spec, policy="auto", time_model=TM).latency
 
     found = []
     for ttft in (0.002, 0.005, 0.02, 0.1):
@@ -242,9 +242,7 @@ def test_hash_block_prompts_share_what_their_ids_share() -> None:
         spec = CacheSpec(
             kind="paged", geometry=GEOM, num_blocks=2000, block_size=bs, max_seq_len=4096
         )
-        result = simulate(
-            trace, spec, "auto", config=SchedulerConfig(max_concurrency=1), time_model=TM
-        )
+        result = simulate(trace, spec, config=SchedulerConfig(max_concurrency=1), time_model=TM)
         cached = {int(r.id): r.cached_tokens for r in result.records}
         shared_tokens = {0: 0, 1: 2 * 512, 2: 512, 3: 1400}  # 3 shares all of 0's prompt
         for i, tokens in shared_tokens.items():

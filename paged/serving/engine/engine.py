@@ -18,6 +18,17 @@ relies on and leaves, and `Engine.check` asserts those invariants between steps)
 7. `skip_quiet` (event mode): the stretch of steps in which nothing but non-allocating
    decode happens is skipped, its time and metrics summed in closed form.
 
+The phases are methods of `Engine`; what they share is passed, never inherited. The run
+state is `st` (`state.EngineState`: queues, calendar, aggregates, totals, and the queue
+operations add_running / remove_running / finish), and the phases call three named
+collaborators built over it for each run (`Engine._collaborate`):
+
+    lines       `decode.DecoderLines`: decoder lines, the event calendar, the cache appends
+    preemption  `preempt.Preemption`: growth with preemption, victims, units, swap or
+                recompute
+    groups      `groups.Groups`: n-sample forks, beam steps and selection, a recomputed
+                group's return
+
 See `kvbench.paged.serving.engine` for the whole model (token bookkeeping, beams, event mode,
 bad input).
 """
@@ -32,12 +43,11 @@ from heapq import heappop, heappush
 
 from kvbench.paged.serving.beams import BeamGroup
 from kvbench.paged.serving.engine.clock import arrival_step, span_ps
-from kvbench.paged.serving.engine.decode import DecodeMixin
-from kvbench.paged.serving.engine.groups import GroupMixin
+from kvbench.paged.serving.engine.decode import DecoderLines
+from kvbench.paged.serving.engine.groups import Groups
 from kvbench.paged.serving.engine.invariants import check_state
-from kvbench.paged.serving.engine.preempt import PreemptMixin
+from kvbench.paged.serving.engine.preempt import Preemption
 from kvbench.paged.serving.engine.sequence import (
-    FINISHED,
     NEVER,
     RUNNING,
     SWAPPED,
@@ -62,7 +72,7 @@ log = logging.getLogger(__name__)
 BARREN_STEP_LIMIT = 10_000
 
 
-class Engine(DecodeMixin, PreemptMixin, GroupMixin):
+class Engine:
     """Replays traces against one cache under a SchedulerConfig (module docstring).
 
     The cache must implement `ServingCache`, be empty, and is left empty after `run`.
@@ -100,21 +110,28 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         self.event_mode = self.cfg.mode == "event"
         # memory-only caches take token counts directly (no KV to make)
         self.plain_append = None if self.traits.store_kv else cache.append_tokens
-        self.st = EngineState()
         self.big_prompt_ids = False
         self.reqs: tuple[TraceRequest, ...] = ()
         self.arrivals_ps: list[int] = []
         self.progress: Callable[[int], None] | None = None
+        self._collaborate(EngineState(cap=self.cfg.max_concurrency))
 
-    def _family_fits(self, r: TraceRequest) -> bool:
-        """Whether the n samples of `r` are preempted as one unit: configured so
-        (sample_preemption "request") and able to run to completion alone in the cache,
-        each holding its own history (a unit that could not would never make progress);
-        else each sample is preempted alone."""
-        if self.cfg.sample_preemption == "sequence":
-            return False
-        fp = self.cache.footprint(r.prompt_len + r.output_len)
-        return r.n * fp.need <= fp.room
+    def _collaborate(self, st: EngineState) -> None:
+        """Take `st` as the run state and build the collaborators the phases call:
+        decoder lines (`lines`), growth and preemption (`preemption`), groups."""
+        self.st = st
+        traits = self.traits
+        self.lines = DecoderLines(
+            st, self.cache, store_kv=traits.store_kv, block_size=self.block_size,
+            event_mode=self.event_mode,
+        )  # fmt: skip
+        self.preemption = Preemption(
+            st, self.cache, self.cfg, self.tm, self.lines, can_swap=traits.can_swap
+        )
+        self.groups = Groups(
+            st, self.cache, self.cfg, self.lines, self.preemption, self._new_seq,
+            watermark_blocks=traits.watermark_blocks, log_decoded=self.step_hook is not None,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ run
     def run(self, trace: Trace, progress: Callable[[int], None] | None = None) -> SimulationResult:
@@ -149,8 +166,8 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         return self._result(t_wall, t_cpu)
 
     def _begin(self, trace: Trace, progress: Callable[[int], None] | None) -> None:
-        """A fresh run state for `trace`."""
-        self.st = EngineState()
+        """A fresh run state (and collaborators) for `trace`."""
+        self._collaborate(EngineState(cap=self.cfg.max_concurrency))
         self.progress = progress
         self.reqs = trace.requests
         self.arrivals_ps = [round(r.arrival * 1e12) for r in self.reqs]
@@ -246,6 +263,67 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         cap = self.cfg.max_concurrency
         return bool(cap) and self.st.in_flight >= cap
 
+    def decode(self, t: int) -> list[Seq]:
+        """Phase 2: every due decoder appends its step-t token (with its deferred ones)
+        and generates one more, oldest first; a beam group steps as a whole. When the
+        cache cannot grow it, victims are preempted (`Preemption`) until the append fits
+        or the decoder itself was preempted. Returns the due decoders.
+
+        Invariants after: every decoder still decoding is synced to its line or will be
+        at its next event; a decoder that generated its last token is in finished_now
+        with no queued event; `st.cursor` is NEVER."""
+        st = self.st
+        due = self.lines.due(t)
+        bs = self.block_size
+        plain_append = self.plain_append
+        lines, preemption = self.lines, self.preemption
+        schedule = lines.schedule
+        finished_now = st.finished_now
+        for seq in due:
+            if not seq.decoding:
+                continue  # preempted earlier in this step
+            if seq.group is not None:
+                if seq.group.stepped != t:
+                    seq.group.stepped = t
+                    self.groups.step(seq.group, t)
+                continue
+            st.cursor = seq.order
+            dt = t - seq.base_step
+            c = seq.base_c + dt
+            g = seq.base_g + dt
+            if bs and not seq.cow:
+                allocating = c % bs == 0
+            else:
+                allocating = seq.cow or lines.growth_point(seq, c) == c
+            n = c - seq.synced
+            if plain_append is not None and not seq.hashed:
+                try:  # deferred appends and this step's token in one call
+                    plain_append(seq.sid, n + 1)
+                except CapacityError:
+                    if not preemption.grow_after_flush(seq, t, c):
+                        continue
+                else:
+                    st.agg_sync += n
+            elif not preemption.flush_and_grow(seq, t, c):
+                continue
+            if allocating or (seq.hashed and (c + 1) % bs == 0):
+                st.epoch += 1
+            seq.cow = False
+            seq.synced = c + 1
+            st.agg_sync += 1
+            seq.generated = g + 1
+            if self.step_hook is not None:
+                st.decoded.append((seq, c))
+            # the decoder's line c - t is unchanged, so the aggregates are too
+            seq.base_step, seq.base_c, seq.base_g = t + 1, c + 1, g + 1
+            if g + 1 >= seq.req.output_len:
+                seq.version += 1  # no further events
+                finished_now.append(seq)
+            else:
+                schedule(seq, t + 1)
+        st.cursor = NEVER
+        return due
+
     def continue_prefills(self, budget: int) -> tuple[list[tuple[Seq, int]], int]:
         """Phase 3: this step's chunks of the sequences already prefilling, in order,
         within `budget` tokens (a fresh prompt without chunked prefill goes whole or
@@ -264,7 +342,7 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         return chunks, budget
 
     def swap_in(self, t: int, budget: int) -> int:
-        """Phase 4a: swapped units (`_unit_of`) come back oldest first, whole or not at
+        """Phase 4a: swapped units (`Preemption.unit_of`) come back oldest first, whole or not at
         all, while max_num_seqs and the budget allow and the cache takes them (keeping
         the watermark); they decode from the next step. Returns the budget left.
 
@@ -274,7 +352,7 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         st, cfg, tm = self.st, self.cfg, self.tm
         swapped, running = st.swapped, st.running
         while swapped and len(running) < cfg.max_num_seqs and budget > 0:
-            unit = self._unit_of(swapped[0][1], SWAPPED)
+            unit = self.preemption.unit_of(swapped[0][1], SWAPPED)
             if len(running) + len(unit) > cfg.max_num_seqs:
                 break  # a group or family comes back whole or not at all
             sids = [s.sid for s in unit]
@@ -286,8 +364,8 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
             for s in unit:
                 heappop(swapped)  # its members head the queue (adjacent orders)
                 s.state = RUNNING
-                self._add_running(s)
-                self._start_decoding(s, t + 1, s.computed, s.computed)
+                st.add_running(s)
+                self.lines.start(s, t + 1, s.computed, s.computed)
             st.epoch += 1
             if tm is not None:
                 st.swap_ps += tm.swap_ps(blocks)
@@ -324,9 +402,9 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
                 if len(running) + seq.group.width > limit:
                     break  # room for all its beams
                 if seq.generated:  # a recomputed group comes back whole
-                    if not self._admit_group(seq.group, t):
+                    if not self.groups.admit(seq.group, t):
                         break
-                    budget = self._prefill_group(seq.group, budget, chunks)
+                    budget = self.groups.prefill(seq.group, budget, chunks)
                     continue
             fresh = seq.target == len(seq.prompt) and not seq.generated
             if not cfg.chunked_prefill and fresh and seq.target > budget and not static:
@@ -363,7 +441,7 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         if seq.rec.admit_step < 0:
             seq.rec.admit_step = t
             seq.rec.cached_tokens = cached
-        self._add_running(seq)
+        st.add_running(seq)
         st.prefilling.append(seq)
         st.prefilling.sort(key=by_order)
         return True
@@ -383,7 +461,7 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
             ids = None
             if seq.target > len(seq.prompt) and seq.hashed:
                 ids = seq.tokens(start, start + take)
-            self._append(seq, start, take, ids)
+            self.lines.append(seq, start, take, ids)
             st.epoch += 1
             cost.append((start, take))
             seq.computed += take
@@ -397,7 +475,7 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         other samples a token (its first, or, recomputed, its next), forks its samples
         or beams on its first, and decodes from the next step or finishes."""
         if seq.group is not None and seq.generated:
-            self._resume_group(seq, t)
+            self.groups.resume(seq, t)
             return
         seq.generated += 1
         if seq.rec.first_token_step < 0:
@@ -405,13 +483,13 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
             self.st.first_now.append(seq.rec)
         if seq.req.n > 1 and not seq.forked:
             seq.forked = True
-            self._fork_children(seq, t)
+            self.groups.fork_children(seq, t)
         if seq.group is not None:
-            self._start_group(seq, t)
+            self.groups.start(seq, t)
         elif seq.generated >= seq.req.output_len:
             self.st.finished_now.append(seq)
         else:
-            self._start_decoding(seq, t + 1, seq.computed, seq.computed)
+            self.lines.start(seq, t + 1, seq.computed, seq.computed)
 
     def _price(self, decoders: int, kv_read: int, prefill_cost: list[tuple[int, int]]) -> int:
         """Modeled picoseconds of this step (`TimeModel.step_ps`) plus its swaps (0
@@ -440,50 +518,45 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         queue and of the cache, their records' finish step set (time: `_stamp_times`)."""
         st = self.st
         for seq in sorted(st.finished_now, key=by_order):
-            self._stop_decoding(seq)
-            self._remove_running(seq)
+            self.lines.stop(seq)
+            st.remove_running(seq)
             self.cache.free(seq.sid)
             st.epoch += 1
             if seq.group is None:
-                self._done(seq, t)
+                st.finish(seq, t)
             elif seq is seq.group.beams[-1]:  # a group finishes with its last beam
-                self._done(seq, t, seq.group.width)
+                st.finish(seq, t, seq.group.width)
         st.finished_now.clear()
 
-    def _done(self, seq: Seq, t: int, sequences: int = 1) -> None:
-        """Record a finish: `sequences` = w for a beam group (w beams of
-        output_len tokens each)."""
-        st = self.st
-        seq.state = FINISHED
-        seq.rec.finish_step = t
-        seq.rec.generated = seq.generated
-        st.done_now.append(seq.rec)
-        st.events += 1
-        st.generated += seq.generated * sequences
-        st.finished += 1
-        n = seq.req.n
-        if n > 1 and seq.group is None:  # an n-sample request leaves with its last sample
-            done = st.samples_done.get(seq.index, 0) + 1
-            st.samples_done[seq.index] = done
-            if done < n:
-                return
-            del st.samples_done[seq.index]
-        if st.in_flight == self.cfg.max_concurrency:
-            st.slot_freed = True
-        st.in_flight -= 1
-
     def _record_step(self, t: int, step_ps: int) -> tuple[int, int, int, int, int]:
-        """Append this step's timeline row, add it to the metric sums and the clock;
-        returns the cache's occupancy (read after retirement)."""
+        """Record step t (its timeline row, the metric sums, the clock); returns the
+        cache's occupancy (read after retirement)."""
         st = self.st
         occupancy = self.cache.occupancy()
-        free_b, used_b, cached_b, live_sync, reserved = occupancy
-        live = live_sync + st.agg_a + st.agg_d * (t + 1) - st.agg_sync
+        live = occupancy[3] + st.agg_a + st.agg_d * (t + 1) - st.agg_sync
+        self._record(t, 1, occupancy, live, live, step_ps)
+        return occupancy
+
+    def _record(
+        self,
+        first: int,
+        span: int,
+        occupancy: tuple[int, int, int, int, int],
+        live_first: int,
+        live_sum: int,
+        time_ps: int,
+    ) -> None:
+        """The one StepRow builder: a timeline row standing for `span` steps from step
+        `first` (live tokens `live_first` at its first step, `live_sum` over all of
+        them; the batch and the cache's blocks unchanged across them), added to the
+        metric sums, and `time_ps` added to the clock."""
+        st = self.st
+        free_b, used_b, cached_b, _, reserved = occupancy
         running = len(st.running)
         st.timeline.append(
             StepRow(
-                t,
-                1,
+                first,
+                span,
                 running,
                 st.agg_d,
                 len(st.waiting),
@@ -491,16 +564,15 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
                 free_b,
                 used_b,
                 cached_b,
-                live,
+                live_first,
                 reserved,
-                step_ps,
+                time_ps,
             )
         )
-        st.sum_live += live
-        st.sum_reserved += reserved
-        st.sum_running += running
-        st.now_ps += step_ps
-        return occupancy
+        st.sum_live += live_sum
+        st.sum_reserved += span * reserved
+        st.sum_running += span * running
+        st.now_ps += time_ps
 
     def _stamp_times(self) -> None:
         """Stamp this step's first tokens and finishes with the step's end (modeled
@@ -570,29 +642,9 @@ class Engine(DecodeMixin, PreemptMixin, GroupMixin):
         first, k = t + 1, stop - (t + 1)  # quiet steps first .. stop - 1
         sum_t = (first + stop - 1) * k // 2
         cost = span_ps(self.tm, first, k, a, d)
-        free_b, used_b, cached_b, live_sync, reserved = occupancy
-        base_live = live_sync + a - st.agg_sync
-        running = len(st.running)
-        st.timeline.append(
-            StepRow(
-                first,
-                k,
-                running,
-                d,
-                len(st.waiting),
-                len(st.swapped),
-                free_b,
-                used_b,
-                cached_b,
-                base_live + d * (first + 1),
-                reserved,
-                cost,
-            )
-        )
-        st.sum_live += k * base_live + d * (sum_t + k)
-        st.sum_reserved += k * reserved
-        st.sum_running += k * running
-        st.now_ps += cost
+        base_live = occupancy[3] + a - st.agg_sync
+        live_sum = k * base_live + d * (sum_t + k)
+        self._record(first, k, occupancy, base_live + d * (first + 1), live_sum, cost)
         return stop
 
     # ------------------------------------------------------------------ results, checks

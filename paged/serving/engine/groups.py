@@ -1,9 +1,10 @@
-"""Sequence groups: the n samples of a request and the beams of a beam search.
+"""Sequence groups: the n samples of a request and the beams of a beam search (the
+engine's collaborator for them).
 
 n samples: the request prefills once; at its first token the parent forks n - 1
 children that share its blocks (copy-on-write), or, with no room (or no seat under
 max_num_seqs), a child queues to recompute prompt + its first token. When the family
-fits the cache whole it is preempted and resumed as one unit (`PreemptMixin._unit_of`).
+fits the cache whole it is preempted and resumed as one unit (`Preemption.unit_of`).
 
 Beam groups (`kvbench.paged.serving.beams`): the root's prefill forks it into w beams; each later
 step the group decodes a token per beam, or none when the whole step (a block or a
@@ -13,25 +14,57 @@ preempted, swapped, recomputed, re-admitted and resumed as a unit, so it is neve
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from heapq import heappop, heappush
 
 from kvbench.paged.serving.beams import BeamGroup, plan_selection
+from kvbench.paged.serving.engine.decode import DecoderLines
+from kvbench.paged.serving.engine.preempt import Preemption
 from kvbench.paged.serving.engine.sequence import FINISHED, RUNNING, Seq, by_order
-from kvbench.paged.serving.engine.state import EngineBase
+from kvbench.paged.serving.engine.state import EngineState
+from kvbench.paged.serving.time_model import SchedulerConfig
+from kvbench.reference.contract import ServingCache
 from kvbench.workloads.errors import CapacityError
+from kvbench.workloads.trace import TraceRequest
+
+#: `new_seq(request, index, child, prompt)`: a new record-holding sequence of the run.
+NewSeq = Callable[[TraceRequest, int, int, Sequence[int]], Seq]
 
 
-class GroupMixin(EngineBase):
+class Groups:
     """Forks, beam steps, selection, and a recomputed group's return."""
 
-    def _fork_children(self, parent: Seq, t: int) -> None:
+    def __init__(
+        self,
+        st: EngineState,
+        cache: ServingCache,
+        cfg: SchedulerConfig,
+        lines: DecoderLines,
+        preemption: Preemption,
+        new_seq: NewSeq,
+        *,
+        watermark_blocks: int,
+        log_decoded: bool,
+    ) -> None:
+        self.st = st
+        self.cache = cache
+        self.cfg = cfg
+        self.lines = lines
+        self.preemption = preemption
+        self.new_seq = new_seq
+        #: Blocks the cache's admission keeps free (a group re-admits under it).
+        self.watermark_blocks = watermark_blocks
+        #: Record each decoded beam in `st.decoded` (for a step hook).
+        self.log_decoded = log_decoded
+
+    def fork_children(self, parent: Seq, t: int) -> None:
         """The parent of an n-sample request sampled its first token: fork its n - 1
         children (sharing its blocks), or queue those that find no room to recompute."""
         st, cfg, r = self.st, self.cfg, parent.req
-        family = [parent] if self._family_fits(r) else None
+        family = [parent] if self.preemption.family_fits(r) else None
         parent.family = family
         for k in range(1, r.n):
-            child = self._new_seq(r, parent.index, k, parent.prompt)
+            child = self.new_seq(r, parent.index, k, parent.prompt)
             if family is not None:
                 child.family = family
                 family.append(child)
@@ -42,7 +75,7 @@ class GroupMixin(EngineBase):
             child.rec.cached_tokens = parent.rec.cached_tokens
             child.generated = 1
             if r.output_len <= 1:
-                self._done(child, t)
+                st.finish(child, t)
                 continue
             forked = False
             if len(st.running) < cfg.max_num_seqs:
@@ -55,8 +88,8 @@ class GroupMixin(EngineBase):
                 st.epoch += 1
                 child.state = RUNNING
                 child.cow = True
-                self._add_running(child)
-                self._start_decoding(child, t + 1, parent.computed, parent.computed)
+                st.add_running(child)
+                self.lines.start(child, t + 1, parent.computed, parent.computed)
             else:  # no room to fork: the child recomputes prompt + its first token
                 child.target = len(child.prompt) + 1
                 heappush(st.waiting, (child.order, child))
@@ -73,11 +106,11 @@ class GroupMixin(EngineBase):
         self.cache.fork(parent.sid, child.sid)  # after its prefill a fork takes no blocks
         child.state = RUNNING
         child.cow = parent.cow = True
-        self._add_running(child)
-        self._start_decoding(child, t + 1, c, c)
+        self.st.add_running(child)
+        self.lines.start(child, t + 1, c, c)
         return child
 
-    def _group_step(self, group: BeamGroup, t: int) -> None:
+    def step(self, group: BeamGroup, t: int) -> None:
         """Decode one token for every beam of a group, or none: the group's whole step
         (a block or copy-on-write per beam, at worst) must fit, else a victim is
         preempted (perhaps the group itself). Then select (prune and fork) or finish."""
@@ -87,17 +120,17 @@ class GroupMixin(EngineBase):
         c = beams[0].base_c + (t - beams[0].base_step)
         g = beams[0].base_g + (t - beams[0].base_step)
         while sum(cache.blocks_needed_to_grow(b.sid, 1) for b in beams) > cache.num_free_blocks:
-            victim = self._choose_victim()
-            self._preempt(victim, t)
+            victim = self.preemption.choose_victim()
+            self.preemption.preempt(victim, t)
             if victim.group is group:
                 return
         for b in beams:
-            self._append(b, c, 1, [b.token(c)] if b.hashed else None)  # fits: checked
+            self.lines.append(b, c, 1, [b.token(c)] if b.hashed else None)  # fits: checked
             b.cow = False
             b.synced = c + 1
             st.agg_sync += 1
             b.generated = g + 1
-            if self.step_hook is not None:
+            if self.log_decoded:
                 st.decoded.append((b, c))
             b.out_tokens.append(group.new_token())
             b.base_step, b.base_c, b.base_g = t + 1, c + 1, g + 1
@@ -116,15 +149,15 @@ class GroupMixin(EngineBase):
         pruned, forks = plan_selection(group.parent_counts())
         for i in pruned:
             beam = old[i]
-            self._stop_decoding(beam)
-            self._remove_running(beam)
+            self.lines.stop(beam)
+            self.st.remove_running(beam)
             self.cache.free(beam.sid)
             beam.state = FINISHED
         gone = set(pruned)
         survivors = [b for i, b in enumerate(old) if i not in gone]
         group.beams = survivors
         for b in survivors:
-            self._schedule(b, t + 1)
+            self.lines.schedule(b, t + 1)
         for i, k in forks:
             for _ in range(k):
                 group.beams.append(self._new_beam(group, old[i], t, c))
@@ -132,7 +165,7 @@ class GroupMixin(EngineBase):
         if pruned or forks:
             self.st.epoch += 1
 
-    def _start_group(self, root: Seq, t: int) -> None:
+    def start(self, root: Seq, t: int) -> None:
         """The root's prefill sampled the first step: fork it into the w beams."""
         group = root.group
         assert group is not None
@@ -140,12 +173,12 @@ class GroupMixin(EngineBase):
         if root.generated >= root.req.output_len:
             self.st.finished_now.append(root)
             return
-        self._start_decoding(root, t + 1, root.computed, root.computed)
+        self.lines.start(root, t + 1, root.computed, root.computed)
         for _ in range(group.width - 1):
             group.beams.append(self._new_beam(group, root, t, root.computed))
         self.st.epoch += 1
 
-    def _resume_group(self, beam: Seq, t: int) -> None:
+    def resume(self, beam: Seq, t: int) -> None:
         """A recomputed beam finished its prefill: park it until all its group's beams
         have; then, as after a decode step, they all sample their next token and the
         group finishes or selects."""
@@ -163,11 +196,11 @@ class GroupMixin(EngineBase):
             if b.generated >= b.req.output_len:
                 finished_now.append(b)
             else:
-                self._start_decoding(b, t + 1, c, c)
+                self.lines.start(b, t + 1, c, c)
         if not finished_now or finished_now[-1].group is not group:
             self._select(group, t, c)
 
-    def _admit_group(self, group: BeamGroup, t: int) -> bool:
+    def admit(self, group: BeamGroup, t: int) -> bool:
         """Re-admit every beam of a recomputed group, or none (False): the sum of
         their admission costs (an upper bound: one beam's revived prefix hits are
         free for the next) must keep the watermark."""
@@ -175,7 +208,7 @@ class GroupMixin(EngineBase):
         need = sum(
             cache.blocks_needed_to_admit(b.tokens(0, b.target), salt=b.salt) for b in group.beams
         )
-        if cache.num_free_blocks - need < self.traits.watermark_blocks:
+        if cache.num_free_blocks - need < self.watermark_blocks:
             return False
         for b in group.beams:
             heappop(st.waiting)  # the group's beams head the queue (adjacent orders)
@@ -186,7 +219,7 @@ class GroupMixin(EngineBase):
                 output_len=b.req.output_len - b.generated,
             )
             b.state = RUNNING
-            self._add_running(b)
+            st.add_running(b)
             st.prefilling.append(b)
         st.prefilling.sort(key=by_order)
         st.epoch += 1
@@ -194,7 +227,7 @@ class GroupMixin(EngineBase):
         return True
 
     @staticmethod
-    def _prefill_group(group: BeamGroup, budget: int, chunks: list[tuple[Seq, int]]) -> int:
+    def prefill(group: BeamGroup, budget: int, chunks: list[tuple[Seq, int]]) -> int:
         """Queue this step's prefill chunks of a re-admitted group; returns the budget
         left."""
         for b in group.beams:

@@ -1,8 +1,10 @@
-"""Preemption: which sequences go, and how (swap or recompute).
+"""Growth and preemption: the engine's collaborator that grows a decoder by its token,
+preempting others (or itself) when the cache cannot, and decides which sequences go and
+how (swap or recompute).
 
 One rule says what is preempted and resumed together (`unit_of`): a beam group always
 (it has one record, its root's), the running samples of an n-sample request when the
-family fits the cache whole (`Engine._family_fits`), otherwise the sequence alone. The
+family fits the cache whole (`family_fits`), otherwise the sequence alone. The
 victim is the latest-arrived running sequence below the preemption bound. A unit is
 swapped (its blocks to the CPU pool, shared blocks copied once) when the policy or the
 cost model says so, every member is decoding and swap space holds them; else each
@@ -13,33 +15,47 @@ from __future__ import annotations
 
 from heapq import heappush
 
+from kvbench.paged.serving.engine.decode import DecoderLines
 from kvbench.paged.serving.engine.sequence import RUNNING, SWAPPED, WAITING, Seq, SeqState
-from kvbench.paged.serving.engine.state import EngineBase
+from kvbench.paged.serving.engine.state import EngineState
+from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
+from kvbench.reference.contract import ServingCache
 from kvbench.workloads.errors import CapacityError
+from kvbench.workloads.trace import TraceRequest
 
 
-class PreemptMixin(EngineBase):
-    """The preemption half of the decode phase (see the module docstring)."""
+class Preemption:
+    """Growth with preemption, victims and units, swap or recompute (module docstring)."""
 
-    def _add_running(self, seq: Seq) -> None:
-        """Insert into `running`, keeping it sorted by order."""
-        running = self.st.running
-        lo, hi = 0, len(running)
-        order = seq.order
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if running[mid].order < order:
-                lo = mid + 1
-            else:
-                hi = mid
-        running.insert(lo, seq)
+    def __init__(
+        self,
+        st: EngineState,
+        cache: ServingCache,
+        cfg: SchedulerConfig,
+        tm: TimeModel | None,
+        lines: DecoderLines,
+        *,
+        can_swap: bool,
+    ) -> None:
+        self.st = st
+        self.cache = cache
+        self.cfg = cfg
+        self.tm = tm
+        self.lines = lines
+        #: The cache has swap space (else every preemption recomputes).
+        self.can_swap = can_swap
 
-    def _remove_running(self, seq: Seq) -> None:
-        self.st.running.remove(seq)
-        if seq in self.st.prefilling:
-            self.st.prefilling.remove(seq)
+    def family_fits(self, r: TraceRequest) -> bool:
+        """Whether the n samples of `r` are preempted as one unit: configured so
+        (sample_preemption "request") and able to run to completion alone in the cache,
+        each holding its own history (a unit that could not would never make progress);
+        else each sample is preempted alone."""
+        if self.cfg.sample_preemption == "sequence":
+            return False
+        fp = self.cache.footprint(r.prompt_len + r.output_len)
+        return r.n * fp.need <= fp.room
 
-    def _unit_of(self, seq: Seq, state: SeqState) -> list[Seq]:
+    def unit_of(self, seq: Seq, state: SeqState) -> list[Seq]:
         """The sequences preempted and resumed with `seq`: its beam group (a group has
         one record, its root's), the members of its n-sample family in `state` that did
         not finish this step (a family preempted together is swapped together, so the
@@ -51,7 +67,7 @@ class PreemptMixin(EngineBase):
             return [s for s in seq.family if s.state is state and s not in done]
         return [seq]
 
-    def _choose_victim(self) -> Seq:
+    def choose_victim(self) -> Seq:
         """The latest-arrived running sequence below the preemption bound (else the
         latest-arrived), never one that already finished in this step."""
         st = self.st
@@ -79,25 +95,25 @@ class PreemptMixin(EngineBase):
             if not appended:  # it will not decode in this step after all
                 st.dec -= 1
                 st.kv_read -= c + 1
-            self._sync(victim, c)
-            self._stop_decoding(victim)
+            self.lines.sync(victim, c)
+            self.lines.stop(victim)
         else:
             c = victim.computed
             victim.parked = False
-        self._remove_running(victim)
+        st.remove_running(victim)
         return c
 
-    def _preempt(self, victim: Seq, t: int) -> None:
-        """Preempt the victim's unit (`_unit_of`): swap all of it together (shared
+    def preempt(self, victim: Seq, t: int) -> None:
+        """Preempt the victim's unit (`unit_of`): swap all of it together (shared
         blocks copied once) when the policy or the cost model says so, every member is
         decoding and swap space holds them; else recompute them all (each requeued
         alone with all its tokens). A family is a unit only when it fits the cache
-        whole (`_family_fits`), so a unit can always finish.
+        whole (`family_fits`), so a unit can always finish.
 
         Expects every member RUNNING; leaves each SWAPPED (in `swapped`, with
         computed = its KV length) or WAITING (in `waiting`, its cache entry freed)."""
         st, cfg, tm = self.st, self.cfg, self.tm
-        unit = self._unit_of(victim, RUNNING)
+        unit = self.unit_of(victim, RUNNING)
         assert unit and all(s.state is RUNNING for s in unit), "preempting a non-running unit"
         records = [s.rec for s in unit] if victim.group is None else [unit[0].rec]
         st.preempted = True
@@ -109,7 +125,7 @@ class PreemptMixin(EngineBase):
         sids = [s.sid for s in unit]
         use_swap = False
         blocks = 0
-        if decoders and self.traits.can_swap:
+        if decoders and self.can_swap:
             blocks = self.cache.blocks_held(sids)
             if cfg.preemption == "swap":
                 use_swap = True
@@ -148,36 +164,36 @@ class PreemptMixin(EngineBase):
                 s.target = len(s.prompt) + s.generated
                 heappush(st.waiting, (s.order, s))
 
-    def _grow(self, seq: Seq, t: int, c: int) -> bool:
+    def grow(self, seq: Seq, t: int, c: int) -> bool:
         """Append the decoder's step-t token at position c, preempting as needed.
         Returns False when the sequence itself was preempted."""
         ids = [seq.token(c)] if seq.hashed else None
         while True:
             try:
-                self._append(seq, c, 1, ids)
+                self.lines.append(seq, c, 1, ids)
                 return True
             except CapacityError:
-                self._preempt(self._choose_victim(), t)
+                self.preempt(self.choose_victim(), t)
                 if seq.state is not RUNNING:  # it was the victim, or in the victim's unit
                     return False
 
-    def _flush_and_grow(self, seq: Seq, t: int, c: int) -> bool:
+    def flush_and_grow(self, seq: Seq, t: int, c: int) -> bool:
         """Deferred appends plus this step's token in one cache call when it fits;
         otherwise flush (never allocates) and grow with preemption."""
         n = c - seq.synced
         if n > 0:
             ids = seq.tokens(seq.synced, c + 1) if seq.hashed else None
             try:
-                self._append(seq, seq.synced, n + 1, ids)
+                self.lines.append(seq, seq.synced, n + 1, ids)
             except CapacityError:
-                return self._grow_after_flush(seq, t, c)
+                return self.grow_after_flush(seq, t, c)
             self.st.agg_sync += n
             seq.synced = c
             return True
-        return self._grow(seq, t, c)
+        return self.grow(seq, t, c)
 
-    def _grow_after_flush(self, seq: Seq, t: int, c: int) -> bool:
+    def grow_after_flush(self, seq: Seq, t: int, c: int) -> bool:
         """The one-call append did not fit: flush the deferred appends (they never
         allocate) and grow by this step's token with preemption."""
-        self._sync(seq, c)
-        return self._grow(seq, t, c)
+        self.lines.sync(seq, c)
+        return self.grow(seq, t, c)

@@ -2,8 +2,8 @@
 
 `EngineState` holds everything one `Engine.run` changes: the queues, the event calendar
 of event mode, the decoders' aggregates, the per-step scratch of the phases, the totals
-and the metric sums. `EngineBase` declares the attributes the engine's phase mixins
-(`decode`, `preempt`, `groups`) share, so each module reads as part of one class.
+and the metric sums, and the queue operations every collaborator of the engine shares
+(`add_running`, `remove_running`, `finish`).
 
 Queues (each sequence is in exactly one, or in none once finished):
     waiting   heap of (order, seq): WAITING sequences, trace order first (FCFS);
@@ -19,16 +19,11 @@ live KV the cache does not yet know of is agg_a + agg_d * t - agg_sync.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
-from kvbench.paged.serving.engine.sequence import Seq
-from kvbench.paged.serving.time_model import SchedulerConfig, SeqRecord, StepRow, TimeModel
-from kvbench.reference.contract import ServingCache, ServingTraits
-
-if TYPE_CHECKING:
-    from kvbench.paged.serving.beams import BeamGroup
+from kvbench.paged.serving.engine.sequence import FINISHED, Seq
+from kvbench.paged.serving.time_model import SeqRecord, StepRow
 
 
 @dataclass(slots=True)
@@ -52,6 +47,8 @@ class EngineState:
     #: retries only once one of them changed)
     fail_key: tuple | None = None
     next_arrival: int = 0  # index of the next trace request to arrive
+    #: the run's max_concurrency cap (`SchedulerConfig.max_concurrency`; 0: none)
+    cap: int = 0
     #: requests joined and not finished (the max_concurrency cap counts these)
     in_flight: int = 0
     #: finished samples per n-sample request index (a request leaves with its last)
@@ -92,6 +89,47 @@ class EngineState:
     last_reported: int = 0
     timeline: list[StepRow] = field(default_factory=list)
 
+    def add_running(self, seq: Seq) -> None:
+        """Insert into `running`, keeping it sorted by order."""
+        running = self.running
+        lo, hi = 0, len(running)
+        order = seq.order
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if running[mid].order < order:
+                lo = mid + 1
+            else:
+                hi = mid
+        running.insert(lo, seq)
+
+    def remove_running(self, seq: Seq) -> None:
+        """Take a sequence out of `running` (and `prefilling`, if it is there)."""
+        self.running.remove(seq)
+        if seq in self.prefilling:
+            self.prefilling.remove(seq)
+
+    def finish(self, seq: Seq, t: int, sequences: int = 1) -> None:
+        """Record a finish at step t: `sequences` = w for a beam group (w beams of
+        output_len tokens each). A request leaves `in_flight` with its last sample; a
+        leave from a full `cap` sets `slot_freed`."""
+        seq.state = FINISHED
+        seq.rec.finish_step = t
+        seq.rec.generated = seq.generated
+        self.done_now.append(seq.rec)
+        self.events += 1
+        self.generated += seq.generated * sequences
+        self.finished += 1
+        n = seq.req.n
+        if n > 1 and seq.group is None:  # an n-sample request leaves with its last sample
+            done = self.samples_done.get(seq.index, 0) + 1
+            self.samples_done[seq.index] = done
+            if done < n:
+                return
+            del self.samples_done[seq.index]
+        if self.in_flight == self.cap:
+            self.slot_freed = True
+        self.in_flight -= 1
+
 
 #: `step_hook(step, decoded, chunks, model_ps)`: called once per processed step, after
 #: the step's appends and before its finishes free their memory, with the sequences that
@@ -100,64 +138,3 @@ class EngineState:
 #: model's price of the step (ps; 0 without a model); it may return the step's duration
 #: in picoseconds, which replaces the model's (a measured clock).
 StepHook = Callable[[int, list[tuple[str, int]], list[tuple[str, int, int]], int], "int | None"]
-
-
-class EngineBase:
-    """Attributes the engine's phase mixins share (set by `Engine`)."""
-
-    cache: ServingCache
-    cfg: SchedulerConfig
-    tm: TimeModel | None
-    traits: ServingTraits
-    st: EngineState
-    block_size: int
-    event_mode: bool
-    big_prompt_ids: bool
-    plain_append: Callable[..., None] | None
-    step_hook: StepHook | None
-
-    # provided by the mixins and Engine (declared for readers and type checkers)
-    def _schedule(self, seq: Seq, t: int) -> None:
-        raise NotImplementedError
-
-    def _start_decoding(self, seq: Seq, t: int, c: int, synced: int) -> None:
-        raise NotImplementedError
-
-    def _stop_decoding(self, seq: Seq) -> None:
-        raise NotImplementedError
-
-    def _sync(self, seq: Seq, upto: int) -> None:
-        raise NotImplementedError
-
-    def _append(self, seq: Seq, start: int, n: int, ids: list[int] | None) -> None:
-        raise NotImplementedError
-
-    def _add_running(self, seq: Seq) -> None:
-        raise NotImplementedError
-
-    def _remove_running(self, seq: Seq) -> None:
-        raise NotImplementedError
-
-    def _choose_victim(self) -> Seq:
-        raise NotImplementedError
-
-    def _grow_after_flush(self, seq: Seq, t: int, c: int) -> bool:
-        raise NotImplementedError
-
-    def _flush_and_grow(self, seq: Seq, t: int, c: int) -> bool:
-        raise NotImplementedError
-
-    def _preempt(self, victim: Seq, t: int) -> None:
-        raise NotImplementedError
-
-    def _new_seq(self, req: Any, index: int, child: int, prompt: Sequence[int]) -> Seq:
-        raise NotImplementedError
-
-    def _done(self, seq: Seq, t: int, sequences: int = 1) -> None:
-        raise NotImplementedError
-
-    def _family_fits(self, r: Any) -> bool:
-        raise NotImplementedError
-
-    def _group_step(self, group: BeamGroup, t: int) -> None:
-        raise NotImplementedError

@@ -56,7 +56,6 @@ def _simulate(case: Case, ctx: BenchContext, budget: str, max_seqs: int) -> dict
     result = simulate(
         trace,
         spec,
-        policy="auto",
         profile=case["profile"],
         config=SchedulerConfig(max_num_seqs=max_seqs),
     )
@@ -187,7 +186,7 @@ def serving_sharing(case: Case, ctx: BenchContext) -> list[Measurement]:
     spec = CacheSpec(kind="paged", model="llama-2-70b", kv_budget="42GB", prefix_caching=False)
     held = []
     for work in (trace, _unshared(trace, k)):
-        result = simulate(work, spec, "auto", config=SchedulerConfig(max_num_seqs=256))
+        result = simulate(work, spec, config=SchedulerConfig(max_num_seqs=256))
         if result.preemptions:
             raise RuntimeError(f"the case preempted ({result.preemptions}): it is not memory-free")
         rows = result.timeline
@@ -232,8 +231,8 @@ def serving_sample_preemption(case: Case, ctx: BenchContext) -> list[Measurement
 
     trace = _trace(case["workload"], case["requests"], ctx.seed, sharing="parallel", n=case["n"])
     spec = CacheSpec(kind="paged", model="llama-2-70b", kv_budget=case["kv_budget"])
-    config = SchedulerConfig(sample_preemption=case["sample_preemption"])
-    s = simulate(trace, spec, case["policy"], profile=case["profile"], config=config).summary()
+    config = SchedulerConfig(preemption=case["policy"], sample_preemption=case["sample_preemption"])
+    s = simulate(trace, spec, profile=case["profile"], config=config).summary()
     return [
         *_metrics(s),
         Measurement("swaps", s["swaps"], "count"),
@@ -274,7 +273,7 @@ def _replay(case: Case, ctx: BenchContext, mode: str):  # type: ignore[no-untype
         kv_budget=case["kv_budget"],
         block_size=case["block_size"],
     )
-    return simulate(trace, spec, "auto", config=SchedulerConfig(mode=mode))
+    return simulate(trace, spec, config=SchedulerConfig(mode=mode))
 
 
 def _decisions(result) -> tuple:  # type: ignore[no-untyped-def]

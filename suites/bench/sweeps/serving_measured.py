@@ -268,7 +268,10 @@ def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.paged.serving.time_model import SchedulerConfig
 
     modeled = simulate(
-        trace, spec, "recompute", config=SchedulerConfig(max_num_seqs=256), time_model=tm
+        trace,
+        spec,
+        config=SchedulerConfig(max_num_seqs=256, preemption="recompute"),
+        time_model=tm,
     )
     mm = {**flat(modeled.latency), **served_throughput(modeled)}
     return [

@@ -81,7 +81,7 @@ def batch_table(case: Case, ctx: BenchContext) -> list[Measurement]:
             ]
     trace = _system_prompt_trace(max(8 * batch, 64), ctx.seed)
     cfg = SchedulerConfig(max_num_seqs=batch, max_batched_tokens=max(4096, batch))
-    result = simulate(trace, spec, "auto", config=cfg, time_model=setup_time_model(setup))
+    result = simulate(trace, spec, config=cfg, time_model=setup_time_model(setup))
     return [
         Measurement("tokens_per_second", result.tokens_per_second, "tokens/s"),
         Measurement("out_of_memory", 0.0, "bool"),

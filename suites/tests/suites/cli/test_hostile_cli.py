@@ -266,6 +266,11 @@ BAD_WORDS: list[tuple[str, list[str], str]] = [
     ("capacity", ["--kv-budget=1GB", "--model="], "''"),
     ("capacity", ["--kv-budget=1GB", "--kv-heads=6", "--tp=4"], "tp=4"),
     ("capacity", ["--kv-budget=1GB", "--format=xml"], "'xml'"),
+    ("capacity", ["--kv-budget=1GB", "--model=mistral-7b", "--tp=2"], "--tp=2"),
+    ("capacity", ["--kv-budget=1GB", "--model=gemma-2-9b", "--layers=3"], "--layers"),
+    ("capacity", ["--kv-budget=1GB", "--model=llama-3-8b", "--step-tokens=4"], "--step-tokens"),
+    ("capacity", ["--kv-budget=1GB", "--model=whisper-large-v3", "--encoder-len=9"], "encoder"),
+    ("capacity", ["--kv-budget=1GB", "--model=mistral-7b", "--avg-len=9000"], "avg_len=9000"),
     ("utilization", ["--format=xml"], "'xml'"),
     ("utilization", ["--min-len=3000"], "3000"),
     (
@@ -395,6 +400,7 @@ INPUT_OPTIONS: list[tuple[str, list[str], set[str]]] = [
     ("workload", ["workload", "--import", "azure:{f}", "--out", "imported.jsonl"], set()),
     ("hitrate", ["hitrate", "-q", "--capacity=1e4", "--trace", "{f}"], set()),
     ("rate", ["rate", "--no-knee", "--rates=1", "--duration=1", "--trace", "{f}"], set()),
+    ("capacity", ["capacity", "--kv-budget=1GB", "--hf-config", "{f}"], set()),
 ]
 
 

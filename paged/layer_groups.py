@@ -1,0 +1,334 @@
+"""A paged cache of a model's layer groups over one pool (hybrid models, cross-attention).
+
+One `BlockPool` of equal pages serves every group of a `workloads.kv_spec.ModelKVSpec`,
+each request has one block table per group, and every operation covers all of a
+request's groups at once (all or nothing), as vLLM's hybrid KV cache manager does:
+
+* full attention: a block per `block_size` tokens, kept until the request is freed;
+* sliding window: the release rule of `workloads.spec_capacity` (before an append writes
+  positions n .., every block wholly before position n - window + 1 is released and its
+  entry becomes `NULL_BLOCK`);
+* cross-attention: ceil(encoder_len / block_size) blocks allocated and written once at
+  admission from the encoder's K/V, read-only, shared by forks, freed with the request,
+  never prefix-cached.
+
+Storage: the groups share one K and one V tensor `[layers_per_group, num_blocks,
+block_size, num_kv_heads, head_dim]` (a page is one block of one group: every group has
+the same layer count and KV shape, which `ModelKVSpec` checks as equal page bytes; this
+module also requires equal shapes). Layer i of a group reads and writes storage[i] at that
+group's blocks. Fork shares every block of every group; the first write into a shared
+partial last block copies it first. Every failed operation changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from kvbench.kernels import ops
+from kvbench.paged.block_pool import BlockPool
+from kvbench.workloads.capacity import blocks_for_tokens
+from kvbench.workloads.errors import (
+    CapacityError,
+    ConfigError,
+    DuplicateRequestError,
+    ShapeError,
+    UnknownRequestError,
+)
+from kvbench.workloads.geometry import require_positive
+from kvbench.workloads.kv_spec import AttentionKind, ModelKVSpec
+from kvbench.workloads.spec_capacity import first_kept_position
+
+#: Table entry of a released block (vLLM's null block); kernels never read it.
+NULL_BLOCK = -1
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class GroupTable:
+    """One request's table in one group."""
+
+    blocks: list[int] = field(default_factory=list)  # logical -> physical, or NULL_BLOCK
+    seq_len: int = 0  # tokens written (cross-attention: the encoder length)
+    kept_from: int = 0  # first position still held (sliding window)
+
+
+class LayerGroupsPagedCache:
+    """Paged KV of every layer group of `model`, over one pool of `num_blocks` pages."""
+
+    def __init__(
+        self,
+        model: ModelKVSpec,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shapes = {(g.num_layers, g.num_kv_heads, g.head_dim) for g in model.groups}
+        if len(shapes) != 1:
+            raise ConfigError(
+                f"model {model.name!r}: groups of different shapes {sorted(shapes)} cannot "
+                "share one storage here (equal layers, KV heads and head dim needed)"
+            )
+        layers, heads, dim = shapes.pop()
+        self.model = model
+        self.block_size = require_positive("block_size", block_size)
+        self.pool = BlockPool(num_blocks, block_size)
+        shape = (layers, num_blocks, block_size, heads, dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv_shape = (layers, heads, dim)
+        self._requests: dict[Hashable, list[GroupTable]] = {}
+
+    # ------------------------------------------------------------------ groups
+    # ------------------------------------------------------------------ queries
+    def _get(self, request_id: Hashable) -> list[GroupTable]:
+        try:
+            return self._requests[request_id]
+        except KeyError:
+            raise UnknownRequestError(f"unknown request {request_id!r}") from None
+
+    def request_ids(self) -> list[Hashable]:
+        return list(self._requests)
+
+    def seq_len(self, request_id: Hashable) -> int:
+        """Decoder tokens written (the same in every self-attention group)."""
+        tables = self._get(request_id)
+        return tables[self.model.self_groups[0]].seq_len if self.model.self_groups else 0
+
+    def block_table(self, request_id: Hashable, group: int) -> list[int]:
+        return list(self._get(request_id)[group].blocks)
+
+    def held_blocks(self, request_id: Hashable, group: int) -> list[int]:
+        """Logical indices of the blocks the request holds in `group`."""
+        return [j for j, b in enumerate(self._get(request_id)[group].blocks) if b != NULL_BLOCK]
+
+    def kept_from(self, request_id: Hashable, group: int) -> int:
+        return self._get(request_id)[group].kept_from
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    # ------------------------------------------------------------------ checks of input
+    def _check_kv(self, kv: KV, what: str, n: int | None = None) -> int:
+        k, v = kv
+        layers, heads, dim = self.kv_shape
+        if (
+            k.dim() != 4
+            or v.shape != k.shape
+            or (k.shape[0], k.shape[2], k.shape[3]) != (layers, heads, dim)
+            or (n is not None and k.shape[1] != n)
+        ):
+            raise ShapeError(
+                f"{what}: K {tuple(k.shape)} / V {tuple(v.shape)}; expected [{layers}, "
+                f"{'n' if n is None else n}, {heads}, {dim}]"
+            )
+        if k.dtype != self.k.dtype or v.dtype != self.k.dtype:
+            raise ShapeError(f"{what}: dtype {k.dtype} differs from the cache's {self.k.dtype}")
+        return k.shape[1]
+
+    # ------------------------------------------------------------------ mutation
+    def admit(self, request_id: Hashable, encoder_kv: Sequence[KV] = ()) -> None:
+        """Register a request: its cross-attention groups get blocks for the encoder K/V
+        (`encoder_kv[i]` for the i-th cross group, [layers, encoder_len, heads, dim]),
+        written now; its other groups start empty. CapacityError changes nothing."""
+        if request_id in self._requests:
+            raise DuplicateRequestError(f"request {request_id!r} is already admitted")
+        cross = self.model.cross_groups
+        if len(encoder_kv) != len(cross):
+            raise ShapeError(
+                f"admit needs one encoder K/V per cross-attention group ({len(cross)}), "
+                f"got {len(encoder_kv)}"
+            )
+        need = 0
+        for gi, kv in zip(cross, encoder_kv, strict=True):
+            length = self.model.groups[gi].spec.encoder_len
+            self._check_kv(kv, f"encoder K/V of group {gi}", length)
+            need += blocks_for_tokens(length or 0, self.block_size)
+        if need > self.pool.num_free:
+            raise CapacityError(
+                f"request {request_id!r} needs {need} blocks for its encoder output; "
+                f"{self.pool.num_free} free"
+            )
+        tables = [GroupTable() for _ in self.model.groups]
+        for gi, kv in zip(cross, encoder_kv, strict=True):
+            n = kv[0].shape[1]
+            tables[gi].blocks = self.pool.allocate_many(blocks_for_tokens(n, self.block_size))
+            self._write(tables[gi], kv, n)
+        self._requests[request_id] = tables
+
+    def _plan(self, group: int, table: GroupTable, n: int) -> tuple[list[int], bool, int]:
+        """(logical blocks to release, copy-on-write of the last block?, new blocks)."""
+        spec = self.model.groups[group].spec
+        keep = first_kept_position(spec, table.seq_len)
+        bs = self.block_size
+        release = [
+            j for j, b in enumerate(table.blocks) if b != NULL_BLOCK and (j + 1) * bs <= keep
+        ]
+        partial = table.seq_len % bs != 0
+        cow = partial and n > 0 and self.pool.ref[table.blocks[-1]] > 1
+        new = blocks_for_tokens(table.seq_len + n, bs) - len(table.blocks)
+        return release, cow, new
+
+    def _net_need(self, tables: list[GroupTable], n: int) -> tuple[int, int]:
+        """(blocks an append of n tokens allocates, blocks its releases free)."""
+        take = freed = 0
+        for gi in self.model.self_groups:
+            release, cow, new = self._plan(gi, tables[gi], n)
+            take += new + int(cow)
+            freed += sum(1 for j in release if self.pool.ref[tables[gi].blocks[j]] == 1)
+        return take, freed
+
+    def blocks_needed_to_append(self, request_id: Hashable, n: int) -> int:
+        """Net blocks an append of n tokens takes from the pool over all groups."""
+        take, freed = self._net_need(self._get(request_id), n)
+        return take - freed
+
+    def append(self, request_id: Hashable, kv: Sequence[KV]) -> None:
+        """Append n tokens to every self-attention group at once (`kv[i]` for the i-th of
+        `self_groups`, [layers, n, heads, dim]), releasing what left each window first.
+        CapacityError, changing nothing, when the pool cannot supply the blocks."""
+        tables = self._get(request_id)
+        groups = self.model.self_groups
+        if len(kv) != len(groups):
+            raise ShapeError(f"append needs K/V for {len(groups)} groups, got {len(kv)}")
+        n = self._check_kv(kv[0], "append") if kv else 0
+        for i, one in enumerate(kv):
+            self._check_kv(one, f"append, group {groups[i]}", n)
+        take, freed = self._net_need(tables, n)
+        if take > self.pool.num_free + freed:
+            raise CapacityError(
+                f"request {request_id!r} needs {take} blocks to append {n} tokens; "
+                f"{self.pool.num_free} free and {freed} leaving windows"
+            )
+        for gi, one in zip(groups, kv, strict=True):
+            table = tables[gi]
+            release, cow, new = self._plan(gi, table, n)
+            for j in release:
+                self.pool.decref(table.blocks[j])
+                table.blocks[j] = NULL_BLOCK
+            table.kept_from = first_kept_position(self.model.groups[gi].spec, table.seq_len)
+            if n == 0:
+                continue
+            if cow:
+                self._copy_last_block(table)
+            table.blocks += self.pool.allocate_many(new)
+            self._write(table, one, n)
+
+    def _write(self, table: GroupTable, kv: KV, n: int) -> None:
+        slots = self._slots(table.blocks, table.seq_len, n)
+        for layer in range(self.kv_shape[0]):
+            ops.write_kv(self.k[layer], self.v[layer], kv[0][layer], kv[1][layer], slots)
+        self.pool.fill_span(table.blocks, table.seq_len, table.seq_len + n)
+        table.seq_len += n
+
+    def _slots(self, blocks: Sequence[int], start: int, n: int) -> torch.Tensor:
+        pos = torch.arange(start, start + n, dtype=torch.int64)
+        table = torch.tensor(blocks, dtype=torch.int64)
+        bs = self.block_size
+        return (table[pos // bs] * bs + pos % bs).to(self.k.device)
+
+    def _copy_last_block(self, table: GroupTable) -> None:
+        old = table.blocks[-1]
+        new = self.pool.allocate()
+        pairs = torch.tensor([[old, new]], dtype=torch.int64, device=self.k.device)
+        for layer in range(self.kv_shape[0]):
+            ops.copy_blocks(self.k[layer], self.v[layer], pairs)
+        self.pool.set_fill(new, table.seq_len % self.block_size)
+        self.pool.decref(old)
+        table.blocks[-1] = new
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
+        """The child shares every block of every group of the parent."""
+        parent = self._get(parent_id)
+        if child_id in self._requests:
+            raise DuplicateRequestError(f"request {child_id!r} is already admitted")
+        for table in parent:
+            for b in table.blocks:
+                if b != NULL_BLOCK:
+                    self.pool.incref(b)
+        self._requests[child_id] = [
+            GroupTable(list(t.blocks), t.seq_len, t.kept_from) for t in parent
+        ]
+
+    def free(self, request_id: Hashable) -> None:
+        """Release every block of every group of the request."""
+        for table in self._get(request_id):
+            self.pool.release([b for b in table.blocks if b != NULL_BLOCK])
+        del self._requests[request_id]
+
+    # ------------------------------------------------------------------ reads
+    def window_start(self, group: int, seq_len: int) -> int:
+        """First position the newest token (at seq_len - 1) reads in `group`."""
+        window = self.model.groups[group].spec.window
+        return 0 if window is None else max(0, seq_len - window)
+
+    def gather(self, request_id: Hashable, group: int) -> KV:
+        """K and V ([layers, n, heads, dim]) of what the newest token attends to in
+        `group`: its window, every token (full attention) or the encoder output."""
+        table = self._get(request_id)[group]
+        start = self.window_start(group, table.seq_len)
+        slots = self._slots(table.blocks, start, table.seq_len - start)
+        layers, heads, dim = self.kv_shape
+        flat = (layers, -1, heads, dim)
+        return self.k.view(flat)[:, slots], self.v.view(flat)[:, slots]
+
+    def attend(
+        self,
+        request_ids: Sequence[Hashable],
+        query: torch.Tensor,
+        group: int,
+        layer: int,
+        **kw: object,
+    ) -> torch.Tensor:
+        """Decode attention of query[b] over request b's KV in one group and layer,
+        through `kernels.ops` (windowed for a sliding-window group; keyword arguments go
+        to it, e.g. backend)."""
+        tables = [self._get(r)[group] for r in request_ids]
+        if any(t.seq_len == 0 for t in tables):
+            raise ShapeError("attend needs every request to hold at least one token there")
+        width = max(len(t.blocks) for t in tables)
+        rows = torch.full((len(tables), width), NULL_BLOCK, dtype=torch.int32)
+        for i, t in enumerate(tables):
+            rows[i, : len(t.blocks)] = torch.tensor(t.blocks, dtype=torch.int32)
+        lens = torch.tensor([t.seq_len for t in tables], dtype=torch.int32)
+        dev = self.k.device
+        return ops.paged_decode_attention(
+            query, self.k[layer], self.v[layer], rows.to(dev), lens.to(dev),
+            window=self.model.groups[group].spec.window, **kw,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ checks
+    def snapshot(self) -> tuple:
+        """All bookkeeping as plain values (atomicity tests)."""
+        reqs = {
+            r: [(list(t.blocks), t.seq_len, t.kept_from) for t in ts]
+            for r, ts in self._requests.items()
+        }
+        return self.pool.snapshot(), reqs
+
+    def check(self) -> None:
+        """Assert the invariants: the pool's own; reference counts equal the tables that
+        hold each block; every group's table covers its length; no table holds a block
+        wholly outside its window, and none lacks one inside; cross-attention tables hold
+        exactly the encoder's blocks."""
+        self.pool.check()
+        holders: dict[int, int] = {}
+        bs = self.block_size
+        for rid, tables in self._requests.items():
+            for gi, table in enumerate(tables):
+                spec = self.model.groups[gi].spec
+                assert len(table.blocks) == blocks_for_tokens(table.seq_len, bs), (rid, gi)
+                if spec.kind is AttentionKind.CROSS:
+                    assert table.seq_len == spec.encoder_len, (rid, gi)
+                for j, b in enumerate(table.blocks):
+                    inside = (j + 1) * bs > table.kept_from
+                    assert (b != NULL_BLOCK) == inside, (rid, gi, j, b, table.kept_from)
+                    if b != NULL_BLOCK:
+                        holders[b] = holders.get(b, 0) + 1
+        for b, count in enumerate(self.pool.ref):
+            assert count == holders.get(b, 0), (b, count, holders.get(b, 0))

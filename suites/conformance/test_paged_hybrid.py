@@ -1,0 +1,206 @@
+"""Hybrid and cross-attention layer groups over one pool (`paged.layer_groups`) against
+the reference that keeps everything (`reference.layer_groups`), driven by one hypothesis
+state machine over random models: 1-3 groups of full attention, sliding windows and
+cross-attention (Gemma-2-like local + global, Whisper-like self + cross, two windows).
+
+After every step: what each group's newest query reads is identical in both caches; each
+self-attention group holds exactly the blocks `spec_capacity.blocks_in_step` plans for
+the request's last append (no block referenced outside its window); cross-attention
+groups hold ceil(encoder_len / block_size) blocks from admission on; reference counts and
+pool accounting hold. A refused admission or append changes nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from kvbench.paged.layer_groups import LayerGroupsPagedCache
+from kvbench.reference import oracle
+from kvbench.reference.layer_groups import LayerGroupsReferenceCache
+from kvbench.workloads.capacity import blocks_for_tokens
+from kvbench.workloads.errors import CapacityError, ConfigError
+from kvbench.workloads.kv_spec import KVCacheSpec, LayerGroup, ModelKVSpec
+from kvbench.workloads.spec_capacity import blocks_in_step
+
+LAYERS, HEADS, DIM = 2, 1, 8
+
+SPECS = st.one_of(
+    st.builds(KVCacheSpec.sliding_window, st.integers(1, 12)),
+    st.just(KVCacheSpec.full()),
+    st.builds(KVCacheSpec.cross_attention, st.integers(1, 12)),
+)
+
+
+def _model(specs: list[KVCacheSpec]) -> ModelKVSpec:
+    return ModelKVSpec("m", tuple(LayerGroup(s, LAYERS, HEADS, DIM, "float32") for s in specs))
+
+
+class LayerGroupsMachine(RuleBasedStateMachine):
+    """The differential; `MODELS` draws the groups' specs (subclasses narrow it)."""
+
+    requests = Bundle("requests")
+    MODELS: st.SearchStrategy[list[KVCacheSpec]] = st.lists(SPECS, min_size=1, max_size=3).filter(
+        lambda s: any(x.encoder_len is None for x in s)
+    )
+
+    @initialize(
+        data=st.data(),
+        block_size=st.sampled_from([1, 2, 4, 8]),
+        num_blocks=st.integers(4, 40),
+    )
+    def setup(self, data: st.DataObject, block_size: int, num_blocks: int) -> None:
+        self.model = _model(data.draw(self.MODELS, label="specs"))
+        self.paged = LayerGroupsPagedCache(self.model, num_blocks, block_size)
+        self.ref = LayerGroupsReferenceCache(self.model)
+        self.bs = block_size
+        self.last_step: dict[int, tuple[int, int]] = {}
+        self.next_id = 0
+        self.gen = torch.Generator().manual_seed(0)
+
+    def _kv(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = torch.randn((LAYERS, n, HEADS, DIM), generator=self.gen)
+        return k, torch.randn(k.shape, generator=self.gen)
+
+    @rule(target=requests)
+    def admit(self) -> int:
+        rid = self.next_id
+        self.next_id += 1
+        enc = [self._kv(self.model.groups[g].spec.encoder_len) for g in self.model.cross_groups]
+        before = self.paged.snapshot()
+        try:
+            self.paged.admit(rid, enc)
+        except CapacityError:
+            assert self.paged.snapshot() == before, "a refused admission changed the cache"
+            return rid
+        self.ref.admit(rid, enc)
+        self.last_step[rid] = (0, 0)
+        return rid
+
+    @rule(rid=requests, n=st.integers(1, 6))
+    def append(self, rid: int, n: int) -> None:
+        if rid not in self.last_step:
+            return
+        kv = [self._kv(n) for _ in self.model.self_groups]
+        before = self.paged.snapshot()
+        need = self.paged.blocks_needed_to_append(rid, n)
+        try:
+            self.paged.append(rid, kv)
+        except CapacityError:
+            assert need > self.paged.num_free_blocks
+            assert self.paged.snapshot() == before, "a refused append changed the cache"
+            return
+        self.ref.append(rid, kv)
+        self.last_step[rid] = (self.ref.seq_len(rid) - n, n)
+
+    @rule(parent=requests, target=requests)
+    def fork(self, parent: int) -> int:
+        if parent not in self.last_step:
+            return parent
+        child = self.next_id
+        self.next_id += 1
+        self.paged.fork(parent, child)
+        self.ref.fork(parent, child)
+        self.last_step[child] = self.last_step[parent]
+        return child
+
+    @rule(rid=consumes(requests))
+    def free(self, rid: int) -> None:
+        if rid not in self.last_step:
+            return
+        self.paged.free(rid)
+        self.ref.free(rid)
+        del self.last_step[rid]
+
+    @precondition(lambda self: any(self.ref.seq_len(r) for r in self.ref.request_ids()))
+    @rule(data=st.data())
+    def attend(self, data: st.DataObject) -> None:
+        live = [r for r in self.ref.request_ids() if self.ref.seq_len(r)]
+        rids = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=3, unique=True))
+        group = data.draw(st.integers(0, len(self.model.groups) - 1))
+        layer = data.draw(st.integers(0, LAYERS - 1))
+        q = torch.randn((len(rids), 2 * HEADS, DIM), generator=self.gen)
+        out = self.paged.attend(rids, q, group, layer, backend="torch")
+        ref = self.ref.attend(rids, q, group, layer)
+        assert oracle.relative_error(out, ref) <= oracle.tolerance(torch.float32)
+
+    @invariant()
+    def same_views_and_planned_blocks(self) -> None:
+        if not hasattr(self, "paged"):
+            return
+        self.paged.check()
+        assert sorted(self.paged.request_ids()) == sorted(self.ref.request_ids())
+        for rid in self.ref.request_ids():
+            for gi, g in enumerate(self.model.groups):
+                pk, pv = self.paged.gather(rid, gi)
+                rk, rv = self.ref.gather(rid, gi)
+                assert torch.equal(pk, rk) and torch.equal(pv, rv), (rid, gi)
+                held = len(self.paged.held_blocks(rid, gi))
+                if g.spec.encoder_len is not None:
+                    assert held == blocks_for_tokens(g.spec.encoder_len, self.bs)
+                else:
+                    computed, new = self.last_step[rid]
+                    assert held == blocks_in_step(g.spec, computed, new, self.bs), (rid, gi)
+
+
+LayerGroupsMachine.TestCase.settings = settings(
+    max_examples=50, stateful_step_count=25, deadline=None
+)
+test_hybrid_and_cross_attention_paged_vs_reference = LayerGroupsMachine.TestCase
+
+
+def test_hybrid_gemma_like_groups_share_one_pool() -> None:
+    """Local (window 4) and global groups, blocks of 2, 12 pages: decoding 10 tokens one
+    by one the local group holds at most ceil(4/2) + 1 = 3 pages (positions 1..4 touch
+    blocks 0-2) and ends with 2 (positions 6..9: blocks 3, 4), the global one ends with 5,
+    all from one pool; the local group's early entries are released (-1)."""
+    model = _model([KVCacheSpec.sliding_window(4), KVCacheSpec.full()])
+    cache = LayerGroupsPagedCache(model, num_blocks=12, block_size=2)
+    cache.admit("r")
+    local = []
+    for _ in range(10):
+        k = torch.randn((LAYERS, 1, HEADS, DIM))
+        cache.append("r", [(k, k), (k, k)])
+        cache.check()
+        local.append(len(cache.held_blocks("r", 0)))
+    assert max(local) == 3
+    assert cache.held_blocks("r", 0) == [3, 4] and len(cache.held_blocks("r", 1)) == 5
+    assert cache.block_table("r", 0)[:3] == [-1, -1, -1]
+    assert cache.num_free_blocks == 12 - 7
+
+
+def test_cross_attention_blocks_are_written_once_and_shared_by_forks() -> None:
+    model = _model([KVCacheSpec.full(), KVCacheSpec.cross_attention(5)])
+    cache = LayerGroupsPagedCache(model, num_blocks=10, block_size=2)
+    enc = torch.randn((LAYERS, 5, HEADS, DIM))
+    cache.admit("a", [(enc, enc)])
+    assert cache.held_blocks("a", 1) == [0, 1, 2]  # ceil(5/2) pages at admission
+    cache.fork("a", "b")
+    k = torch.randn((LAYERS, 3, HEADS, DIM))
+    cache.append("b", [(k, k)])
+    assert cache.block_table("a", 1) == cache.block_table("b", 1)  # never copied
+    torch.testing.assert_close(cache.gather("b", 1)[0], enc)
+    cache.free("a")
+    cache.free("b")
+    cache.check()
+    assert cache.num_free_blocks == 10
+
+
+def test_groups_of_different_shapes_are_refused() -> None:
+    groups = (
+        LayerGroup(KVCacheSpec.full(), 2, 2, 8, "float32"),
+        LayerGroup(KVCacheSpec.sliding_window(4), 4, 1, 8, "float32"),
+    )
+    with pytest.raises(ConfigError, match="shapes"):
+        LayerGroupsPagedCache(ModelKVSpec("m", groups), 8, 2)
