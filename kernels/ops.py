@@ -236,7 +236,7 @@ def paged_decode_attention(
                 query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, kv_scales
             )
         return torch_ops.paged_decode_attention(
-            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, kv_scales, window
+            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, window, kv_scales
         )
     if query.device.type == "cpu" and cpu_paged.supports(dims):
         return cpu_paged.decode(

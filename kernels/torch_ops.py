@@ -144,8 +144,8 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor,
     dims: AttentionDims,
-    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     window: int | None = None,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Decode attention of `query[b]` over the first `seq_lens[b]` tokens of its blocks
     (their last `window` tokens when given; see `window_tables`).

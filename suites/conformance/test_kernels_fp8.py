@@ -204,7 +204,9 @@ def test_fp8_decode_matches_float64_over_dequantized_kv(
     if backend == "gather":
         dims = check_decode(q, kc, vc, tables, seq_lens)
         scale = 1.0 / math.sqrt(d)
-        torch_ops.paged_decode_attention(q, kc, vc, tables, seq_lens, scale, out, dims, (ks, vs))
+        torch_ops.paged_decode_attention(
+            q, kc, vc, tables, seq_lens, scale, out, dims, kv_scales=(ks, vs)
+        )
     else:
         ops.paged_decode_attention(
             q,
@@ -377,7 +379,7 @@ def test_fp8_windowed_decode_matches_float64_over_dequantized_window(
         dims = check_decode(q, kc, vc, tables, seq_lens, window=window)
         scale = 1.0 / math.sqrt(d)
         torch_ops.paged_decode_attention(
-            q, kc, vc, tables, seq_lens, scale, out, dims, (ks, vs), window
+            q, kc, vc, tables, seq_lens, scale, out, dims, window, (ks, vs)
         )
     else:
         ops.paged_decode_attention(
