@@ -16,12 +16,13 @@ from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.trace import Trace
 
 
-def check_time_scale(scale: float) -> float:
-    """A time scale must be a finite number > 0."""
+def check_time_scale(scale: float, name: str = "time scale") -> float:
+    """A time scale (an importer's `speed` too) as a float: a finite number > 0, else
+    ConfigError naming it by `name`."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise ConfigError(f"time scale must be a number, got {scale!r}")
+        raise ConfigError(f"{name} must be a number, got {scale!r}")
     if not (math.isfinite(scale) and scale > 0):
-        raise ConfigError(f"time scale must be finite and > 0, got {scale!r}")
+        raise ConfigError(f"{name} must be finite and > 0, got {scale!r}")
     return float(scale)
 
 

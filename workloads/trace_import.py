@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.time_scale import check_time_scale
 from kvbench.workloads.trace import Trace, TraceError, TraceRequest
 
 #: Tokens per Mooncake hash id.
@@ -47,11 +48,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 def check_speed(speed: float) -> float:
     """`speed` as a float when finite and > 0, else ConfigError naming it."""
-    if isinstance(speed, bool) or not isinstance(speed, (int, float)):
-        raise ConfigError(f"speed must be a number, got {speed!r}")
-    if not (math.isfinite(speed) and speed > 0):
-        raise ConfigError(f"speed must be finite and > 0, got {speed!r}")
-    return float(speed)
+    return check_time_scale(speed, "speed")
 
 
 def read_text_lines(path: str | Path) -> list[str]:
