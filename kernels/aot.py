@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -123,10 +124,25 @@ def _pointer_types(cfg: configs.KernelConfig) -> dict[str, str]:
     data = configs.TRITON_DTYPE_NAMES[cfg.dtype]
     if cfg.kernel == "copy_rows":
         return {"src_ptr": data, "dst_ptr": data, "src_rows_ptr": "i64", "dst_rows_ptr": "i64"}
-    types = {n: data for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    if cfg.kernel == "quantize_rows":
+        return {"src_ptr": data, "dst_ptr": "u8", "dst_rows_ptr": "i64", "inv_scale_ptr": "fp32"}
+    kv = "u8" if "FP8_MAN" in cfg.constexprs else data  # fp8 K/V are read as bytes
+    types = {n: data for n in ("q_ptr", "out_ptr")}
+    types.update({n: kv for n in ("k_ptr", "v_ptr")})
     types.update({n: "i32" for n in ("tables_ptr", "lens_ptr", "cu_q_ptr")})
     types.update({n: "fp32" for n in ("part_out_ptr", "part_max_ptr", "part_sum_ptr")})
+    types.update({n: "fp32" for n in ("k_scale_ptr", "v_scale_ptr")})
     return types
+
+
+def constexpr_defaults(fn: JITFunction) -> dict[str, object]:
+    """The kernel's constexpr parameters that have defaults (e.g. the fp8 switches a 16-bit
+    configuration leaves out), with their default values."""
+    return {
+        p.name: p.default
+        for p in fn.params
+        if p.is_constexpr and p.default is not inspect.Parameter.empty
+    }
 
 
 def signature(cfg: configs.KernelConfig) -> tuple[dict[str, str], dict[tuple[int], list]]:
@@ -407,6 +423,19 @@ def headline_configs() -> list[configs.KernelConfig]:
         *configs.prefill_configs(f16, 128),
         configs.copy_config(2, src_identity=True),
     ]
+
+
+def fp8_headline_configs() -> list[configs.KernelConfig]:
+    """The fp8 variants at the headline shape (float16 and bfloat16 queries, head dim 128,
+    GQA group 4, split and single decode, both formats), the quantizing write and the byte
+    copy; what the fp8 compile test builds."""
+    out = [configs.copy_config(1, src_identity=False)]
+    for kv in (torch.float8_e4m3fn, torch.float8_e5m2):
+        out.append(configs.quantize_config(torch.float16, kv))
+        for q in configs.FP8_QUERY_DTYPES:
+            for single in (False, True):
+                out.append(configs.decode_config(q, 128, 4, single, kv))
+    return out
 
 
 def config_json(config: dict[str, object]) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvbench.workloads import fp8
 from kvbench.workloads.errors import ConfigError
 
 #: Q/K/V dtypes the Triton kernels are compiled for.
@@ -33,12 +34,16 @@ REDUCE_CHUNK = 16
 #: Elements per program of the row-copy kernel.
 COPY_BLOCK = 1024
 #: Integer element types the copy kernel moves data as (by element size in bytes).
-COPY_AS: dict[int, torch.dtype] = {2: torch.int16, 4: torch.int32}
+COPY_AS: dict[int, torch.dtype] = {1: torch.int8, 2: torch.int16, 4: torch.int32}
+#: Query dtypes the Triton decode reads fp8 K/V with (dequantized to the query dtype).
+FP8_QUERY_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 
 TRITON_DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "fp32",
     torch.float16: "fp16",
     torch.bfloat16: "bf16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
     torch.int16: "i16",
     torch.int32: "i32",
     torch.int64: "i64",
@@ -122,10 +127,41 @@ def _windowed(constexprs: dict[str, object], windowed: bool) -> dict[str, object
     return {**constexprs, "WINDOWED": True} if windowed else constexprs
 
 
+def fp8_constexprs(kv_dtype: torch.dtype | None) -> dict[str, object]:
+    """The constexprs that select fp8 K/V in the kernels: mantissa bits and exponent bias
+    of the format (`workloads.fp8`), or nothing for 16/32-bit K/V."""
+    if kv_dtype is None or not fp8.is_fp8(kv_dtype):
+        return {}
+    fmt = fp8.fp8_format(kv_dtype)
+    return {"FP8_MAN": fmt.mantissa_bits, "FP8_BIAS": 1 - fmt.min_exponent}
+
+
+def quantize_config(dtype: torch.dtype, kv_dtype: torch.dtype) -> KernelConfig:
+    """fp8 write kernel: `dtype` rows quantized to the fp8 format `kv_dtype`."""
+    fmt = fp8.fp8_format(kv_dtype)
+    return KernelConfig(
+        "quantize_rows",
+        dtype,
+        {
+            "BLOCK": COPY_BLOCK,
+            "MAN": fmt.mantissa_bits,
+            "BIAS": 1 - fmt.min_exponent,
+            "MAX": fmt.max,
+        },
+    )
+
+
 def decode_config(
-    dtype: torch.dtype, head_dim: int, group: int, single: bool, *, windowed: bool = False
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    single: bool,
+    kv_dtype: torch.dtype | None = None,
+    *,
+    windowed: bool = False,
 ) -> KernelConfig:
-    """Stage-1 split-KV decode kernel. KV tile sizes are chosen so that no variant spills
+    """Stage-1 split-KV decode kernel (`kv_dtype` fp8: K/V bytes dequantized in
+    registers, same tiles as the query dtype's; ConfigError for a float32 query). KV tile sizes are chosen so that no variant spills
     and, for 16-bit types, so that the common GQA case (QH 16) at head dim 128 costs no
     more registers or shared memory than vLLM's Triton decode for the same shape (16 KV
     tokens per step: 72 registers, 12.8 KB shared on sm_90; `kvbench kernels --peers`).
@@ -136,6 +172,11 @@ def decode_config(
     # and head dims reach 128; 32 elsewhere (QH 32 at TILE_N 16 spills at head dim 128).
     small = 16 if qh == 16 and d_pad >= 128 else 32
     tile_n = 4096 // d_pad if dtype == torch.float32 else small
+    kv_fp8 = fp8_constexprs(kv_dtype)
+    if kv_fp8 and dtype not in FP8_QUERY_DTYPES:
+        raise ConfigError(
+            f"the Triton decode reads fp8 K/V with {FP8_QUERY_DTYPES} queries, not {dtype}"
+        )
     return KernelConfig(
         "paged_decode",
         dtype,
@@ -147,6 +188,7 @@ def decode_config(
                 "SINGLE": single,
                 "DOT_PRECISION": _dot_precision(dtype),
                 "DOT_F32": False,
+                **kv_fp8,
             },
             windowed,
         ),
@@ -260,4 +302,17 @@ def all_configs() -> list[KernelConfig]:
             add(reduce_config(dtype, d_pad, windowed=True))
             for cfg in prefill_configs(dtype, d_pad):
                 add(cfg)
+    for fmt in fp8.FORMATS.values():
+        for dtype in DTYPES:
+            add(quantize_config(dtype, fmt.dtype))
+        for dtype in FP8_QUERY_DTYPES:
+            for d_pad in HEAD_DIM_PADS:
+                for group in (1, *DECODE_QH, 2 * DECODE_QH[-1]):
+                    for single in (True, False):
+                        for windowed in (False, True):
+                            add(
+                                decode_config(
+                                    dtype, d_pad, group, single, fmt.dtype, windowed=windowed
+                                )
+                            )
     return list(seen.values())

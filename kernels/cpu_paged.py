@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "KernelStatus",
     "decode",
+    "decode_fp8",
     "fma_probe",
     "prefill",
     "prefill_tile",
@@ -65,6 +66,9 @@ __all__ = [
 ]
 
 _SOURCE = Path(__file__).with_name("cpu_ext") / "paged_attn.cpp"
+#: The fp8 decode (a torch operator, `kvbench_fp8::paged_decode_fp8`), built into the same
+#: library from its own source.
+_FP8_SOURCE = _SOURCE.with_name("paged_attn_fp8.cpp")
 _CFLAGS = ("-O3", "-march=native", "-fopenmp")
 #: Tokens per block the C++ score rows hold; larger blocks use the torch version.
 MAX_BLOCK_SIZE = 256
@@ -119,7 +123,7 @@ def _cpu_flags() -> str:
 def _build_dir() -> Path:
     """The cache folder for this source, torch, flags and CPU."""
     key = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), torch.__version__.encode(), " ".join(_CFLAGS).encode(),
+    for part in (_SOURCE.read_bytes(), _FP8_SOURCE.read_bytes(), torch.__version__.encode(), " ".join(_CFLAGS).encode(),
                  _cpu_flags().encode(), sys.version.encode()):  # fmt: skip
         key.update(part)
         key.update(b"\0")
@@ -234,7 +238,7 @@ def _load_locked(cpp_extension: ModuleType, folder: Path) -> ModuleType:
     """torch's loader: compile into `folder` (or find it up to date there) and import."""
     return cpp_extension.load(
         name="kvbench_cpu_paged",
-        sources=[str(_SOURCE)],
+        sources=[str(_SOURCE), str(_FP8_SOURCE)],
         extra_cflags=list(_CFLAGS),
         extra_ldflags=["-fopenmp"],
         build_directory=str(folder),
@@ -344,6 +348,33 @@ def decode(
     assert mod is not None
     mod.paged_decode_windowed(query, k_cache, v_cache, tables, lens, float(scale), out,
                               int(dims.max_seq_len), parts, heads, window or 0)  # fmt: skip
+    return out
+
+
+def decode_fp8(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    dims: AttentionDims,
+    kv_scales: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """Paged decode over fp8 K/V (`cpu_ext/paged_attn_fp8.cpp`) into `out`; see kernels.ops.
+    One task per (sequence, KV head); scales float32 [num_kv_heads] for K and V."""
+    if dims.batch == 0:
+        return out
+    tables, lens = _tables(block_tables, seq_lens, dims)
+    from kvbench.kernels.configs import fp8_constexprs
+
+    fmt = fp8_constexprs(k_cache.dtype)
+    ks, vs = (s.contiguous() for s in kv_scales)
+    torch.ops.kvbench_fp8.paged_decode_fp8(
+        query, k_cache.view(torch.uint8), v_cache.view(torch.uint8), tables, lens, ks, vs,
+        float(scale), out, int(fmt["FP8_MAN"]), int(fmt["FP8_BIAS"]),
+    )  # fmt: skip
     return out
 
 

@@ -22,6 +22,14 @@ Query head h reads KV head h // (num_q_heads // num_kv_heads) (GQA/MQA).
 Every op raises a `workloads.errors` exception naming the bad value, before writing
 anything, when its input is wrong (see `kernels.validation`).
 
+fp8 caches (`torch.float8_e4m3fn`, `torch.float8_e5m2`): `write_kv` and the attention ops
+take `k_scale` / `v_scale` (float32 `[num_kv_heads]`; `kernels.fp8_ops`); writes quantize
+by the `workloads.fp8` rule (NaN/inf refused when `check_indices`, else stored as NaN),
+reads dequantize to the query dtype in registers (Triton) or after the gather (torch);
+copies and swaps move the bytes. On CPU tensors fp8 decode runs the C++ kernel
+(`cpu_paged.decode_fp8`), fp8 prefill the torch version. Not yet: fp8 in the Triton
+prefill.
+
 Host reads: with `check_indices=False` no op reads a tensor's values on the host, so a
 call on CUDA tensors only enqueues work (no stream synchronization). The attention ops
 then size their launch by `max_seq_len` / `max_q_len` as the caller gives them (it knows
@@ -36,8 +44,10 @@ from collections.abc import Sequence
 
 import torch
 
-from kvbench.kernels import cpu_paged, torch_ops
+from kvbench.kernels import cpu_paged, fp8_ops, torch_ops
 from kvbench.kernels import validation as val
+from kvbench.workloads import fp8
+from kvbench.workloads.errors import ConfigError
 
 __all__ = [
     "choose_backend",
@@ -76,6 +86,8 @@ def write_kv(
     *,
     backend: str | None = None,
     check_indices: bool = True,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Write the K/V of `num_tokens` new tokens into one layer's paged caches.
 
@@ -85,8 +97,21 @@ def write_kv(
             contiguous; the token stride is free, e.g. a slice of a fused QKV tensor).
         slot_mapping: int32/int64 [num_tokens]; token i goes to flat slot
             `slot_mapping[i]`; -1 marks padding and is skipped. Slots must be distinct.
+        k_scale, v_scale: fp8 caches only (then required): float32 [num_kv_heads]; key and
+            value (any supported float dtype) are quantized with them.
     """
     dims = val.check_write_kv(k_cache, v_cache, key, value, slot_mapping, check_indices)
+    scales = fp8_ops.check_kv_scales(k_cache, k_scale, v_scale, dims.num_kv_heads, check_indices)
+    if scales is not None:
+        if check_indices:
+            fp8.check_finite(key, "key")
+            fp8.check_finite(value, "value")
+        if choose_backend(k_cache.device, backend) == "triton":
+            inv = fp8_ops.inverse(scales)
+            _triton().write_kv_fp8(k_cache, v_cache, key, value, slot_mapping, dims, inv)
+        else:
+            fp8_ops.write_kv(k_cache, v_cache, key, value, slot_mapping, dims, scales)
+        return
     if choose_backend(k_cache.device, backend) == "triton":
         _triton().write_kv(k_cache, v_cache, key, value, slot_mapping, dims)
     else:
@@ -108,6 +133,7 @@ def copy_blocks(
             Destinations are distinct and are not sources.
     """
     _, t = val.check_copy_blocks(k_cache, v_cache, pairs, check_indices)
+    k_cache, v_cache = fp8_ops.as_bits(k_cache), fp8_ops.as_bits(v_cache)  # fp8: bytes
     if choose_backend(k_cache.device, backend) == "triton":
         _triton().copy_blocks(k_cache, v_cache, t)
     else:
@@ -130,6 +156,7 @@ def swap_blocks(
         mapping: (src_block, dst_block) pairs, int tensor [n, 2] or sequence of tuples.
     """
     t = val.check_swap_blocks(src, dst, mapping, check_indices)
+    src, dst = fp8_ops.as_bits(src), fp8_ops.as_bits(dst)  # fp8: bytes
     chosen = choose_backend(src.device, backend)
     if chosen == "triton" and src.device == dst.device:
         _triton().swap_blocks(src, dst, t if t.device == src.device else t.to(src.device))
@@ -150,6 +177,8 @@ def paged_decode_attention(
     partition_size: int | None = None,
     check_indices: bool = True,
     max_seq_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     window: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged KV.
@@ -167,12 +196,16 @@ def paged_decode_attention(
         max_seq_len: an upper bound of `seq_lens` (tokens), known to the caller without
             reading device memory; checked when `check_indices`. None: the true maximum
             when checking, else the tables' capacity.
+        k_scale, v_scale: fp8 caches only (then required): float32 [num_kv_heads]; each
+            K/V element read is `float32(byte) * scale`, rounded to the query dtype.
         window: sliding window (HF / vLLM `sliding_window`): the query, at position
             L - 1 of a sequence of L tokens, attends to positions max(0, L - window) ..
             L - 1 only. Every backend starts at the first block the window touches (blocks
             wholly before it are never read, and their table entries may be anything, e.g.
             -1 where a cache released them) and masks the part of that block before the
-            window. None (default): full attention, unchanged.
+            window. None (default): full attention, unchanged. With fp8 K/V the Triton and
+            torch paths dequantize and window together; the C++ CPU fp8 decode has no
+            window (ConfigError: pass backend="torch").
 
     Returns:
         [batch, num_q_heads, head_dim] in the query dtype (`out` when given).
@@ -182,13 +215,29 @@ def paged_decode_attention(
         window=window,
     )  # fmt: skip
     s = val.check_scale(scale, dims.cache.head_dim)
+    kv_scales = fp8_ops.check_kv_scales(
+        k_cache, k_scale, v_scale, dims.cache.num_kv_heads, check_indices
+    )
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if choose_backend(query.device, backend) == "triton":
         return _triton().paged_decode_attention(
             query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, partition_size,
-            window=window,
+            kv_scales, window=window,
         )  # fmt: skip
+    if kv_scales is not None:
+        if query.device.type == "cpu" and cpu_paged.supports(dims):
+            if window is not None:
+                raise ConfigError(
+                    f"window={window} with fp8 K/V ({k_cache.dtype}): the C++ CPU fp8 decode "
+                    "has no sliding window; use backend='torch' (or the Triton interpreter)"
+                )
+            return cpu_paged.decode_fp8(
+                query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, kv_scales
+            )
+        return torch_ops.paged_decode_attention(
+            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, window, kv_scales
+        )
     if query.device.type == "cpu" and cpu_paged.supports(dims):
         return cpu_paged.decode(
             query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, window=window
@@ -212,6 +261,8 @@ def paged_prefill_attention(
     check_indices: bool = True,
     max_seq_len: int | None = None,
     max_q_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a ragged batch of new tokens over cached prefixes and themselves.
 
@@ -227,6 +278,8 @@ def paged_prefill_attention(
         check_indices, max_seq_len: as for `paged_decode_attention`.
         max_q_len: an upper bound of the new tokens per sequence, likewise (None: the true
             maximum when checking, else min(total_q, max_seq_len)).
+        k_scale, v_scale: fp8 caches only, as for `paged_decode_attention` (torch backend
+            only so far: the Triton prefill refuses fp8 with a ConfigError).
 
     Returns:
         [total_q, num_q_heads, head_dim] in the query dtype (`out` when given).
@@ -244,9 +297,21 @@ def paged_prefill_attention(
         max_q_len,
     )
     s = val.check_scale(scale, dims.cache.head_dim)
+    kv_scales = fp8_ops.check_kv_scales(
+        k_cache, k_scale, v_scale, dims.cache.num_kv_heads, check_indices
+    )
+    chosen = choose_backend(query.device, backend)
+    if kv_scales is not None:
+        if chosen == "triton":
+            raise ConfigError(f"the Triton prefill does not read {k_cache.dtype} K/V yet")
+        if out is None:
+            out = torch.empty_like(query, memory_format=torch.contiguous_format)
+        return torch_ops.paged_prefill_attention(
+            query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims, kv_scales
+        )
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    if choose_backend(query.device, backend) == "triton":
+    if chosen == "triton":
         return _triton().paged_prefill_attention(
             query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims
         )

@@ -130,6 +130,11 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor, slot: int | None = None) 
     return flat.view(b, n * bs, h, d).transpose(1, 2)
 
 
+def _dequantize_heads(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Gathered fp8 K or V `[B, Hkv, L, D]` -> `float32(x) * scale[h]`, then `dtype`."""
+    return (x.to(torch.float32) * scale.view(1, -1, 1, 1)).to(dtype)
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -140,11 +145,13 @@ def paged_decode_attention(
     out: torch.Tensor,
     dims: AttentionDims,
     window: int | None = None,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Decode attention of `query[b]` over the first `seq_lens[b]` tokens of its blocks
     (their last `window` tokens when given; see `window_tables`).
 
-    Writes `out` ([B, Hq, D], query dtype) and returns it.
+    Writes `out` ([B, Hq, D], query dtype) and returns it. fp8 caches: the gathered bytes
+    are dequantized with `kv_scales` (`float32(byte) * scale`, then the query dtype).
     """
     cd = dims.cache
     batch, hq, d = query.shape
@@ -152,7 +159,7 @@ def paged_decode_attention(
         return out
     if window is not None:
         return _windowed_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out,
-                                dims, window)  # fmt: skip
+                                dims, window, kv_scales)  # fmt: skip
     n_blocks = -(-dims.max_seq_len // cd.block_size)
     tables = block_tables[:, :n_blocks].to(torch.int64)
     if dims.max_seq_len != int(seq_lens.min()):  # entries past a length may be padding
@@ -161,6 +168,9 @@ def paged_decode_attention(
         tables = torch.where(cols < used.unsqueeze(1), tables, 0)
     k = _gather(k_cache, tables, slot=0)  # [B, Hkv, L, D]
     v = _gather(v_cache, tables, slot=1)
+    if kv_scales is not None:
+        k = _dequantize_heads(k, kv_scales[0], query.dtype)
+        v = _dequantize_heads(v, kv_scales[1], query.dtype)
     q = query.reshape(batch, cd.num_kv_heads, dims.group, d)  # group heads as query rows
     length = n_blocks * cd.block_size
     mask = None
@@ -208,9 +218,11 @@ def _windowed_decode(
     out: torch.Tensor,
     dims: AttentionDims,
     window: int,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Sliding-window decode: gather only the blocks from the first one the window
-    touches, mask the part of that block before the window and the slots past the end."""
+    touches, mask the part of that block before the window and the slots past the end.
+    fp8 caches: the gathered bytes are dequantized with `kv_scales` before masking."""
     cd = dims.cache
     batch, hq, d = query.shape
     span = min(dims.max_seq_len, window + cd.block_size - 1)
@@ -220,6 +232,9 @@ def _windowed_decode(
     tables = torch.where(cols < used.unsqueeze(1), tables, 0)  # padding past a length
     k = _gather(k_cache, tables, slot=0)  # [B, Hkv, n_blocks * block_size, D]
     v = _gather(v_cache, tables, slot=1)
+    if kv_scales is not None:
+        k = _dequantize_heads(k, kv_scales[0], query.dtype)
+        v = _dequantize_heads(v, kv_scales[1], query.dtype)
     pos = torch.arange(k.shape[2], device=query.device)
     keep = (pos.unsqueeze(0) >= lo.unsqueeze(1)) & (pos.unsqueeze(0) < lens.unsqueeze(1))
     invalid = ~keep.view(batch, 1, -1, 1)  # zeroed: a masked NaN would poison SDPA
@@ -241,8 +256,10 @@ def paged_prefill_attention(
     scale: float,
     out: torch.Tensor,
     dims: AttentionDims,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached prefix and itself.
+    fp8 caches: dequantized after the gather with `kv_scales`, as in decode.
 
     Sequence b owns query rows `cu_seqlens_q[b] : cu_seqlens_q[b+1]` (n tokens), which sit
     at positions `seq_lens[b] - n ... seq_lens[b] - 1`; row i sees keys 0 .. seq_lens[b] - n + i.
@@ -258,6 +275,9 @@ def paged_prefill_attention(
         table = block_tables[b : b + 1, :n_blocks].to(torch.int64)
         k = _gather(k_cache, table)[:, :, :length]  # [1, Hkv, L, D]
         v = _gather(v_cache, table)[:, :, :length]
+        if kv_scales is not None:
+            k = _dequantize_heads(k, kv_scales[0], query.dtype)
+            v = _dequantize_heads(v, kv_scales[1], query.dtype)
         q = query[start:end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         qpos = torch.arange(length - n, length, device=query.device).unsqueeze(1)
         kpos = torch.arange(length, device=query.device).unsqueeze(0)

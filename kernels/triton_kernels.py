@@ -3,7 +3,8 @@
 Each body is wrapped once as a `JITFunction` (compiled for CUDA and, ahead of time, for
 sm_80/sm_90 by `kernels.aot`) and once as an `InterpretedFunction` (runs on CPU tensors),
 so whether the interpreter is used is decided per call, not by the environment at import
-time. Bodies call no other jitted helpers, which keeps them valid in both modes.
+time. Bodies call no jitted helpers of their own except the two fp8 bit conversions,
+which `triton_ops` runs interpreted for CPU tensors as it does triton.language's helpers.
 
 GPU rules kept here although the interpreter does not enforce them: every `tl.arange` size
 is a power of two, every `tl.dot` operand is at least 16 on each side, every load and store
@@ -54,6 +55,84 @@ def _copy_rows(
         tl.store(dst_ptr + dst_row * dst_row_stride + cols, x, mask=mask)
 
 
+def _fp8_bits_to_f32(bits, MAN: tl.constexpr, BIAS: tl.constexpr, HAS_INF: tl.constexpr):
+    """fp8 bytes (any 8-bit integer tensor) -> their exact float32 values, by bit
+    arithmetic: the same integer code on sm_80, sm_90 and the interpreter (no fp8 hardware
+    conversion, which sm_80 lacks and the interpreter gets wrong for NaN). `MAN` mantissa
+    bits, exponent `BIAS`; `HAS_INF` (e5m2): the top exponent is inf/NaN, else (e4m3fn)
+    only its all-ones mantissa is NaN."""
+    b = bits.to(tl.uint8, bitcast=True).to(tl.uint32)
+    sign = (b >> 7) << 31
+    e = (b >> MAN) & ((1 << (7 - MAN)) - 1)
+    man = b & ((1 << MAN) - 1)
+    if HAS_INF:
+        special = e == (1 << (7 - MAN)) - 1
+    else:
+        special = (e == (1 << (7 - MAN)) - 1) & (man == (1 << MAN) - 1)
+    f_exp = tl.where(special, 255, e + (127 - BIAS))
+    normal = (sign | (f_exp << 23) | (man << (23 - MAN))).to(tl.float32, bitcast=True)
+    # subnormal: (1 + man / 2^MAN) * 2^emin - 2^emin, both normal floats (exact)
+    emin = sign | ((128 - BIAS) << 23)
+    sub = (emin | (man << (23 - MAN))).to(tl.float32, bitcast=True) - emin.to(
+        tl.float32, bitcast=True
+    )
+    return tl.where(e == 0, sub, normal)
+
+
+def _f32_to_fp8_bits(x, MAN: tl.constexpr, BIAS: tl.constexpr, MAX: tl.constexpr):
+    """float32 `x` (already multiplied by 1/scale) -> fp8 bytes (uint8): saturate to
+    +-MAX, round to nearest even on the format's grid in float32 arithmetic ((a + c) - c
+    with c = 1.5 * 2^(23 + ulp exponent)), then assemble the bits; a non-finite `x` gives
+    NaN (0x7F). Bit-identical to `workloads.fp8.quantize` on every backend."""
+    finite = tl.abs(x) < float("inf")
+    y = tl.minimum(tl.maximum(x, -MAX), MAX)
+    a = tl.where(finite, tl.abs(y), 0.0)
+    e = ((a.to(tl.uint32, bitcast=True) >> 23).to(tl.int32) - 127).to(tl.int32)
+    ulp_e = tl.maximum(e, 1 - BIAS) - MAN
+    magic_bits = ((ulp_e + (23 + 127)) << 23) | 0x400000
+    shifted = a + magic_bits.to(tl.float32, bitcast=True)
+    r = shifted - magic_bits.to(tl.float32, bitcast=True)
+    rb = r.to(tl.uint32, bitcast=True)
+    re = (rb >> 23).to(tl.int32) - 127
+    normal = ((re + BIAS) << MAN) | ((rb >> (23 - MAN)) & ((1 << MAN) - 1)).to(tl.int32)
+    # subnormal: r in steps of 2^(emin - MAN), the ulps `shifted` holds above the magic
+    sub = shifted.to(tl.int32, bitcast=True) - magic_bits
+    bits = tl.where(re >= 1 - BIAS, normal, sub)
+    sign = ((x.to(tl.uint32, bitcast=True) >> 31) << 7).to(tl.int32)
+    bits = tl.where(finite, bits | sign, 0x7F)
+    return bits.to(tl.uint8)
+
+
+def _quantize_rows(
+    src_ptr,
+    dst_ptr,
+    dst_rows_ptr,
+    inv_scale_ptr,
+    row_len,
+    head_dim,
+    src_row_stride,
+    dst_row_stride,
+    BLOCK: tl.constexpr,
+    MAN: tl.constexpr,
+    BIAS: tl.constexpr,
+    MAX: tl.constexpr,
+):
+    """fp8 write: token row i of `src` (float, [num_kv_heads * head_dim]) times its
+    head's 1/scale, quantized (`_f32_to_fp8_bits`), into byte row `dst_rows[i]` of `dst`
+    (the cache viewed as uint8); a negative row is skipped. Grid: (rows, cdiv(row_len,
+    BLOCK))."""
+    i = tl.program_id(0)
+    chunk = tl.program_id(1)
+    dst_row = tl.load(dst_rows_ptr + i).to(tl.int64)
+    if dst_row >= 0:
+        cols = chunk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < row_len
+        inv = tl.load(inv_scale_ptr + cols // head_dim, mask=mask, other=1.0)
+        x = tl.load(src_ptr + i.to(tl.int64) * src_row_stride + cols, mask=mask, other=0.0)
+        q = _f32_to_fp8_bits(x.to(tl.float32) * inv, MAN, BIAS, MAX)
+        tl.store(dst_ptr + dst_row * dst_row_stride + cols, q, mask=mask)
+
+
 def _paged_decode(
     q_ptr,
     k_ptr,
@@ -80,6 +159,8 @@ def _paged_decode(
     stride_kblock,
     stride_ktok,
     stride_khead,
+    k_scale_ptr,
+    v_scale_ptr,
     window,
     QH: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -87,6 +168,8 @@ def _paged_decode(
     SINGLE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    FP8_MAN: tl.constexpr = 0,
+    FP8_BIAS: tl.constexpr = 0,
     WINDOWED: tl.constexpr = False,
 ):
     """Stage 1 of split-KV paged decode. Grid: (batch, num_kv_heads * n_chunks, parts).
@@ -97,12 +180,18 @@ def _paged_decode(
     sequence) it writes the output; otherwise the partition's own normalized output, its
     max score and its sum of exponentials for `_paged_decode_reduce`.
 
+    fp8 K/V (FP8_MAN > 0: 3 for e4m3fn, 2 for e5m2): each tile is loaded as bytes and
+    dequantized in registers, `float32(k) * k_scale[kv_head]` rounded to the query dtype,
+    then used exactly as a 16/32-bit tile; `k_scale_ptr` / `v_scale_ptr` are unused
+    otherwise.
+
     WINDOWED (sliding window of `window` tokens): the sequence is read from the first
     block its window touches (table and positions shifted by the blocks skipped, which
     are never loaded; partitions cover the shifted length), and the token loop starts at
     the window's first token, so that block's earlier tokens are not loaded either. A
     partition left with no visible token stores l = 0 and a zero output, which the
-    reduction weighs by 0.
+    reduction weighs by 0. Both together: only the window's tiles are loaded, then
+    dequantized.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1) // n_chunks
@@ -132,6 +221,9 @@ def _paged_decode(
         if WINDOWED:
             table_row = table_row + skipped
         head_off = kv_head.to(tl.int64) * stride_khead
+        if FP8_MAN > 0:
+            k_scale = tl.load(k_scale_ptr + kv_head)
+            v_scale = tl.load(v_scale_ptr + kv_head)
         begin = start
         if WINDOWED:  # the first block's tokens before the window: the loop starts past them
             begin = tl.maximum(start, seq_len - window)
@@ -142,7 +234,10 @@ def _paged_decode(
             kv_off = block * stride_kblock + (tok % block_size).to(tl.int64) * stride_ktok
             kv_off = kv_off + head_off
             kv_mask = tok_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0)
+            if FP8_MAN > 0:
+                k = _fp8_bits_to_f32(k, FP8_MAN, FP8_BIAS, FP8_MAN == 2) * k_scale
+                k = k.to(q.dtype)
             if DOT_F32:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
@@ -153,7 +248,10 @@ def _paged_decode(
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0)
+            if FP8_MAN > 0:
+                v = _fp8_bits_to_f32(v, FP8_MAN, FP8_BIAS, FP8_MAN == 2) * v_scale
+                v = v.to(q.dtype)
             if DOT_F32:
                 pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
             else:
@@ -332,9 +430,13 @@ def _paged_prefill(
 
 
 #: Kernel name -> compiled (JIT) version; `kernels.aot` compiles these.
-_BODIES = (_copy_rows, _paged_decode, _paged_decode_reduce, _paged_prefill)
+_BODIES = (_copy_rows, _quantize_rows, _paged_decode, _paged_decode_reduce, _paged_prefill)
 JIT: dict[str, JITFunction] = {fn.__name__.lstrip("_"): JITFunction(fn) for fn in _BODIES}
 #: Kernel name -> interpreted version, used for CPU tensors.
 INTERPRETED: dict[str, InterpretedFunction] = {
     fn.__name__.lstrip("_"): InterpretedFunction(fn) for fn in _BODIES
 }
+#: The jitted fp8 conversions the bodies call (a JITFunction is what Triton's code generator
+#: resolves a call to; under the interpreter `triton_ops` runs them interpreted).
+_fp8_bits_to_f32 = JITFunction(_fp8_bits_to_f32)  # type: ignore[assignment]
+_f32_to_fp8_bits = JITFunction(_f32_to_fp8_bits)  # type: ignore[assignment]

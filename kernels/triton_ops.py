@@ -107,6 +107,26 @@ def write_kv(
         _copy_rows(src, cache, None, slots, row, src.stride(0), row)
 
 
+def write_kv_fp8(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    dims: CacheDims,
+    inv_scales: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """Token row i of key/value, quantized with its heads' float32 1/scale
+    (`workloads.fp8` rule), -> fp8 cache slot `slot_mapping[i]` (skipping -1)."""
+    slots = slot_mapping.to(torch.int64)
+    row = dims.num_kv_heads * dims.head_dim
+    cfg = configs.quantize_config(key.dtype, k_cache.dtype)
+    grid = (slots.shape[0], -(-row // configs.COPY_BLOCK))
+    for src, cache, inv in ((key, k_cache, inv_scales[0]), (value, v_cache, inv_scales[1])):
+        args = (src, cache.view(torch.uint8), slots, inv, row, dims.head_dim, src.stride(0), row)
+        _launch(cfg, grid, cache.device, *args)
+
+
 def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: torch.Tensor) -> None:
     """Block `pairs[i, 0]` -> block `pairs[i, 1]` in both caches."""
     src, dst = pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
@@ -131,11 +151,13 @@ def paged_decode_attention(
     out: torch.Tensor,
     dims: AttentionDims,
     partition_size: int | None = None,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
     window: int | None = None,
 ) -> torch.Tensor:
     """Split-KV paged decode: one partition (single pass) when every sequence fits in
-    `partition_size` tokens, else per-partition partials merged by log-sum-exp. With a
+    `partition_size` tokens, else per-partition partials merged by log-sum-exp. fp8
+    caches: `kv_scales` (float32 [num_kv_heads] for K and V) dequantize each tile. With a
     sliding `window`, the windowed variants read each sequence from the first block its
     window touches: at most window + block_size - 1 tokens, which sizes the partitions."""
     part = configs.DEFAULT_PARTITION if partition_size is None else int(partition_size)
@@ -149,7 +171,9 @@ def paged_decode_attention(
     n_parts = max(1, -(-span // part))
     single = n_parts == 1
     windowed = window is not None
-    cfg = configs.decode_config(query.dtype, d, dims.group, single, windowed=windowed)
+    cfg = configs.decode_config(
+        query.dtype, d, dims.group, single, k_cache.dtype, windowed=windowed
+    )
     qh = cfg.constexprs["QH"]
     n_chunks = -(-dims.group // qh)
     tables = block_tables.to(torch.int32)
@@ -162,6 +186,11 @@ def paged_decode_attention(
         part_out = torch.empty((batch, hq, n_parts, d), **f32)
         part_max = torch.empty((batch, hq, n_parts), **f32)
         part_sum = torch.empty((batch, hq, n_parts), **f32)
+    if kv_scales is None:  # unused without fp8; float32 so the signature is the same
+        k_scale = v_scale = torch.ones(1, dtype=torch.float32, device=query.device)
+    else:
+        k_scale, v_scale = kv_scales
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     _launch(
         cfg,
         (batch, cd.num_kv_heads * n_chunks, n_parts),
@@ -191,6 +220,8 @@ def paged_decode_attention(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
+        k_scale,
+        v_scale,
         window or 0,
     )
     if not single:

@@ -4,7 +4,8 @@ Both versions call the same check before doing anything, so a bad argument fails
 way on either backend, before any launch and before any tensor is written: an op that
 raises has changed nothing. Every message names the bad value.
 
-What is checked: ranks and shapes, dtypes (float32, float16, bfloat16 for K/V/Q), devices,
+What is checked: ranks and shapes, dtypes (float32, float16, bfloat16 for K/V/Q; fp8 caches too, see
+`kernels.fp8_ops`), devices,
 contiguity (the caches are addressed as flat pools), head counts that divide, and index
 values (slots, block ids, block-table entries, sequence lengths) within the pool and the
 table. Checking index values reads them on the host, which synchronizes a CUDA stream;
@@ -29,12 +30,19 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.workloads import fp8
 from kvbench.workloads.errors import ConfigError, ShapeError
 from kvbench.workloads.geometry import require_positive
 from kvbench.workloads.kv_spec import check_window
 
 #: dtypes the kernels accept for queries, keys, values and caches.
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+#: dtypes a K/V cache (pool) may have: the above, or fp8 (`workloads.fp8`), which the ops
+#: quantize on write and dequantize on read with the per-KV-head scales they are given.
+CACHE_DTYPES: tuple[torch.dtype, ...] = (
+    *SUPPORTED_DTYPES,
+    *(f.dtype for f in fp8.FORMATS.values()),
+)
 #: dtypes accepted for slot mappings, block ids and block tables.
 INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
 #: backends an op can be forced to use.
@@ -79,11 +87,13 @@ def check_backend(backend: str | None) -> None:
         raise ConfigError(f"backend={backend!r} is not one of {BACKENDS} (or None for automatic)")
 
 
-def _check_float(name: str, t: torch.Tensor) -> None:
+def _check_float(
+    name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...] = SUPPORTED_DTYPES
+) -> None:
     if not isinstance(t, torch.Tensor):
         raise ShapeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in SUPPORTED_DTYPES:
-        raise ShapeError(f"{name} has dtype {t.dtype}; supported: {SUPPORTED_DTYPES}")
+    if t.dtype not in allowed:
+        raise ShapeError(f"{name} has dtype {t.dtype}; supported: {allowed}")
 
 
 def _check_index(name: str, t: torch.Tensor, ndim: int, device: torch.device) -> None:
@@ -103,8 +113,8 @@ def check_cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> CacheDims:
     Both must be contiguous `[num_blocks, block_size, num_kv_heads, head_dim]` tensors of
     one supported dtype on one device (the kernels address them as flat pools).
     """
-    _check_float("k_cache", k_cache)
-    _check_float("v_cache", v_cache)
+    _check_float("k_cache", k_cache, CACHE_DTYPES)
+    _check_float("v_cache", v_cache, CACHE_DTYPES)
     if k_cache.dim() != 4:
         raise ShapeError(
             "k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "
@@ -161,7 +171,10 @@ def check_write_kv(
     _check_rows("value", value, dims, k_cache.device)
     if value.shape != key.shape:
         raise ShapeError(f"value shape {tuple(value.shape)} differs from key {tuple(key.shape)}")
-    if key.dtype != k_cache.dtype or value.dtype != k_cache.dtype:
+    if fp8.is_fp8(k_cache.dtype):  # quantized on write: any supported input dtype
+        if value.dtype != key.dtype:
+            raise ShapeError(f"value dtype {value.dtype} differs from key {key.dtype}")
+    elif key.dtype != k_cache.dtype or value.dtype != k_cache.dtype:
         raise ShapeError(
             f"key/value dtypes ({key.dtype}, {value.dtype}) must equal the cache dtype "
             f"{k_cache.dtype}"
@@ -262,8 +275,8 @@ def check_swap_blocks(
     int64 `[n, 2]` tensor of (src_block, dst_block), on the device it came on (a sequence
     of pairs: the CPU); destinations must be distinct.
     """
-    _check_float("src", src)
-    _check_float("dst", dst)
+    _check_float("src", src, CACHE_DTYPES)
+    _check_float("dst", dst, CACHE_DTYPES)
     if src.dim() < 2 or dst.dim() != src.dim() or src.shape[1:] != dst.shape[1:]:
         raise ShapeError(
             f"src {tuple(src.shape)} and dst {tuple(dst.shape)} must be [num_blocks, ...] "
@@ -299,7 +312,7 @@ def _check_query(query: torch.Tensor, dims: CacheDims, k_cache: torch.Tensor) ->
         raise ShapeError(f"query must be 3-D [*, num_q_heads, head_dim], got {tuple(query.shape)}")
     if query.shape[2] != dims.head_dim:
         raise ShapeError(f"query head_dim {query.shape[2]} differs from the cache {dims.head_dim}")
-    if query.dtype != k_cache.dtype:
+    if query.dtype != k_cache.dtype and not fp8.is_fp8(k_cache.dtype):
         raise ShapeError(f"query dtype {query.dtype} differs from the cache dtype {k_cache.dtype}")
     if query.device != k_cache.device:
         raise ShapeError(f"query is on {query.device} but the cache is on {k_cache.device}")

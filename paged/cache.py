@@ -80,6 +80,7 @@ from kvbench.reference.validation import (
 )
 from kvbench.workloads.errors import CapacityError, ConfigError, ShapeError
 from kvbench.workloads.geometry import KVGeometry, require_positive
+from kvbench.workloads.kv_quant import ScaleSpec, append_dtype, make_kv_quant
 from kvbench.workloads.torch_dtypes import torch_dtype
 
 
@@ -101,6 +102,10 @@ class PagedKVCache:
             `kernels.ops` choose (Triton on CUDA, torch on CPU unless TRITON_INTERPRET=1).
         eviction_policy: which evictable cached block is reallocated first
             (`paged.eviction.POLICIES`: "lru", the default, or "lfu").
+        k_scale, v_scale, scale_granularity: fp8 geometries only (`workloads.kv_quant`):
+            static scales, or None for dynamic ones set by the first append; "tensor" or
+            "head". The pools then hold fp8 bytes written by the kernels' quantizing
+            `write_kv`, `gather` returns them, `attend` dequantizes in the kernel.
     """
 
     # ---- the parts (module docstring); each checks its own invariants
@@ -140,8 +145,12 @@ class PagedKVCache:
         key_fn: KeyFn = block_key,
         kernel_backend: str | None = None,
         eviction_policy: str = "lru",
+        k_scale: ScaleSpec | None = None,
+        v_scale: ScaleSpec | None = None,
+        scale_granularity: str = "tensor",
     ) -> None:
         validate_geometry(geometry)
+        self.kv_quant = make_kv_quant(geometry, k_scale, v_scale, scale_granularity)
         make_queue(eviction_policy)  # ConfigError on an unknown name, before anything
         # block ids and slots go to kernels as int32; checked before anything is allocated
         num_blocks = require_positive("num_blocks", num_blocks, MAX_INDEX)
@@ -397,10 +406,14 @@ class PagedKVCache:
     ) -> None:
         """Write n tokens' K and V ([num_layers, n, num_kv_heads, head_dim]) after the
         request's last token (see the module docstring)."""
-        n = validate_kv_append(self._geometry, self._dtype, keys, values)
+        dtype = append_dtype(self.kv_quant, self._dtype, keys)
+        n = validate_kv_append(self._geometry, dtype, keys, values)
+        pending = None if self.kv_quant is None else self.kv_quant.prepare(keys, values)
         req, fresh, cow = self._check_growth(request_id, n, token_ids)
         start = self._grow(req, n, fresh, cow, token_ids)
-        self.kv.write(req.blocks, start, keys, values)
+        self.kv.write(req.blocks, start, keys, values, pending)
+        if self.kv_quant is not None and pending is not None:
+            self.kv_quant.commit(pending)
         self._register_full_blocks(req)
 
     def append_tokens(
@@ -552,6 +565,13 @@ class PagedKVCache:
             [r.blocks for r in reqs], [r.seq_len for r in reqs], self.block_size
         )
         scale = 1.0 / math.sqrt(g.head_dim) if scale is None else float(scale)
+        fp8_scales = {}
+        if self.kv_quant is not None:  # fp8: the kernels dequantize with the layer's scales
+            ks, vs = self.kv_quant.scales()
+            fp8_scales = {
+                "k_scale": ks[layer].to(self._device),
+                "v_scale": vs[layer].to(self._device),
+            }
         return ops.paged_decode_attention(
             query.to(self._device),
             k[layer],
@@ -561,6 +581,7 @@ class PagedKVCache:
             scale,
             backend=self.kernel_backend,
             max_seq_len=max(r.seq_len for r in reqs),
+            **fp8_scales,
         )
 
     # ------------------------------------------------------------------ swap (part: swap)

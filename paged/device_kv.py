@@ -13,6 +13,7 @@ pool's shape, dtype and device.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -60,21 +61,27 @@ class DeviceKV:
         return self.k, self.v
 
     def write(
-        self, blocks: Sequence[int], start: int, keys: torch.Tensor, values: torch.Tensor
+        self,
+        blocks: Sequence[int],
+        start: int,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        pending: Any = None,
     ) -> None:
         """Write n tokens' K and V [num_layers, n, kv_heads, head_dim] at positions
-        start .. start + n - 1 of the block table `blocks`."""
+        start .. start + n - 1 of the block table `blocks`. `pending`: fp8 pools only, the
+        prepared scales (`workloads.kv_quant`) the kernels quantize each layer with."""
         if self.k is None or self.v is None:
             return
         n = keys.shape[1]
         slots = slot_mapping(blocks, self.block_size, start, n).to(self.device)
         keys = keys.to(self.device).contiguous()
         values = values.to(self.device).contiguous()
+        kb: dict[str, Any] = {"backend": self.backend}
         for layer in range(self.num_layers):
-            ops.write_kv(
-                self.k[layer], self.v[layer], keys[layer], values[layer], slots,
-                backend=self.backend,
-            )  # fmt: skip
+            if pending is not None:  # fp8: the kernels quantize with this layer's scales
+                kb["k_scale"], kb["v_scale"] = pending.layer(layer, self.device)
+            ops.write_kv(self.k[layer], self.v[layer], keys[layer], values[layer], slots, **kb)
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy block `src` into block `dst` in every layer (copy-on-write)."""

@@ -48,6 +48,7 @@ from kvbench.workloads.errors import (
     UnknownRequestError,
 )
 from kvbench.workloads.geometry import KVGeometry, require_positive
+from kvbench.workloads.kv_quant import ScaleSpec, append_dtype, make_kv_quant
 from kvbench.workloads.torch_dtypes import torch_dtype
 
 POLICIES = ("max", "pow2", "oracle")
@@ -85,6 +86,10 @@ class ContiguousKVCache:
         policy: reservation policy, one of POLICIES.
         device: where the arena lives.
         store_kv: False for a memory-only cache (same bookkeeping, no tensors).
+        k_scale, v_scale, scale_granularity: fp8 geometries only (`workloads.kv_quant`):
+            static scales, or None for dynamic ones set by the first append; "tensor" or
+            "head". The arena then holds fp8 bytes, `gather` returns them, `kv_quant`
+            holds the scales and `attend` runs the oracle over their float64 values.
 
     Invariants: reserved ranges never overlap and lie within [0, capacity_tokens);
     each request's length <= its reservation <= max_seq_len.
@@ -98,8 +103,13 @@ class ContiguousKVCache:
         policy: str = "max",
         device: str | torch.device = "cpu",
         store_kv: bool = True,
+        *,
+        k_scale: ScaleSpec | None = None,
+        v_scale: ScaleSpec | None = None,
+        scale_granularity: str = "tensor",
     ) -> None:
         validate_geometry(geometry)
+        self.kv_quant = make_kv_quant(geometry, k_scale, v_scale, scale_granularity)
         require_positive("capacity_tokens", capacity_tokens, 2**48)
         require_positive("max_seq_len", max_seq_len)
         if policy not in POLICIES:
@@ -239,12 +249,18 @@ class ContiguousKVCache:
         """Write n tokens after the request's last one, relocating it if it has outgrown
         its reservation (pow2/oracle)."""
         req = self._get(request_id)
-        n = validate_kv_append(self._geometry, self._dtype, keys, values)
+        dtype = append_dtype(self.kv_quant, self._dtype, keys)
+        n = validate_kv_append(self._geometry, dtype, keys, values)
+        pending = None if self.kv_quant is None else self.kv_quant.prepare(keys, values)
         lo = self._make_room(request_id, req, n, token_ids)
         if self.store_kv:
             assert self._k is not None and self._v is not None
+            if self.kv_quant is not None and pending is not None:
+                keys, values = self.kv_quant.quantize(keys, values, pending)
             self._k[:, lo : lo + n] = keys.to(self._device)
             self._v[:, lo : lo + n] = values.to(self._device)
+        if self.kv_quant is not None and pending is not None:
+            self.kv_quant.commit(pending)
         self._record_ids(req, n, token_ids)
 
     def append_tokens(
@@ -408,9 +424,10 @@ class ContiguousKVCache:
         outs = []
         for i, req in enumerate(reqs):
             span = slice(req.start, req.start + req.length)
-            outs.append(
-                decode_attention(query[i], self._k[layer, span], self._v[layer, span], scale)
-            )
+            k, v = self._k[layer, span], self._v[layer, span]
+            if self.kv_quant is not None:  # fp8: the oracle reads the exact float64 values
+                k, v = self.kv_quant.dequantize(layer, k, v)
+            outs.append(decode_attention(query[i], k, v, scale))
         return torch.stack(outs).to(query.dtype)
 
     def stats(self) -> CacheStats:

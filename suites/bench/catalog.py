@@ -5,6 +5,7 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     calibration,
     capacity,
     kernels,
+    kernels_fp8,
     kv_specs,
     peers,
     predicted,

@@ -102,3 +102,17 @@ def test_compile_failure_names_the_configuration(tmp_path: Path) -> None:
     )  # tl.arange sizes must be powers of two
     with pytest.raises(aot.CompileCheckError, match="'D_PAD': 96"):
         aot.compile_all([bad], archs=(80,), cache_dir=tmp_path, workers=1)
+
+
+def test_fp8_configurations_compile_clean_and_are_in_the_table() -> None:
+    """The fp8 variants (e4m3fn / e5m2 K/V read as bytes and dequantized by bit arithmetic,
+    the quantizing write, the byte copy) compile for sm_80 and sm_90 without spills."""
+    cfgs = aot.fp8_headline_configs()
+    table = {
+        (c.kernel, c.dtype, tuple(sorted(c.constexprs.items()))) for c in configs.all_configs()
+    }
+    for c in cfgs:
+        assert (c.kernel, c.dtype, tuple(sorted(c.constexprs.items()))) in table
+    records = aot.compile_all(cfgs, workers=2)
+    assert len(records) == len(cfgs) * len(aot.ARCHS)
+    _assert_clean(records)

@@ -127,6 +127,28 @@ def test_prefill_reads_nothing(launch: StubLaunch, maxima: tuple[int | None, ...
     assert [k for k, _ in launch.launches] == ["paged_prefill"]
 
 
+def test_fp8_write_decode_copy_read_nothing(launch: StubLaunch) -> None:
+    """fp8 pools: with index checks off the scales are not read on the host either."""
+    k, v = (t.to(torch.float8_e4m3fn) for t in _pool(6, 4, 2, 16))
+    s = torch.ones(2)
+    fp8 = {"backend": "triton", "check_indices": False, "k_scale": s, "v_scale": s}
+    key = torch.randn(3, 2, 16, dtype=torch.float16)
+    x = _attention_inputs()
+    xk, xv = (x[n].to(torch.float8_e4m3fn) for n in ("k_cache", "v_cache"))
+    calls = [
+        lambda: ops.write_kv(k, v, key, key, torch.tensor([5, -1, 17]), **fp8),
+        lambda: ops.paged_decode_attention(
+            x["query"].half(), xk, xv, x["block_tables"], x["seq_lens"], max_seq_len=37, **fp8
+        ),
+        lambda: ops.copy_blocks(
+            k, v, torch.tensor([[1, 4]]), backend="triton", check_indices=False
+        ),
+    ]
+    for call in calls:
+        assert _reads(call) == []
+    assert {name for name, _ in launch.launches} >= {"quantize_rows", "paged_decode", "copy_rows"}
+
+
 def test_write_copy_swap_read_nothing(launch: StubLaunch) -> None:
     k, v = _pool(6, 4, 2, 16)
     key, value = torch.randn(3, 2, 16), torch.randn(3, 2, 16)
@@ -178,8 +200,10 @@ KERNEL_CASES: dict[str, dict[str, Any]] = {
 }
 
 
-#: Kernel sweeps that time nothing (the ahead-of-time compile costs, the predictions).
-UNTIMED = {"kernel.static", "kernel.predicted"}
+#: Kernel sweeps that time nothing (the ahead-of-time compile costs, the predictions), and
+#: kernel.decode_fp8, whose timed calls are the ops' fp8 decode, checked for host reads by
+#: test_fp8_write_decode_copy_read_nothing above (it times three pools, no SDPA).
+UNTIMED = {"kernel.static", "kernel.predicted", "kernel.decode_fp8"}
 
 
 def test_every_kernel_sweep_is_covered() -> None:
