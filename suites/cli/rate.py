@@ -183,14 +183,20 @@ def run(args: argparse.Namespace) -> int:
         start = loads[len(loads) // 2]
         print(f"sustained load (mean normalized latency <= {bound:.4g} s/token):")
         for s in systems:
-            x, _ = sustained_rate(
-                lambda r, s=s: measure(s, r)["normalized_latency_mean"], bound, start, limit=limit
-            )
+
+            def mean_latency(r: float, s: str = s) -> float:
+                return measure(s, r)["normalized_latency_mean"]
+
+            x, _ = sustained_rate(mean_latency, bound, start, limit=limit)
             print(f"  {s:18s} {_load_text(x, unit, limit)}")
         if slo is not None:
             print(f"highest load with p99 within the SLO ({slo.describe()}):")
             for s in systems:
-                x, _ = slo_search(lambda r, s=s: _latency(measure(s, r)), slo, start, limit=limit)
+
+                def latency(r: float, s: str = s) -> dict[str, dict[str, float]]:
+                    return _latency(measure(s, r))
+
+                x, _ = slo_search(latency, slo, start, limit=limit)
                 print(f"  {s:18s} {_load_text(x, unit, limit)}")
     return 0
 

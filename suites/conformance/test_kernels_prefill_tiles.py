@@ -13,6 +13,8 @@ recorded-configuration check; a tile whose masking or indexing is wrong fails th
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -72,9 +74,11 @@ def test_every_prefill_tile_matches_oracle(cfg: configs.KernelConfig) -> None:
     used: list[configs.KernelConfig] = []
     real = triton_ops._launch
 
-    def record(c: configs.KernelConfig, *args):  # type: ignore[no-untyped-def]
-        used.append(c)
-        return real(c, *args)
+    def record(
+        cfg: configs.KernelConfig, grid: tuple[int, ...], device: torch.device, *args: Any
+    ) -> Any:
+        used.append(cfg)
+        return real(cfg, grid, device, *args)
 
     triton_ops._launch = record
     try:

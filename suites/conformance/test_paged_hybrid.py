@@ -12,6 +12,8 @@ pool accounting hold. A refused admission or append changes nothing.
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 from hypothesis import settings
@@ -77,7 +79,11 @@ class LayerGroupsMachine(RuleBasedStateMachine):
     def admit(self) -> int:
         rid = self.next_id
         self.next_id += 1
-        enc = [self._kv(self.model.groups[g].spec.encoder_len) for g in self.model.cross_groups]
+        enc = []
+        for g in self.model.cross_groups:
+            encoder_len = self.model.groups[g].spec.encoder_len
+            assert encoder_len is not None  # a cross-attention group has an encoder length
+            enc.append(self._kv(encoder_len))
         before = self.paged.snapshot()
         try:
             self.paged.admit(rid, enc)
@@ -140,8 +146,9 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         if not hasattr(self, "paged"):
             return
         self.paged.check()
-        assert sorted(self.paged.request_ids()) == sorted(self.ref.request_ids())
-        for rid in self.ref.request_ids():
+        ids = cast("list[int]", self.ref.request_ids())  # admit() numbers requests 0, 1, ...
+        assert sorted(cast("list[int]", self.paged.request_ids())) == sorted(ids)
+        for rid in ids:
             for gi, g in enumerate(self.model.groups):
                 pk, pv = self.paged.gather(rid, gi)
                 rk, rv = self.ref.gather(rid, gi)
