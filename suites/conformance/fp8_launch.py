@@ -1,0 +1,18 @@
+"""The keyword arguments the fp8 kernel tests pass alike to `ops.write_kv` and
+`ops.paged_decode_attention`, typed so one dict of them type-checks at both calls."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+import torch
+
+
+class Fp8Launch(TypedDict):
+    """A backend, whether indices are checked on the host, and the fp8 pool's per-head
+    K and V scales (dequantized value = stored value * scale)."""
+
+    backend: str
+    check_indices: bool
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
