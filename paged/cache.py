@@ -72,6 +72,7 @@ from kvbench.reference.contract import (
 )
 from kvbench.reference.validation import (
     MAX_INDEX,
+    PLAIN_TOKEN_TYPES,
     token_id_count,
     validate_device,
     validate_geometry,
@@ -509,7 +510,10 @@ class PagedKVCache:
             if token_ids is not None:
                 req.chain = None  # given ids may differ from the prompt's: hash them
                 req.materialize_tail()
-                tokens.extend(int(t) if t is not None else None for t in token_ids)
+                if set(map(type, token_ids)) <= PLAIN_TOKEN_TYPES:  # exact ints / None
+                    tokens.extend(token_ids)
+                else:
+                    tokens.extend(int(t) if t is not None else None for t in token_ids)
             elif s < req.prompt_len:  # prompt ids are known (and no unknown tail precedes)
                 part = req.prompt[s:end]
                 tokens.extend(part)

@@ -27,6 +27,12 @@ A pool larger than every distinct full block of the trace plus one request never
 so it behaves exactly as an unbounded cache: the replay sizes the pool at
 min(C // block_size, that bound) (`footprint_blocks`), which keeps the 10^9-token points
 cheap and changes no hit.
+
+A sweep over capacities (`replay_many`) runs one cache per capacity side by side in one
+pass over the trace: each prompt's block-key chain depends on the prompt, the block size
+and the salt only, so it is computed once (`paged.block_chain`) and given to every cache's
+`admit`; each cache still looks up, verifies, allocates, evicts and indexes by itself, so
+every result equals `replay`'s for that capacity (tested).
 """
 
 from __future__ import annotations

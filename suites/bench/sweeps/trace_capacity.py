@@ -6,7 +6,9 @@ Each row is one (trace, capacity, block size, policy):
     lru, lfu   kvbench's real PagedKVCache (memory-only) with that eviction policy,
                replaying the trace request after request (`paged.hitrate`: admit with a
                prefix lookup, compute the rest of the prompt, free: the blocks stay
-               cached until evicted); computed exactly, no timing.
+               cached until evicted); computed exactly, no timing. All capacities of a
+               (block size, policy) replay in one pass (`replay_many`: each prompt's
+               key chain hashed once, not once per capacity).
     optimal    the offline optimal bound at the same capacity (Belady's MIN: evict the
                block whose next possible hit is farthest in the future) on the same
                replay model (`workloads.prefix_oracle`).
