@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -90,8 +91,9 @@ def validate_token_ids(token_ids: Sequence[int | None]) -> None:
     if not types <= _PLAIN_TOKEN_TYPES:
         _find_bad_token(token_ids, allow_none=True)
     elif int in types:  # all ints (the common case) compare at C speed
-        low = min(token_ids) if len(types) == 1 else min(t for t in token_ids if t is not None)
-        if low < 0:  # type: ignore[operator]
+        ids = cast("Sequence[int]", token_ids) if len(types) == 1 else None  # no None in it
+        low = min(ids) if ids is not None else min(t for t in token_ids if t is not None)
+        if low < 0:
             _find_bad_token(token_ids, allow_none=True)
 
 
