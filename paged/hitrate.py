@@ -134,19 +134,19 @@ def replay_many(
         chain = block_chain(ids, block_size, extra)
         cut: dict[int, tuple[Sequence[int], BlockChain]] = {}
         for k, cache in enumerate(caches):
-            p, c = ids, chain
+            p, pc = ids, chain
             if n > limits[k]:
                 if limits[k] not in cut:
                     short = ids[: limits[k]]
                     cut[limits[k]] = (short, chain.truncated(limits[k], short))
-                p, c = cut[limits[k]]
-            cached = cache.admit(i, p, salt=req.salt, chain=c)
+                p, pc = cut[limits[k]]
+            cached = cache.admit(i, p, salt=req.salt, chain=pc)
             cache.append_tokens(i, len(p) - cached)
             cache.free(i)
             hits[k] += cached
         if progress is not None:
             progress(1)
-    out = []
+    out: list[ReplayResult] = []
     for c, cache, h in zip(configs, caches, hits, strict=True):
         assert cache.prefix is not None
         out.append(
