@@ -56,24 +56,35 @@ DEFAULT_STAGES = 3
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """One compiled variant of a kernel: its constexprs, warps, pipelining stages, and the
-    element type of its data pointers (`dtype`)."""
+    """One compiled variant of a kernel: its constexprs, warps, pipelining stages, the
+    element type of its data pointers (`dtype`), and an optional cap on the registers per
+    thread (`maxnreg`, passed to ptxas; None: the compiler's choice). The cap changes only
+    register allocation, never values."""
 
     kernel: str
     dtype: torch.dtype
     constexprs: dict[str, object] = field(hash=False)
     num_warps: int = 4
     num_stages: int = DEFAULT_STAGES
+    maxnreg: int | None = None
+
+    def launch_options(self) -> dict[str, int]:
+        """The compile options of a GPU launch or an ahead-of-time compile (`num_warps`,
+        `num_stages`, and `maxnreg` where a cap is set)."""
+        cap = {} if self.maxnreg is None else {"maxnreg": self.maxnreg}
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, **cap}
 
     def describe(self) -> dict[str, object]:
         """A flat, JSON-friendly description (used by the AOT table and result rows);
-        `num_stages` appears only where it is not Triton's default, so the keys of
-        variants that keep the default stay as they were."""
+        `num_stages` appears only where it is not Triton's default and `maxnreg` only where
+        a cap is set, so the keys of variants that keep the defaults stay as they were."""
         stages = {} if self.num_stages == DEFAULT_STAGES else {"num_stages": self.num_stages}
+        cap = {} if self.maxnreg is None else {"maxnreg": self.maxnreg}
         return {
             "dtype": TRITON_DTYPE_NAMES[self.dtype],
             "num_warps": self.num_warps,
             **stages,
+            **cap,
             **self.constexprs,
         }
 
@@ -286,7 +297,8 @@ def all_configs() -> list[KernelConfig]:
     seen: dict[tuple, KernelConfig] = {}
 
     def add(cfg: KernelConfig) -> None:
-        key = (cfg.kernel, cfg.dtype, tuple(sorted(cfg.constexprs.items())), cfg.num_warps)
+        key = (cfg.kernel, cfg.dtype, tuple(sorted(cfg.constexprs.items())), cfg.num_warps,
+               cfg.maxnreg)  # fmt: skip
         seen.setdefault(key, cfg)
 
     for size in sorted(COPY_AS):

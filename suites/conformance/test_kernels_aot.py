@@ -116,3 +116,16 @@ def test_fp8_configurations_compile_clean_and_are_in_the_table() -> None:
     records = aot.compile_all(cfgs, workers=2)
     assert len(records) == len(cfgs) * len(aot.ARCHS)
     _assert_clean(records)
+
+
+def test_register_cap_reaches_ptxas_and_the_table() -> None:
+    """`KernelConfig.maxnreg` is a launch / compile option (and a key of the table) only
+    where set, and ptxas honours it: the D64 single-partition decode at 56."""
+    plain = configs.decode_config(torch.float16, 64, 4, True)
+    capped = dataclasses.replace(plain, maxnreg=56)
+    assert "maxnreg" not in plain.launch_options() and "maxnreg" not in plain.describe()
+    assert capped.launch_options() == {**plain.launch_options(), "maxnreg": 56}
+    assert capped.describe() == {**plain.describe(), "maxnreg": 56}
+    rec = aot.compile_one(capped, 80)
+    _assert_clean([rec])
+    assert rec.registers <= 56 and rec.config["maxnreg"] == 56
