@@ -132,6 +132,20 @@ def decode_qh(group: int, d_pad: int, dtype: torch.dtype = torch.float16) -> int
 DECODE_STAGES = 2
 
 
+#: Register cap (per thread) of the 16-bit head-dim-64 decode with 16 query-head rows:
+#: vLLM's Triton decode needs 56 at this shape, and uncapped ptxas gives kvbench's 64 on
+#: sm_80 (single and split) and 68 on sm_90 (split). At 56 the single-partition variant
+#: (32 tokens per step) and the split variant at 16 tokens per step compile without spills
+#: on sm_80 and sm_90, fp16 and bf16, full and sliding-window (`kvbench kernels`).
+DECODE_D64_MAXNREG = 56
+
+
+def _decode_capped(dtype: torch.dtype, d_pad: int, qh: int, kv_fp8: dict[str, object]) -> bool:
+    """Whether the decode variant takes `DECODE_D64_MAXNREG`: 16-bit queries and K/V
+    (fp8 K/V dequantizes in registers and is not capped), head dim 64, QH 16."""
+    return dtype != torch.float32 and not kv_fp8 and d_pad == 64 and qh == 16
+
+
 def _windowed(constexprs: dict[str, object], windowed: bool) -> dict[str, object]:
     """The constexprs of the sliding-window variant: WINDOWED is listed only when True, so
     the full-attention variants keep the keys (and baselines) they always had."""
@@ -182,8 +196,11 @@ def decode_config(
     # float32: a [TILE_N, D_PAD] tile of 4096 elements. 16-bit: 16 tokens where QH is 16
     # and head dims reach 128; 32 elsewhere (QH 32 at TILE_N 16 spills at head dim 128).
     small = 16 if qh == 16 and d_pad >= 128 else 32
-    tile_n = 4096 // d_pad if dtype == torch.float32 else small
     kv_fp8 = fp8_constexprs(kv_dtype)
+    capped = _decode_capped(dtype, d_pad, qh, kv_fp8)
+    if capped and not single:
+        small = 16  # at 56 registers the 32-token split tile spills 12-20 B; 16 fits
+    tile_n = 4096 // d_pad if dtype == torch.float32 else small
     if kv_fp8 and dtype not in FP8_QUERY_DTYPES:
         raise ConfigError(
             f"the Triton decode reads fp8 K/V with {FP8_QUERY_DTYPES} queries, not {dtype}"
@@ -205,6 +222,7 @@ def decode_config(
         ),
         # float32 keeps Triton's 3: at 2 its QH-16 split variant spills at head dim 128
         num_stages=DEFAULT_STAGES if dtype == torch.float32 else DECODE_STAGES,
+        maxnreg=DECODE_D64_MAXNREG if capped else None,
     )
 
 
