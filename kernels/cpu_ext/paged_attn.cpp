@@ -584,8 +584,8 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
 //      PF_MT x PF_NR register tile, each V element broadcast into PF_NR FMAs and each
 //      probability vector (the softmax's own layout) feeding PF_MT; a panel's running-max
 //      correction is one vector multiply as its accumulators are loaded.
-// fp32 K rows are read where they lie; V rows (and K rows of other dtypes) are packed
-// into a contiguous fp32 chunk first (see prefill_impl for why).
+// Each chunk's K and V rows are first packed into contiguous fp32 scratch (see
+// prefill_impl for why).
 constexpr int PF_MT = 6;      // keys (scores) / head-dim elements (P V) per micro-tile
 constexpr int PF_NR = 2;      // row panels (VW rows each) per micro-tile
 constexpr int PF_CHUNK = 48;  // keys per softmax step (a multiple of PF_MT)
@@ -798,12 +798,10 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   Geo g{k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3), query.size(1), 0};
   g.group = g.hq / g.hkv;
   const int G = int(g.group), D = DC > 0 ? DC : int(g.D);
-  // fp32 K rows are read in place (the score pass only broadcasts from them); other dtypes
-  // are converted into fp32 scratch. V rows are always packed (converted) into a contiguous
-  // fp32 chunk: in place, a chunk's rows lie a token stride apart (4 KiB at 8 KV heads x
-  // D 128 fp32), so all of them map to the same L1 sets and the P V pass, which reads
-  // every row for each few head-dim elements, would fetch them from L2 again and again.
-  const bool k_in_place = std::is_same<T, float>::value;
+  // A chunk's K and V rows are packed (converted) into contiguous fp32 scratch, whatever
+  // the dtype: in place, its rows lie a token stride apart (4 KiB at 8 KV heads x D 128
+  // fp32), so they all map to the same L1 sets, and each pass, which reads every row for a
+  // few head-dim elements at a time, would fetch them from L2 again and again.
   const T* q = query.data_ptr<T>();
   const T* kc = k_cache.data_ptr<T>();
   const T* vc = v_cache.data_ptr<T>();
@@ -844,7 +842,7 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
       w.corr.resize(size_t(nrp));
       w.lim.resize(size_t(nrp));
       w.kp.resize(PF_CHUNK);
-      w.kv.resize(size_t(2) * PF_CHUNK * D);  // [K chunk (unless read in place)][V chunk]
+      w.kv.resize(size_t(2) * PF_CHUNK * D);  // [K chunk][V chunk], fp32
       float* vchunk = w.kv.data() + size_t(PF_CHUNK) * D;
       // Q^T panels, scaled; pad rows (zeros) share the last row's position
       for (int r = 0; r < nrp; ++r) {
@@ -866,15 +864,10 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
         for (int t = 0; t < nt; ++t) {
           const int64_t pos = cb + t;
           const int64_t row = int64_t(tables[b * tstride + pos / g.bs]) * g.bs + pos % g.bs;
-          const T* kr = kc + row * tok + int64_t(h) * D;
           vrow[t] = vc + row * tok + int64_t(h) * D;
-          if (k_in_place) {
-            w.kp[t] = reinterpret_cast<const float*>(kr);
-          } else {
-            float* kd = w.kv.data() + size_t(t) * D;
-            to_f32<T>(kr, kd, D);
-            w.kp[t] = kd;
-          }
+          float* kd = w.kv.data() + size_t(t) * D;
+          to_f32<T>(kc + row * tok + int64_t(h) * D, kd, D);
+          w.kp[t] = kd;
         }
         for (int r = r0; r < nrp; r += PF_ROWS)
           pf_scores_keys<DC>(w.kp.data(), nt, w.qt.data() + (r / VW) * qpanel, D, qpanel,
