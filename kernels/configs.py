@@ -148,7 +148,7 @@ DECODE_STAGES = 2
 DECODE_D64_MAXNREG = 56
 
 
-def _decode_capped(dtype: torch.dtype, d_pad: int, qh: int, kv_fp8: dict[str, object]) -> bool:
+def _decode_capped(dtype: torch.dtype, d_pad: int, qh: int, kv_fp8: dict[str, int]) -> bool:
     """Whether the decode variant takes `DECODE_D64_MAXNREG`: 16-bit queries and K/V
     (fp8 K/V dequantizes in registers and is not capped), head dim 64, QH 16."""
     return dtype != torch.float32 and not kv_fp8 and d_pad == 64 and qh == 16
