@@ -289,7 +289,7 @@ def compile_one(
         kernel = triton.compile(
             src,
             target=GPUTarget("cuda", arch, 32),
-            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+            options=cfg.launch_options(),
         )
     except Exception as exc:  # the compiler raises many types; name the configuration
         raise CompileCheckError(

@@ -59,9 +59,7 @@ def _launch(cfg: configs.KernelConfig, grid: tuple[int, ...], device: torch.devi
         with _interpret_nested_jit():
             INTERPRETED[cfg.kernel][grid](*args, **constexprs)
     else:
-        JIT[cfg.kernel][grid](
-            *args, **cfg.constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages
-        )
+        JIT[cfg.kernel][grid](*args, **cfg.constexprs, **cfg.launch_options())
 
 
 def _copy_rows(

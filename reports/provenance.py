@@ -54,6 +54,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "serving.batch_table": (MODELED,),
     "serving.cow_load": (MODELED,),
     "serving.rate": (MODELED,),
+    "serving.kv_dtype": (MODELED, CLOSED_FORM),
+    "e2e.llama_fp8": (MEASURED,),
     "serving.measured": (MEASURED, MODELED),
     "cow.parallel_sampling": (COUNTED,),
     "cow.beam_search": (COUNTED,),

@@ -33,7 +33,14 @@ import pandas as pd
 
 from kvbench.reports import calibration as calibration_page
 from kvbench.reports import claims as claims_mod
-from kvbench.reports import figures, figures_serving, kernel_labels, table_columns, tables
+from kvbench.reports import (
+    figures,
+    figures_serving,
+    fp8_tables,
+    kernel_labels,
+    table_columns,
+    tables,
+)
 from kvbench.reports import provenance as produced_by
 from kvbench.reports import serving as serving_tables
 from kvbench.reports.site_common import slug as _slug
@@ -158,6 +165,7 @@ def _sweep_page(
         (fig_dir / fname).write_text(svg, encoding="utf-8")
         page.figure_files.append({"src": f"figures/{fname}", "title": title, "spread": ""})
     page.derived = serving_tables.derived_tables(name, frame)
+    page.derived += fp8_tables.derived_tables(name, frame)
     if name == calibration_page.SUITE:
         page.derived += calibration_page.error_tables(frame)
     return page

@@ -25,9 +25,14 @@ run fitted; knee cases run both, so the sustained rates can be compared before/a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
-from kvbench.workloads.setups import CALIBRATIONS
+from kvbench.workloads.setups import CALIBRATIONS, ServingSetup
+
+if TYPE_CHECKING:
+    from kvbench.paged.serving.rate import RateTrace
 
 SYSTEM_NAMES = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle", "static")
 FULL_SETUPS = ("opt-13b-1xa100-40gb", "opt-66b-4xa100-40gb", "opt-175b-8xa100-80gb")
@@ -126,8 +131,7 @@ def _start_rate(setup: str, workload: str) -> float:
     tags=("serving", "modeled"),
 )
 def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kvbench.paged.serving.rate import latency_floor, run_at_rate, sustained_rate
-    from kvbench.paged.serving.simulation import setup_time_model
+    from kvbench.paged.serving.rate import run_at_rate
     from kvbench.workloads.setups import get_setup, with_calibration
 
     setup = with_calibration(get_setup(case["setup"]), case.get("calibration", "fitted"))
@@ -135,20 +139,39 @@ def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
     duration = case["duration"]
     if "rate" in case:
         return _metrics(run_at_rate(setup, case["system"], trace, case["rate"], duration))
+    return knee_measurements(
+        setup,
+        case["system"],
+        trace,
+        duration,
+        case["bound_factor"],
+        _start_rate(case["setup"], case["workload"]),
+    )
+
+
+def knee_measurements(
+    setup: ServingSetup,
+    system: str,
+    trace: RateTrace,
+    duration: float,
+    bound_factor: float,
+    start_rate: float,
+) -> list[Measurement]:
+    """The sustained-rate search of one system on `setup` (module docstring): the rate,
+    the bound and floor it used (s/token), how many rates it tried, and the normalized
+    latency and tokens/s at the rate found."""
+    from kvbench.paged.serving.rate import latency_floor, run_at_rate, sustained_rate
+    from kvbench.paged.serving.simulation import setup_time_model
+
     floor = latency_floor(setup_time_model(setup))
-    bound = case["bound_factor"] * floor
+    bound = bound_factor * floor
     details: dict[float, dict] = {}
 
     def latency_at(rate: float) -> float:
-        details[rate] = run_at_rate(setup, case["system"], trace, rate, duration)
+        details[rate] = run_at_rate(setup, system, trace, rate, duration)
         return details[rate]["normalized_latency_mean"]
 
-    rate, seen = sustained_rate(
-        latency_at,
-        bound,
-        _start_rate(case["setup"], case["workload"]),
-        limit=trace.max_rate(duration),
-    )
+    rate, seen = sustained_rate(latency_at, bound, start_rate, limit=trace.max_rate(duration))
     at = details.get(rate)
     out = [
         Measurement("sustained_rate", rate, "requests/s"),
@@ -162,5 +185,6 @@ def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
                 "normalized_latency_at_sustained", at["normalized_latency_mean"], "s/token"
             ),
             Measurement("tokens_per_second_at_sustained", at["tokens_per_second"], "tokens/s"),
+            Measurement("peak_concurrency_at_sustained", at["peak_concurrency"], "requests"),
         ]
     return out
