@@ -105,11 +105,19 @@ def copy_config(element_size: int, src_identity: bool) -> KernelConfig:
     )
 
 
-def decode_qh(group: int, d_pad: int, dtype: torch.dtype = torch.float16) -> int:
+def decode_qh(
+    group: int, d_pad: int, dtype: torch.dtype = torch.float16, *, kv_fp8: bool = False
+) -> int:
     """Query-head rows per decode program for a GQA group of `group` heads: the smallest of
     `DECODE_QH` that holds the group, capped where a bigger one would spill registers
-    (float32 tiles are twice the size and its ieee tl.dot runs on FMA units)."""
-    limit = 16 if dtype == torch.float32 else (DECODE_QH[-1] if d_pad <= 64 else 32)
+    (float32 tiles are twice the size and its ieee tl.dot runs on FMA units; fp8 K/V
+    (`kv_fp8`) at head dim 256 stop at 16: 32 rows hold 255 registers and spill 8-80
+    bytes on sm_80 and sm_90, 48 bytes with 8 warps, so a group of 32 reads its fp8 K/V
+    twice, as many bytes as 16-bit K/V read once)."""
+    if dtype == torch.float32 or (kv_fp8 and d_pad > 128):
+        limit = 16
+    else:
+        limit = DECODE_QH[-1] if d_pad <= 64 else 32
     for qh in DECODE_QH:
         if qh >= group or qh == limit:
             return qh
@@ -167,7 +175,7 @@ def decode_config(
     tokens per step: 72 registers, 12.8 KB shared on sm_90; `kvbench kernels --peers`).
     `windowed`: the sliding-window variant (same tiles)."""
     d_pad = head_dim_pad(head_dim)
-    qh = decode_qh(group, d_pad, dtype)
+    qh = decode_qh(group, d_pad, dtype, kv_fp8=kv_dtype is not None and fp8.is_fp8(kv_dtype))
     # float32: a [TILE_N, D_PAD] tile of 4096 elements. 16-bit: 16 tokens where QH is 16
     # and head dims reach 128; 32 elsewhere (QH 32 at TILE_N 16 spills at head dim 128).
     small = 16 if qh == 16 and d_pad >= 128 else 32
