@@ -350,11 +350,17 @@ def _paged_prefill(
     stride_kblock,
     stride_ktok,
     stride_khead,
+    k_scale_ptr,
+    v_scale_ptr,
+    window,
     BLOCK_M: tl.constexpr,
     D_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    FP8_MAN: tl.constexpr = 0,
+    FP8_BIAS: tl.constexpr = 0,
+    WINDOWED: tl.constexpr = False,
 ):
     """Paged prefill/extend attention. Grid: (batch, num_kv_heads * n_chunks, q_tiles).
 
@@ -362,6 +368,14 @@ def _paged_prefill(
     heads of one KV head's group (row r: token r // heads_per_prog, head r %
     heads_per_prog), so K/V tiles are shared by the group. Query token i of a sequence
     with n new tokens and L total sits at position L - n + i and sees keys 0 .. L - n + i.
+
+    fp8 K/V (FP8_MAN > 0): each tile is dequantized in registers exactly as in
+    `_paged_decode` (`float32(byte) * scale[kv_head]`, rounded to the query dtype).
+
+    WINDOWED (sliding window of `window` tokens): the query at position p sees keys
+    p - window + 1 .. p. The key loop starts at the first key the program's earliest
+    query sees, so blocks wholly before it (their table entries included) are never
+    loaded; keys inside the loop but before a later row's window are masked.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1) // n_chunks
@@ -395,7 +409,13 @@ def _paged_prefill(
         acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
         table_row = tables_ptr + seq.to(tl.int64) * stride_table
         head_off = kv_head.to(tl.int64) * stride_khead
-        for t0 in range(0, kv_end, TILE_N):
+        if FP8_MAN > 0:  # times 2^(15 - bias), which `_fp8_bits_to_f32` leaves out (exact)
+            k_scale = tl.load(k_scale_ptr + kv_head) * (1 << (15 - FP8_BIAS))
+            v_scale = tl.load(v_scale_ptr + kv_head) * (1 << (15 - FP8_BIAS))
+        kv_begin = 0
+        if WINDOWED:  # the earliest query's first key: nothing before it is loaded
+            kv_begin = tl.maximum(context + tok0 - window + 1, 0)
+        for t0 in range(kv_begin, kv_end, TILE_N):
             kt = t0 + tl.arange(0, TILE_N)
             k_ok = kt < kv_end
             block = tl.load(table_row + kt // block_size, mask=k_ok, other=0).to(tl.int64)
@@ -403,18 +423,26 @@ def _paged_prefill(
             kv_off = kv_off + head_off
             kv_mask = k_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if FP8_MAN > 0:
+                k = _fp8_bits_to_f32(k, FP8_MAN, FP8_MAN == 2) * k_scale
+                k = k.to(q.dtype)
             if DOT_F32:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
             s = s * scale_log2
             visible = k_ok[None, :] & (kt[None, :] <= q_pos[:, None])
+            if WINDOWED:
+                visible = visible & (kt[None, :] > q_pos[:, None] - window)
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if FP8_MAN > 0:
+                v = _fp8_bits_to_f32(v, FP8_MAN, FP8_MAN == 2) * v_scale
+                v = v.to(q.dtype)
             if DOT_F32:
                 pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
             else:
