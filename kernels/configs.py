@@ -56,26 +56,45 @@ DEFAULT_STAGES = 3
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """One compiled variant of a kernel: its constexprs, warps, pipelining stages, and the
-    element type of its data pointers (`dtype`)."""
+    """One compiled variant of a kernel: its constexprs, warps, pipelining stages, the
+    element type of its data pointers (`dtype`), and an optional cap on the registers per
+    thread (`maxnreg`, passed to ptxas; None: the compiler's choice). The cap changes only
+    register allocation, never values."""
 
     kernel: str
     dtype: torch.dtype
     constexprs: dict[str, object] = field(hash=False)
     num_warps: int = 4
     num_stages: int = DEFAULT_STAGES
+    maxnreg: int | None = None
+
+    def launch_options(self) -> dict[str, int]:
+        """The compile options of a GPU launch or an ahead-of-time compile (`num_warps`,
+        `num_stages`, and `maxnreg` where a cap is set)."""
+        cap = {} if self.maxnreg is None else {"maxnreg": self.maxnreg}
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, **cap}
 
     def describe(self) -> dict[str, object]:
         """A flat, JSON-friendly description (used by the AOT table and result rows);
-        `num_stages` appears only where it is not Triton's default, so the keys of
-        variants that keep the default stay as they were."""
+        `num_stages` appears only where it is not Triton's default and `maxnreg` only where
+        a cap is set, so the keys of variants that keep the defaults stay as they were."""
         stages = {} if self.num_stages == DEFAULT_STAGES else {"num_stages": self.num_stages}
+        cap = {} if self.maxnreg is None else {"maxnreg": self.maxnreg}
         return {
             "dtype": TRITON_DTYPE_NAMES[self.dtype],
             "num_warps": self.num_warps,
             **stages,
+            **cap,
             **self.constexprs,
         }
+
+    def int_constexpr(self, name: str) -> int:
+        """The integer constexpr `name` (a tile size, a head count): TypeError, naming it,
+        if the variant holds a flag, string or float there instead."""
+        value = self.constexprs[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{self.kernel} constexpr {name}={value!r} is not an integer")
+        return value
 
 
 def _next_pow2(n: int) -> int:
@@ -129,13 +148,27 @@ def decode_qh(
 DECODE_STAGES = 2
 
 
+#: Register cap (per thread) of the 16-bit head-dim-64 decode with 16 query-head rows:
+#: vLLM's Triton decode needs 56 at this shape, and uncapped ptxas gives kvbench's 64 on
+#: sm_80 (single and split) and 68 on sm_90 (split). At 56 the single-partition variant
+#: (32 tokens per step) and the split variant at 16 tokens per step compile without spills
+#: on sm_80 and sm_90, fp16 and bf16, full and sliding-window (`kvbench kernels`).
+DECODE_D64_MAXNREG = 56
+
+
+def _decode_capped(dtype: torch.dtype, d_pad: int, qh: int, kv_fp8: dict[str, int]) -> bool:
+    """Whether the decode variant takes `DECODE_D64_MAXNREG`: 16-bit queries and K/V
+    (fp8 K/V dequantizes in registers and is not capped), head dim 64, QH 16."""
+    return dtype != torch.float32 and not kv_fp8 and d_pad == 64 and qh == 16
+
+
 def _windowed(constexprs: dict[str, object], windowed: bool) -> dict[str, object]:
     """The constexprs of the sliding-window variant: WINDOWED is listed only when True, so
     the full-attention variants keep the keys (and baselines) they always had."""
     return {**constexprs, "WINDOWED": True} if windowed else constexprs
 
 
-def fp8_constexprs(kv_dtype: torch.dtype | None) -> dict[str, object]:
+def fp8_constexprs(kv_dtype: torch.dtype | None) -> dict[str, int]:
     """The constexprs that select fp8 K/V in the kernels: mantissa bits and exponent bias
     of the format (`workloads.fp8`), or nothing for 16/32-bit K/V."""
     if kv_dtype is None or not fp8.is_fp8(kv_dtype):
@@ -181,6 +214,9 @@ def decode_config(
     # float32: a [TILE_N, D_PAD] tile of 4096 elements. 16-bit: 16 tokens where QH is 16
     # and head dims reach 128; 32 elsewhere (QH 32 at TILE_N 16 spills at head dim 128).
     small = 16 if qh == 16 and d_pad >= 128 else 32
+    capped = _decode_capped(dtype, d_pad, qh, kv_fp8)
+    if capped and not single:
+        small = 16  # at 56 registers the 32-token split tile spills 12-20 B; 16 fits
     tile_n = 4096 // d_pad if dtype == torch.float32 else small
     return KernelConfig(
         "paged_decode",
@@ -199,6 +235,7 @@ def decode_config(
         ),
         # float32 keeps Triton's 3: at 2 its QH-16 split variant spills at head dim 128
         num_stages=DEFAULT_STAGES if dtype == torch.float32 else DECODE_STAGES,
+        maxnreg=DECODE_D64_MAXNREG if capped else None,
     )
 
 
@@ -249,7 +286,7 @@ def _prefill_cap(dtype: torch.dtype, d_pad: int, kv_fp8: bool = False) -> int:
     return 64 if d_pad <= 128 else 32
 
 
-def _check_fp8_query(dtype: torch.dtype, kv_fp8: dict[str, object], kernel: str) -> None:
+def _check_fp8_query(dtype: torch.dtype, kv_fp8: dict[str, int], kernel: str) -> None:
     """fp8 K/V are dequantized to the query dtype, which must be 16-bit."""
     if kv_fp8 and dtype not in FP8_QUERY_DTYPES:
         raise ConfigError(
@@ -328,7 +365,8 @@ def all_configs() -> list[KernelConfig]:
     seen: dict[tuple, KernelConfig] = {}
 
     def add(cfg: KernelConfig) -> None:
-        key = (cfg.kernel, cfg.dtype, tuple(sorted(cfg.constexprs.items())), cfg.num_warps)
+        key = (cfg.kernel, cfg.dtype, tuple(sorted(cfg.constexprs.items())), cfg.num_warps,
+               cfg.maxnreg)  # fmt: skip
         seen.setdefault(key, cfg)
 
     for size in sorted(COPY_AS):

@@ -59,9 +59,7 @@ def _launch(cfg: configs.KernelConfig, grid: tuple[int, ...], device: torch.devi
         with _interpret_nested_jit():
             INTERPRETED[cfg.kernel][grid](*args, **constexprs)
     else:
-        JIT[cfg.kernel][grid](
-            *args, **cfg.constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages
-        )
+        JIT[cfg.kernel][grid](*args, **cfg.constexprs, **cfg.launch_options())
 
 
 def _copy_rows(
@@ -189,7 +187,7 @@ def paged_decode_attention(
     cfg = configs.decode_config(
         query.dtype, d, dims.group, single, k_cache.dtype, windowed=windowed
     )
-    qh = cfg.constexprs["QH"]
+    qh = cfg.int_constexpr("QH")
     n_chunks = -(-dims.group // qh)
     tables = block_tables.to(torch.int32)
     lens = seq_lens.to(torch.int32)
@@ -197,10 +195,10 @@ def paged_decode_attention(
         # unused by the SINGLE variant; float32 so the compiled signature is the same
         part_out = part_max = part_sum = torch.empty(1, dtype=torch.float32, device=query.device)
     else:
-        f32 = dict(dtype=torch.float32, device=query.device)
-        part_out = torch.empty((batch, hq, n_parts, d), **f32)
-        part_max = torch.empty((batch, hq, n_parts), **f32)
-        part_sum = torch.empty((batch, hq, n_parts), **f32)
+        f32, dev = torch.float32, query.device
+        part_out = torch.empty((batch, hq, n_parts, d), dtype=f32, device=dev)
+        part_max = torch.empty((batch, hq, n_parts), dtype=f32, device=dev)
+        part_sum = torch.empty((batch, hq, n_parts), dtype=f32, device=dev)
     k_scale, v_scale, k_cache, v_cache = _kv_operands(query, k_cache, v_cache, kv_scales)
     _launch(
         cfg,
@@ -284,7 +282,7 @@ def paged_prefill_attention(
         query.dtype, d, dims.max_q_len * dims.group, k_cache.dtype, windowed=window is not None
     )
     k_scale, v_scale, k_cache, v_cache = _kv_operands(query, k_cache, v_cache, kv_scales)
-    block_m = cfg.constexprs["BLOCK_M"]
+    block_m = cfg.int_constexpr("BLOCK_M")
     heads_per_prog = min(dims.group, block_m)
     tokens_per_prog = block_m // heads_per_prog
     n_chunks = -(-dims.group // heads_per_prog)

@@ -47,7 +47,7 @@ def _kv_dtype(cfg: configs.KernelConfig) -> torch.dtype | None:
 
 def _new_tokens_for(cfg: configs.KernelConfig) -> int:
     """The fewest new tokens (group of GROUP) whose rows select `cfg`'s BLOCK_M."""
-    head_dim = HEAD_DIM_OF_PAD[int(cfg.constexprs["D_PAD"])]  # type: ignore[call-overload]
+    head_dim = HEAD_DIM_OF_PAD[cfg.int_constexpr("D_PAD")]
     windowed = bool(cfg.constexprs.get("WINDOWED"))
     for q_len in range(1, 200):
         chosen = configs.prefill_config(
@@ -75,7 +75,7 @@ def test_tiles_follow_the_query_count() -> None:
     assert configs.prefill_config(f16, 128, 512).constexprs["BLOCK_M"] == 64
     assert configs.prefill_config(torch.float32, 128, 4096).constexprs["BLOCK_M"] == 16
     assert configs.prefill_config(f16, 256, 4096).constexprs["BLOCK_M"] == 32
-    sizes = [int(c.constexprs["BLOCK_M"]) for c in configs.prefill_configs(f16, 128)]
+    sizes = [c.int_constexpr("BLOCK_M") for c in configs.prefill_configs(f16, 128)]
     assert sizes == [16, 32, 64]
 
 
@@ -85,13 +85,13 @@ def test_every_prefill_tile_matches_oracle(cfg: configs.KernelConfig) -> None:
     attention over the dequantized K/V; windowed tiles (`sliding_window`) with a window of
     `WINDOW` tokens, the oracle masking likewise."""
     dtype = cfg.dtype
-    head_dim = HEAD_DIM_OF_PAD[int(cfg.constexprs["D_PAD"])]  # type: ignore[call-overload]
+    head_dim = HEAD_DIM_OF_PAD[cfg.int_constexpr("D_PAD")]
     kv_dtype = _kv_dtype(cfg)
     window = WINDOW if cfg.constexprs.get("WINDOWED") else None
     q_len = _new_tokens_for(cfg)
     # a cached prefix of 9 tokens before the long run; a shorter second sequence
     lens, q_lens = [q_len + 9, 5], [q_len, 3]
-    seed = int(cfg.constexprs["BLOCK_M"]) + head_dim  # type: ignore[call-overload]
+    seed = cfg.int_constexpr("BLOCK_M") + head_dim
     gen = torch.Generator().manual_seed(seed)
     scales: dict[str, torch.Tensor] = {}
     if kv_dtype is None:
