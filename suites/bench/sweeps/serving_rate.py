@@ -14,7 +14,9 @@ Two kinds of case:
   p99, s/token), TTFT (p50, p99), requests and output tokens per second;
 * a knee case (`bound_factor` set, no `rate`) searches the sustained rate: the highest
   rate whose mean normalized latency stays under bound_factor x the set-up's latency
-  floor (one decode step of one sequence; see `paged.serving.rate`).
+  floor (one decode step of one sequence; see `paged.serving.rate`); where even the
+  lowest rate the search tried misses the bound, the row is `sustained_rate_below` = that
+  rate (the answer lies below it; never a sustained rate of 0: `suites.bench.search_rows`).
 
 Every number is modeled (the engine's time model of the named GPUs), never measured.
 The `calibration` parameter says which GPU figures priced the steps: "fitted" (the
@@ -128,6 +130,7 @@ def _start_rate(setup: str, workload: str) -> float:
 def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.paged.serving.rate import latency_floor, run_at_rate, sustained_rate
     from kvbench.paged.serving.simulation import setup_time_model
+    from kvbench.suites.bench.search_rows import search_rows
     from kvbench.workloads.setups import get_setup, with_calibration
 
     setup = with_calibration(get_setup(case["setup"]), case.get("calibration", "fitted"))
@@ -151,7 +154,7 @@ def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
     )
     at = details.get(rate)
     out = [
-        Measurement("sustained_rate", rate, "requests/s"),
+        *search_rows("sustained_rate", rate, seen, "requests/s"),
         Measurement("latency_bound", bound, "s/token"),
         Measurement("latency_floor", floor, "s/token"),
         Measurement("rate_evaluations", len(seen), "count"),
