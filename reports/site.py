@@ -143,6 +143,7 @@ def _sweep_page(
                 "src": f"figures/{fname}",
                 "title": spec.title,
                 "spread": figures.spread_note(frame, spec),
+                "produced": made.only(spec.kinds).tag(),
             }
         )
     for title, svg in figures_serving.extra_figures(name, frame):
