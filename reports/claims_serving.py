@@ -107,8 +107,7 @@ def _calibration(frame: pd.DataFrame) -> Verdict:
         "step-time model with the CPU coefficients fitted to separate measured runs, priced "
         "on every step of the serving.measured cases (measured here); worst case "
         f"{_pct(float(worst['value']))}; bandwidth and FLOP/s bounded by the copy and FMA "
-        "peaks measured in the same run; the fixed per-step cost measured by an empty call "
-        "timed beside every 4th step (runs since the empty calls; fitted before). Modeled GPU figures use coefficients fitted to "
+        "peaks measured in the same run. Modeled GPU figures use coefficients fitted to "
         "measured GPU operator profiles (`kvbench calibrate gpu`), not these: this bounds "
         "the model's form, not the GPU figures' inputs.",
     )

@@ -17,8 +17,8 @@ SUITE = "serving.measured"
 #: metric -> (quantity, unit shown, scale from the stored unit, source)
 ROWS: tuple[tuple[str, str, str, float, str], ...] = (
     ("fitted_step_overhead", "fixed per-step cost", "ms", 1e3,
-     "measured: median over the fit steps of the empty call timed beside them, less its own "
-     "weight read (fitted freely where no empty call was timed)"),
+     "fitted to the fit runs' steps (where empty calls were timed beside them: their "
+     "median, less their own weight read)"),
     ("empty_call_median", "empty call (1 token, no context)", "ms", 1e3,
      "measured here, beside every 4th step of the fit runs (median over the fit steps)"),
     ("fitted_bandwidth", "bandwidth", "GB/s", 1e-9,
