@@ -522,3 +522,24 @@ class LayerGroupServingCache:
             assert count == holders.get(b, 0), (b, count, holders.get(b, 0))
         assert outstanding == self.outstanding, (outstanding, self.outstanding)
         assert self.pool.num_free >= self.outstanding, "reservations exceed the free pages"
+
+
+def spec_serving_cache(
+    model: ModelKVSpec,
+    kv_budget: int,
+    block_size: int = 16,
+    *,
+    max_seq_len: int | None = None,
+    watermark: float = 0.01,
+    prefill_chunk: int | None = None,
+) -> LayerGroupServingCache:
+    """A memory-only layer-group cache of `kv_budget` bytes: as many pages as fit
+    (`ModelKVSpec.page_bytes`); ConfigError when not one does."""
+    require_positive("kv_budget", kv_budget)
+    page = model.page_bytes(require_positive("block_size", block_size))
+    if kv_budget < page:
+        raise ConfigError(f"kv_budget={kv_budget} B holds no {page}-byte page of {model.name!r}")
+    return LayerGroupServingCache(
+        model, kv_budget // page, block_size, max_seq_len=max_seq_len, watermark=watermark,
+        prefill_chunk=prefill_chunk,
+    )  # fmt: skip

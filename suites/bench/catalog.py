@@ -11,6 +11,7 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     predicted,
     scheduling,
     serving,
+    serving_kv_specs,
     serving_measured,
     serving_paper,
     serving_rate,
