@@ -33,7 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -453,7 +453,7 @@ METRICS: dict[str, str] = {
 }
 
 
-def as_rows(records: Iterable[CompileRecord]) -> list[dict[str, object]]:
+def as_rows(records: Iterable[CompileRecord]) -> list[dict[str, Any]]:
     """Flatten records to result rows `{"case", "metric", "value", "unit"}`, one per
     (record, metric); the case names kernel, arch, configuration (canonical JSON), triton
     version and kernel source hash."""

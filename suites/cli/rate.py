@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
     from kvbench.workloads.trace import Trace
 
     if args.list:
-        for s in SETUPS.values():
-            print(f"{s.name:24s} {s.kv_slots():>8,} slots  {s.source}")
+        for known in SETUPS.values():
+            print(f"{known.name:24s} {known.kv_slots():>8,} slots  {known.source}")
         return 0
     setup = get_setup(args.setup)
     setup.check_fits()

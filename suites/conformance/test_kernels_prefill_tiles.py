@@ -32,7 +32,7 @@ def _prefill_tiles() -> list[configs.KernelConfig]:
 
 def _new_tokens_for(cfg: configs.KernelConfig) -> int:
     """The fewest new tokens (group of GROUP) whose rows select `cfg`'s BLOCK_M."""
-    head_dim = HEAD_DIM_OF_PAD[int(cfg.constexprs["D_PAD"])]
+    head_dim = HEAD_DIM_OF_PAD[cfg.int_constexpr("D_PAD")]
     for q_len in range(1, 200):
         if configs.prefill_config(cfg.dtype, head_dim, q_len * GROUP) == cfg:
             return q_len
@@ -53,18 +53,18 @@ def test_tiles_follow_the_query_count() -> None:
     assert configs.prefill_config(f16, 128, 512).constexprs["BLOCK_M"] == 64
     assert configs.prefill_config(torch.float32, 128, 4096).constexprs["BLOCK_M"] == 16
     assert configs.prefill_config(f16, 256, 4096).constexprs["BLOCK_M"] == 32
-    sizes = [int(c.constexprs["BLOCK_M"]) for c in configs.prefill_configs(f16, 128)]
+    sizes = [c.int_constexpr("BLOCK_M") for c in configs.prefill_configs(f16, 128)]
     assert sizes == [16, 32, 64]
 
 
 @pytest.mark.parametrize("cfg", _prefill_tiles(), ids=_id)
 def test_every_prefill_tile_matches_oracle(cfg: configs.KernelConfig) -> None:
     dtype = cfg.dtype
-    head_dim = HEAD_DIM_OF_PAD[int(cfg.constexprs["D_PAD"])]
+    head_dim = HEAD_DIM_OF_PAD[cfg.int_constexpr("D_PAD")]
     q_len = _new_tokens_for(cfg)
     # a cached prefix of 9 tokens before the long run; a shorter second sequence
     lens, q_lens = [q_len + 9, 5], [q_len, 3]
-    gen = torch.Generator().manual_seed(int(cfg.constexprs["BLOCK_M"]) + head_dim)
+    gen = torch.Generator().manual_seed(cfg.int_constexpr("BLOCK_M") + head_dim)
     pb = make_paged(lens, 1, head_dim, 16, dtype, gen)
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn((int(cu[-1]), GROUP, head_dim), generator=gen).to(dtype)

@@ -257,7 +257,13 @@ class LlamaCacheRunner:
         batch_seqs = sorted(self._running, key=lambda s: s.arrival)
         # Engines that read the cache's own pool need no gathered copy of the prefix.
         gather = getattr(self.write_attention, "needs_prefix", True)
-        prefixes = [self._prefix(s) if gather else self._check_len(s) for s in batch_seqs]
+        prefixes: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        for s in batch_seqs:
+            if gather:
+                prefixes.append(self._prefix(s))
+            else:  # the engine reads the cache itself: only its length is checked
+                self._check_len(s)
+                prefixes.append(None)
         chunks = [self._chunk(s) for s in batch_seqs]
         batch = pack(
             [s.seq_id for s in batch_seqs],
