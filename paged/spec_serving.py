@@ -486,7 +486,7 @@ class LayerGroupServingCache:
         )
 
     # ------------------------------------------------------------------ checks
-    def snapshot(self) -> tuple:
+    def snapshot(self) -> tuple[object, ...]:
         """All bookkeeping as plain comparable values (atomicity tests)."""
         reqs = {
             rid: ([list(t) for t in r.tables], list(r.cross), r.seq_len, r.held, r.floor,
