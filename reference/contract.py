@@ -231,6 +231,12 @@ class ServingTraits:
         can_swap: whether `swap_out_group` / `swap_in_group` may be called (a CPU pool).
         max_seq_len: the longest any request may grow (tokens).
         watermark_blocks: free blocks an admission must leave (0 without blocks).
+        releases_blocks: whether appends also free blocks (sliding-window groups drop
+            blocks that left the window): the engine then visits every length
+            `next_growth` names (allocations and releases), not only block boundaries,
+            so admission sees freed pages at the step a token-by-token run would.
+        slots_per_token: live slots one appended token fills (a model of several
+            self-attention layer groups writes one slot in each group's page).
     """
 
     block_size: int
@@ -239,6 +245,8 @@ class ServingTraits:
     can_swap: bool
     max_seq_len: int
     watermark_blocks: int = 0
+    releases_blocks: bool = False
+    slots_per_token: int = 1
 
 
 @dataclass(frozen=True)
@@ -290,7 +298,8 @@ class ServingCache(KVCache, Protocol):
     def next_growth(self, request_id: RequestId, length: int) -> int:
         """The smallest length >= `length` at which appending one more token to the
         request (as it holds memory now, sharing none of it) needs memory it does not
-        hold: a block boundary, a contiguous relocation. NO_GROWTH if never."""
+        hold: a block boundary, a contiguous relocation (and, for a cache whose traits
+        say `releases_blocks`, frees a block). NO_GROWTH if never."""
         ...
 
     def occupancy(self) -> Occupancy:

@@ -70,6 +70,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     # sweeps of other lanes not yet on main (issue 30's fp8 decode, issue 29's KV specs)
     "kernel.decode_fp8": (MEASURED,),
     "capacity.kv_specs": (CLOSED_FORM,),
+    "serving.kv_specs": (MODELED,),
 }
 
 #: What each kind means, for the page's one-line note.
