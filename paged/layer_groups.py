@@ -36,6 +36,8 @@ import torch
 
 from kvbench.kernels import ops
 from kvbench.paged.block_pool import BlockPool
+from kvbench.paged.group_prefix import GroupPrefixIndex
+from kvbench.paged.prefix_cache import PrefixCache
 from kvbench.paged.swap import CpuBlockPool
 from kvbench.reference.contract import KVPair as KV
 from kvbench.workloads.capacity import blocks_for_tokens
@@ -76,6 +78,7 @@ class LayerGroupsPagedCache:
         device: torch.device | str = "cpu",
         *,
         num_cpu_blocks: int = 0,
+        enable_prefix_caching: bool = False,
     ) -> None:
         shapes = {(g.num_layers, g.num_kv_heads, g.head_dim) for g in model.groups}
         if len(shapes) != 1:
@@ -86,7 +89,9 @@ class LayerGroupsPagedCache:
         layers, heads, dim = shapes.pop()
         self.model = model
         self.block_size = require_positive("block_size", block_size)
-        self.pool = BlockPool(num_blocks, block_size)
+        prefix = PrefixCache() if enable_prefix_caching else None
+        self.pool = BlockPool(num_blocks, block_size, prefix=prefix)
+        self.index = GroupPrefixIndex(prefix, model, block_size) if prefix is not None else None
         shape = (layers, num_blocks, block_size, heads, dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -178,18 +183,34 @@ class LayerGroupsPagedCache:
             length = self.model.groups[gi].spec.encoder_len
             self._check_kv(kv, f"encoder K/V of group {gi}", length)
             need += blocks_for_tokens(length or 0, self.block_size)
+        hit = None
+        if self.index is not None and prompt is not None:
+            hit = self.index.lookup(prompt, salt)
+            revived = {b for t in hit.tables.values() for b in t if b != NULL_BLOCK}
+            need += sum(1 for b in revived if self.pool.ref[b] == 0)
         if need > self.pool.num_free:
             raise CapacityError(
-                f"request {request_id!r} needs {need} blocks for its encoder output; "
-                f"{self.pool.num_free} free"
+                f"request {request_id!r} needs {need} blocks for its encoder output and "
+                f"cached prefix; {self.pool.num_free} free"
             )
         tables = [GroupTable() for _ in self.model.groups]
+        if hit is not None:
+            assert self.index is not None and prompt is not None
+            for gi, blocks in hit.tables.items():
+                spec = self.model.groups[gi].spec
+                for b in blocks:
+                    if b != NULL_BLOCK:
+                        self.pool.incref(b)
+                tables[gi] = GroupTable(blocks, hit.tokens, first_kept_position(spec, hit.tokens))
+            self.index.start(request_id, prompt, salt, hit)
+        elif self.index is not None:
+            self.index.start(request_id, (), salt, None)
         for gi, kv in zip(cross, encoder_kv, strict=True):
             n = kv[0].shape[1]
             tables[gi].blocks = self.pool.allocate_many(blocks_for_tokens(n, self.block_size))
             self._write(tables[gi], kv, n)
         self._requests[request_id] = tables
-        return 0
+        return hit.tokens if hit is not None else 0
 
     def _plan(self, group: int, table: GroupTable, n: int) -> tuple[list[int], bool, int]:
         """(logical blocks to release, copy-on-write of the last block?, new blocks)."""
@@ -231,6 +252,11 @@ class LayerGroupsPagedCache:
         n = self._check_kv(kv[0], "append") if kv else 0
         for i, one in enumerate(kv):
             self._check_kv(one, f"append, group {groups[i]}", n)
+        ids = None
+        if self.index is not None:
+            ids = self.index.ids_for(request_id, self.seq_len(request_id), n, token_ids)
+            if ids is not None and len(ids) != n:
+                raise ShapeError(f"append of {n} tokens got {len(ids)} token ids")
         take, freed = self._net_need(tables, n)
         if take > self.pool.num_free + freed:
             raise CapacityError(
@@ -250,6 +276,10 @@ class LayerGroupsPagedCache:
                 self._copy_last_block(table)
             table.blocks += self.pool.allocate_many(new)
             self._write(table, one, n)
+        if self.index is not None:
+            self.index.extend(request_id, ids)
+            for gi in groups:
+                self.index.index_full_blocks(request_id, gi, tables[gi].blocks)
 
     def _write(self, table: GroupTable, kv: KV, n: int) -> None:
         slots = self._slots(table.blocks, table.seq_len, n)
@@ -286,6 +316,8 @@ class LayerGroupsPagedCache:
         self._requests[child_id] = [
             GroupTable(list(t.blocks), t.seq_len, t.kept_from) for t in parent
         ]
+        if self.index is not None:
+            self.index.fork(parent_id, child_id)
 
     def free(self, request_id: Hashable) -> None:
         """Release every block of every group of the request (device or swap space)."""
@@ -300,6 +332,8 @@ class LayerGroupsPagedCache:
             for blocks in held:
                 self.pool.release(blocks)
         del self._requests[request_id]
+        if self.index is not None:
+            self.index.forget(request_id)
 
     # ------------------------------------------------------------------ swap
     def _check_swap(self, request_ids: Sequence[Hashable], swapped: bool) -> list[int]:
@@ -446,7 +480,8 @@ class LayerGroupsPagedCache:
             sorted(self._cpu_fill.items()),
             sorted(map(repr, self._swapped)),
         )
-        return self.pool.snapshot(), reqs, cpu
+        prefix = self.index.snapshot() if self.index is not None else None
+        return self.pool.snapshot(), reqs, cpu, prefix
 
     def check(self) -> None:
         """Assert the invariants: the pool's own; reference counts equal the tables that
@@ -455,6 +490,8 @@ class LayerGroupsPagedCache:
         exactly the encoder's blocks; swapped requests hold CPU blocks only, counted
         by the CPU pool's own check."""
         self.pool.check()
+        if self.index is not None:
+            self.index.prefix.check()
         self.cpu.check(
             [b for t in self._requests[r] for b in t.blocks if b != NULL_BLOCK]
             for r in self._swapped
