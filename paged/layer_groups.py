@@ -197,11 +197,11 @@ class LayerGroupsPagedCache:
         if hit is not None:
             assert self.index is not None and prompt is not None
             for gi, blocks in hit.tables.items():
-                spec = self.model.groups[gi].spec
-                for b in blocks:
-                    if b != NULL_BLOCK:
-                        self.pool.incref(b)
-                tables[gi] = GroupTable(blocks, hit.tokens, first_kept_position(spec, hit.tokens))
+                held = [j for j, b in enumerate(blocks) if b != NULL_BLOCK]
+                for j in held:
+                    self.pool.incref(blocks[j])
+                kept = held[0] * self.block_size if held else 0  # first position held
+                tables[gi] = GroupTable(blocks, hit.tokens, kept)
             self.index.start(request_id, prompt, salt, hit)
         elif self.index is not None:
             self.index.start(request_id, (), salt, None)

@@ -11,9 +11,9 @@ time it never holds more than ceil(window / block_size) + 1 blocks.
 
 Sharing: `fork` shares every held block (reference counts); the first write into a shared
 partial last block copies it first (copy-on-write). A released shared block stays with
-the requests that still hold it. No prefix caching under a window here (a hit would need
-the blocks of the window the new request's first query reads, which released blocks no
-longer hold; not modeled yet). Every failed operation changes nothing.
+the requests that still hold it. Prefix caching under a window is the layer-group
+cache's (`enable_prefix_caching`, rule in `workloads.spec_prefix`); this one-group
+adapter admits empty requests. Every failed operation changes nothing.
 
 This is the one-group case of `paged.layer_groups.LayerGroupsPagedCache`, with the
 single-group signatures (append takes one K/V pair).

@@ -9,6 +9,9 @@ group, what its query sees there, so a hit needs exactly those blocks cached:
   ceil((w - 1) / block_size) blocks once c >= w - 1 (vLLM's SlidingWindowManager counts
   the same `cdiv(window - 1, block_size)` contiguous blocks); the blocks before them may
   be missing (their table entries are the null block, -1 here, released at once);
+  and always the hit's last block, so a cold cache never hits (this matters only for
+  w = 1, whose next token reads no earlier position; vLLM's scan likewise ends a hit
+  at a cached block);
 * cross-attention: never prefix-cached (its encoder output is given at admission).
 
 A model's hit is the longest c (at most the prompt minus its last token, in whole blocks)
@@ -31,7 +34,7 @@ def blocks_a_hit_needs(spec: KVCacheSpec, hit_blocks: int, block_size: int) -> r
     if spec.kind is AttentionKind.CROSS or hit_blocks == 0:
         return range(0)
     first = first_kept_position(spec, hit_blocks * block_size) // block_size
-    return range(first, hit_blocks)
+    return range(min(first, hit_blocks - 1), hit_blocks)
 
 
 def longest_hit_blocks(

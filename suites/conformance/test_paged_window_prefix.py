@@ -28,13 +28,14 @@ def _oracle_hit(
     specs: list[KVCacheSpec], cached: list[list[bool]], max_blocks: int, bs: int
 ) -> int:
     """Longest c (whole blocks) such that every position the token at c reads, in every
-    group, lies in a cached block (independent of spec_prefix: positions, not blocks)."""
+    group, lies in a cached block, and so does position c - 1 (a cold cache never hits;
+    independent of spec_prefix: positions, not blocks)."""
     best = 0
     for m in range(1, max_blocks + 1):
         c = m * bs
         ok = True
         for spec, row in zip(specs, cached, strict=True):
-            lo = 0 if spec.window is None else max(0, c - spec.window + 1)
+            lo = 0 if spec.window is None else min(max(0, c - spec.window + 1), c - 1)
             ok &= all(row[p // bs] for p in range(lo, c))
         if ok:
             best = m
