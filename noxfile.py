@@ -156,10 +156,16 @@ def peers(session: nox.Session) -> None:
 
 @nox.session(python=_python())
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check over the whole tree."""
-    session.install("ruff")
+    """ruff check and ruff format --check over the whole tree, then mypy over every
+    package (`python -m kvbench.suites.typecheck`: strict for paged/ and reference/,
+    pyproject's [tool.mypy]). mypy reads the types of torch, numpy, pytest and hypothesis,
+    so the session installs the project with its test and lint extras (mypy pinned there).
+    Posargs go to `ruff check`.
+    """
+    install_project(session, "test", "lint")
     session.run("ruff", "check", ".", *session.posargs)
     session.run("ruff", "format", "--check", ".")
+    session.run("python", "-m", "kvbench.suites.typecheck")
 
 
 @nox.session(python=_python())

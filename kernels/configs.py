@@ -77,6 +77,14 @@ class KernelConfig:
             **self.constexprs,
         }
 
+    def int_constexpr(self, name: str) -> int:
+        """The integer constexpr `name` (a tile size, a head count): TypeError, naming it,
+        if the variant holds a flag, string or float there instead."""
+        value = self.constexprs[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{self.kernel} constexpr {name}={value!r} is not an integer")
+        return value
+
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
@@ -127,7 +135,7 @@ def _windowed(constexprs: dict[str, object], windowed: bool) -> dict[str, object
     return {**constexprs, "WINDOWED": True} if windowed else constexprs
 
 
-def fp8_constexprs(kv_dtype: torch.dtype | None) -> dict[str, object]:
+def fp8_constexprs(kv_dtype: torch.dtype | None) -> dict[str, int]:
     """The constexprs that select fp8 K/V in the kernels: mantissa bits and exponent bias
     of the format (`workloads.fp8`), or nothing for 16/32-bit K/V."""
     if kv_dtype is None or not fp8.is_fp8(kv_dtype):

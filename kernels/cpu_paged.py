@@ -373,7 +373,7 @@ def decode_fp8(
     ks, vs = (s.contiguous() for s in kv_scales)
     torch.ops.kvbench_fp8.paged_decode_fp8(
         query, k_cache.view(torch.uint8), v_cache.view(torch.uint8), tables, lens, ks, vs,
-        float(scale), out, int(fmt["FP8_MAN"]), int(fmt["FP8_BIAS"]),
+        float(scale), out, fmt["FP8_MAN"], fmt["FP8_BIAS"],
     )  # fmt: skip
     return out
 

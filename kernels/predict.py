@@ -126,7 +126,7 @@ def decode_launches(batch: int, hq: int, hkv: int, head_dim: int, max_len: int,
     """The launches `triton_ops.paged_decode_attention` makes (default partition)."""
     n_parts = max(1, -(-max_len // configs.DEFAULT_PARTITION))
     cfg = configs.decode_config(dtype, head_dim, hq // hkv, n_parts == 1)
-    n_chunks = -(-(hq // hkv) // int(cfg.constexprs["QH"]))
+    n_chunks = -(-(hq // hkv) // cfg.int_constexpr("QH"))
     out = [Launch(cfg, batch * hkv * n_chunks * n_parts)]
     if n_parts > 1:
         out.append(Launch(configs.reduce_config(dtype, head_dim), batch * hq))
@@ -138,7 +138,7 @@ def prefill_launches(batch: int, hq: int, hkv: int, head_dim: int, max_q: int,
     """The launch `triton_ops.paged_prefill_attention` makes (its tile chosen by the rows
     the longest sequence's new tokens bring: max_q x GQA group)."""
     cfg = configs.prefill_config(dtype, head_dim, max_q * (hq // hkv))
-    block_m = int(cfg.constexprs["BLOCK_M"])
+    block_m = cfg.int_constexpr("BLOCK_M")
     heads = min(hq // hkv, block_m)
     n_chunks = -(-(hq // hkv) // heads)
     q_tiles = -(-max_q // (block_m // heads))

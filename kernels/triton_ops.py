@@ -174,7 +174,7 @@ def paged_decode_attention(
     cfg = configs.decode_config(
         query.dtype, d, dims.group, single, k_cache.dtype, windowed=windowed
     )
-    qh = cfg.constexprs["QH"]
+    qh = cfg.int_constexpr("QH")
     n_chunks = -(-dims.group // qh)
     tables = block_tables.to(torch.int32)
     lens = seq_lens.to(torch.int32)
@@ -182,10 +182,10 @@ def paged_decode_attention(
         # unused by the SINGLE variant; float32 so the compiled signature is the same
         part_out = part_max = part_sum = torch.empty(1, dtype=torch.float32, device=query.device)
     else:
-        f32 = dict(dtype=torch.float32, device=query.device)
-        part_out = torch.empty((batch, hq, n_parts, d), **f32)
-        part_max = torch.empty((batch, hq, n_parts), **f32)
-        part_sum = torch.empty((batch, hq, n_parts), **f32)
+        f32, dev = torch.float32, query.device
+        part_out = torch.empty((batch, hq, n_parts, d), dtype=f32, device=dev)
+        part_max = torch.empty((batch, hq, n_parts), dtype=f32, device=dev)
+        part_sum = torch.empty((batch, hq, n_parts), dtype=f32, device=dev)
     if kv_scales is None:  # unused without fp8; float32 so the signature is the same
         k_scale = v_scale = torch.ones(1, dtype=torch.float32, device=query.device)
     else:
@@ -265,7 +265,7 @@ def paged_prefill_attention(
     d = query.shape[2]
     # the tile by query count: 16 rows for short extends, up to 64 for long prefills
     cfg = configs.prefill_config(query.dtype, d, dims.max_q_len * dims.group)
-    block_m = cfg.constexprs["BLOCK_M"]
+    block_m = cfg.int_constexpr("BLOCK_M")
     heads_per_prog = min(dims.group, block_m)
     tokens_per_prog = block_m // heads_per_prog
     n_chunks = -(-dims.group // heads_per_prog)

@@ -172,7 +172,7 @@ class BlockPool:
         fill[blocks[last - 1]] = end - (last - 1) * bs
 
     # ------------------------------------------------------------------ checks
-    def snapshot(self) -> tuple:
+    def snapshot(self) -> tuple[object, ...]:
         """All state as plain comparable values (for atomicity tests)."""
         return (
             list(self.ref),

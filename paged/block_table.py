@@ -110,7 +110,7 @@ class RequestState:
             self.tokens.extend([None] * self.unknown_tail)
             self.unknown_tail = 0
 
-    def snapshot(self) -> tuple:
+    def snapshot(self) -> tuple[object, ...]:
         return (
             self.request_id,
             self.order,

@@ -355,7 +355,7 @@ class PagedKVCache:
         cached = len(hits) * self.block_size
         if self.prefix is not None:
             self.prefix.record_lookup(len(prompt), len(hits), cached)
-        tokens = list(prompt[:cached]) if self._track_tokens else None
+        tokens: list[int | None] | None = list(prompt[:cached]) if self._track_tokens else None
         self.requests.add(
             RequestState(
                 request_id,
@@ -565,13 +565,10 @@ class PagedKVCache:
             [r.blocks for r in reqs], [r.seq_len for r in reqs], self.block_size
         )
         scale = 1.0 / math.sqrt(g.head_dim) if scale is None else float(scale)
-        fp8_scales = {}
+        k_scale = v_scale = None
         if self.kv_quant is not None:  # fp8: the kernels dequantize with the layer's scales
             ks, vs = self.kv_quant.scales()
-            fp8_scales = {
-                "k_scale": ks[layer].to(self._device),
-                "v_scale": vs[layer].to(self._device),
-            }
+            k_scale, v_scale = ks[layer].to(self._device), vs[layer].to(self._device)
         return ops.paged_decode_attention(
             query.to(self._device),
             k[layer],
@@ -581,7 +578,8 @@ class PagedKVCache:
             scale,
             backend=self.kernel_backend,
             max_seq_len=max(r.seq_len for r in reqs),
-            **fp8_scales,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
 
     # ------------------------------------------------------------------ swap (part: swap)

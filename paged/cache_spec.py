@@ -1,6 +1,6 @@
 """How to build the cache a simulation runs on: `CacheSpec` names a cache kind, a model's
 geometry, a KV budget and the cache's options, and `build()` returns a fresh, empty cache
-typed as the contract's `KVCache`.
+typed as the contract's `ServingCache`.
 
 This is the one place the serving simulator (`paged.serving`) gets a cache from: the
 serving package names no cache class and reads caches only through
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kvbench.paged.cache import PagedKVCache
 from kvbench.reference.contiguous import ContiguousKVCache
-from kvbench.reference.contract import KVCache
+from kvbench.reference.contract import ServingCache
 from kvbench.workloads.capacity import blocks_in_budget
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, parse_bytes
@@ -64,7 +64,7 @@ class CacheSpec:
         budget = parse_bytes(self.kv_budget, decimal_gb_as_mib=True)
         return blocks_in_budget(self.resolved_geometry(), budget, self.block_size)
 
-    def build(self) -> KVCache:
+    def build(self) -> ServingCache:
         """A fresh, empty cache."""
         g = self.resolved_geometry()
         blocks = self.blocks()

@@ -469,7 +469,7 @@ class LayerGroupsPagedCache:
         )  # fmt: skip
 
     # ------------------------------------------------------------------ checks
-    def snapshot(self) -> tuple:
+    def snapshot(self) -> tuple[object, ...]:
         """All bookkeeping as plain values (atomicity tests)."""
         reqs = {
             r: [(list(t.blocks), t.seq_len, t.kept_from) for t in ts]

@@ -205,7 +205,7 @@ class PrefixCache:
         self.hit_blocks += hit_blocks
         self.hit_tokens += hit_tokens
 
-    def snapshot(self) -> tuple:
+    def snapshot(self) -> tuple[object, ...]:
         """Everything, as plain comparable values (for atomicity tests)."""
         return (
             dict(self._by_key),

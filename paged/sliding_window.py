@@ -71,7 +71,7 @@ class SlidingWindowPagedCache(OneGroupView[LayerGroupsPagedCache]):
     ) -> torch.Tensor:
         return self.groups.attend(request_ids, query, 0, layer, **kw)
 
-    def snapshot(self) -> tuple:
+    def snapshot(self) -> tuple[object, ...]:
         return self.groups.snapshot()
 
     def check(self) -> None:

@@ -301,7 +301,7 @@ class ContiguousKVCache:
     @staticmethod
     def _record_ids(req: _Request, n: int, token_ids: Sequence[int | None] | None) -> None:
         """Record the ids of n appended tokens (prompt ids fill in omitted ones)."""
-        ids = list(token_ids) if token_ids is not None else [None] * n
+        ids: list[int | None] = list(token_ids) if token_ids is not None else [None] * n
         for i in range(n):
             pos = req.length + i
             if ids[i] is None and pos < len(req.prompt):

@@ -103,7 +103,10 @@ def validate_geometry(geometry: object) -> KVGeometry:
 def validate_device(device: object) -> torch.device:
     """`device` as a torch.device; ConfigError naming it when torch does not know it."""
     try:
-        return torch.device(device)  # type: ignore[arg-type]
+        # torch itself decides what names a device (str, bytes, int, numpy ints, device);
+        # its stubs accept fewer, so the call is checked at run time, here
+        parsed: torch.device = torch.device(device)  # type: ignore[call-overload]
+        return parsed
     except (RuntimeError, TypeError, ValueError) as exc:
         raise ConfigError(f"unknown device {device!r:.80}: {exc}") from None
 

@@ -26,7 +26,7 @@ from kvbench.reports.tables import latest
 
 #: Draw order and colour of the serving.rate systems (the paper's legend order).
 RATE_SYSTEMS = ("paged", "contiguous-oracle", "contiguous-pow2", "contiguous-max", "static")
-_COLORS = dict(zip(RATE_SYSTEMS, plt.get_cmap("tab10").colors, strict=False))
+_COLORS = dict(zip(RATE_SYSTEMS, matplotlib.color_sequences["tab10"], strict=False))
 
 
 def _svg(fig: Any) -> str:
@@ -103,7 +103,7 @@ def batch_table_figure(frame: pd.DataFrame) -> list[tuple[str, str]]:
         return []
     title = "Throughput vs batch size, Llama-70B on A100-80GB: modeled here vs [PA-deep-dive]"
     fig, ax = plt.subplots(figsize=(7.0, 3.8))
-    colors = plt.get_cmap("tab10").colors
+    colors = matplotlib.color_sequences["tab10"]
     for i, system in enumerate(BATCH_LABELS):
         g = rows[rows["system"] == system].sort_values("batch")
         name = BATCH_LABELS[system].replace(" (tok/s)", "")

@@ -5,7 +5,7 @@ cost of the kernels compiled for sm_80 / sm_90 beside vLLM's."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,7 +100,7 @@ def _fmt_cell(value: Any, unit: str) -> str:
     return tables.format_value(value, unit)
 
 
-def _impl_order(impls: Sequence[str]) -> list[str]:
+def _impl_order(impls: Iterable[str]) -> list[str]:
     """kvbench first, SDPA last, the other peers by name between."""
     rank = {PEER_BASELINE: 0, PEER_SDPA: 2}
     return sorted(dict.fromkeys(impls), key=lambda n: (rank.get(n, 1), n))

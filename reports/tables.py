@@ -62,7 +62,7 @@ def wide(frame: pd.DataFrame, spread: bool = False) -> tuple[list[str], list[str
         return keys, metrics, rows
     timed = [j for j in range(len(metrics)) if any(sp[j] is not None for sp in cells)]
     out = [
-        row + [(sp[j].q1, sp[j].q3) if sp[j] is not None else (math.nan, math.nan) for j in timed]
+        row + [(c.q1, c.q3) if (c := sp[j]) is not None else (math.nan, math.nan) for j in timed]
         for row, sp in zip(rows, cells, strict=True)
     ]
     return keys, metrics + [f"{metrics[j]} q1-q3" for j in timed], out

@@ -85,6 +85,8 @@ class LengthDistribution:
     lo: int
     hi: int
     pmf: np.ndarray = field(repr=False, compare=False)
+    #: the CDF of `pmf` (its last entry exactly 1), set by __post_init__
+    _cdf: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.lo < 1 or self.hi < self.lo:
@@ -120,14 +122,14 @@ class LengthDistribution:
         """Smallest length whose CDF reaches q (0 < q <= 1)."""
         if not 0 < q <= 1:
             raise ConfigError(f"quantile must be in (0, 1], got {q!r}")
-        return int(self.lo + np.searchsorted(self._cdf, q, side="left"))  # type: ignore[attr-defined]
+        return int(self.lo + np.searchsorted(self._cdf, q, side="left"))
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """n lengths drawn by inverse CDF from `rng` (int64 array)."""
         if n < 0:
             raise ConfigError(f"sample count must be >= 0, got {n!r}")
         u = rng.random(n)
-        idx = np.searchsorted(self._cdf, u, side="right")  # type: ignore[attr-defined]
+        idx = np.searchsorted(self._cdf, u, side="right")
         return (np.minimum(idx, self.hi - self.lo) + self.lo).astype(np.int64)
 
 

@@ -102,6 +102,7 @@ def operator_work(shape: ModelShape, tp: int, tokens: int, op: str) -> Work:
         tiles = math.ceil(t / TILE_ROWS) * TILE_ROWS
         return Work(BYTES * (k * n + t * k + t * n), 2.0 * t * k * n, 2.0 * tiles * k * n)
     d = shape.head_dim
+    nbytes: float
     if op in ("input_layernorm", "post_attention_layernorm"):
         nbytes = BYTES * (2 * t * e + e)
     elif op == "attn_rope":

@@ -69,12 +69,13 @@ def _layer_specs(config: Mapping[str, Any], num_layers: int) -> list[KVCacheSpec
                 f"config layer_types holds {unknown}, which kvbench does not model (it "
                 f"models {' and '.join(sorted(_DECODER_LAYER_TYPES))})"
             )
-        if AttentionKind.SLIDING_WINDOW.value in types and window is None:
+        if AttentionKind.SLIDING_WINDOW.value not in types:
+            return [KVCacheSpec.full()] * num_layers
+        if window is None:
             raise ConfigError("config layer_types has sliding_attention but no sliding_window")
+        windowed = KVCacheSpec.sliding_window(window)
         return [
-            KVCacheSpec.sliding_window(window)
-            if t == AttentionKind.SLIDING_WINDOW.value
-            else KVCacheSpec.full()
+            windowed if t == AttentionKind.SLIDING_WINDOW.value else KVCacheSpec.full()
             for t in types
         ]
     if window is None or config.get("use_sliding_window") is False:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -541,12 +541,13 @@ def _validate_blocks(req: TraceRequest, line: int) -> None:
 
 
 def requests_from_arrays(
-    arrivals: Sequence[float],
-    prompt_lens: Sequence[int],
-    output_lens: Sequence[int],
+    arrivals: Collection[float],
+    prompt_lens: Collection[int],
+    output_lens: Collection[int],
     id_prefix: str = "r",
 ) -> list[TraceRequest]:
-    """Independent requests (synthetic prompts) from parallel arrays of equal length."""
+    """Independent requests (synthetic prompts) from parallel arrays (lists or numpy) of
+    equal length."""
     if not len(arrivals) == len(prompt_lens) == len(output_lens):
         raise ConfigError(
             f"array lengths differ: {len(arrivals)}, {len(prompt_lens)}, {len(output_lens)}"

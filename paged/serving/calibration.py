@@ -151,7 +151,8 @@ def step_errors(tm: TimeModel, steps: Sequence[StepWork]) -> np.ndarray:
     p = tm.profile
     pred = predict_seconds(tm, work, p.step_overhead_s, p.hbm_bandwidth, p.peak_flops)
     meas = np.array([s.seconds for s in work])
-    return np.abs(pred - meas) / meas
+    errors: np.ndarray = np.abs(pred - meas) / meas
+    return errors
 
 
 def with_profile(tm: TimeModel, profile: DeviceProfile) -> TimeModel:

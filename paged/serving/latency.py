@@ -46,7 +46,7 @@ def request_spans(records: Iterable[SeqRecord]) -> list[tuple[float, float, floa
     """(arrival, first token, finish, output_len) per request: the records of one
     request grouped by `request` (the first token of any sample, the finish of the
     last), in order of each request's first record."""
-    spans: dict[object, list] = {}
+    spans: dict[object, list[float]] = {}
     for rec in records:
         span = spans.get(rec.request)
         if span is None:
@@ -54,7 +54,7 @@ def request_spans(records: Iterable[SeqRecord]) -> list[tuple[float, float, floa
         else:
             span[1] = min(span[1], rec.first_token_s)
             span[2] = max(span[2], rec.finish_s)
-    return [(a, f, e, n) for a, f, e, n in spans.values()]
+    return [(a, f, e, int(n)) for a, f, e, n in spans.values()]
 
 
 def request_latencies(records: Iterable[SeqRecord]) -> dict[str, list[float]]:

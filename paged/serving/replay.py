@@ -170,7 +170,8 @@ def timeline(
     def avg(values: list[float], idle: float) -> np.ndarray:
         v = np.asarray(values, dtype=np.float64)[keep]
         s = np.bincount(where, weights=dur_in * v, minlength=windows)
-        return np.divide(s, w, out=np.full(windows, idle), where=w > 0)
+        mean: np.ndarray = np.divide(s, w, out=np.full(windows, idle), where=w > 0)
+        return mean
 
     running = avg([r.running for r in rows], 0.0)
     waiting = avg([r.waiting for r in rows], 0.0)

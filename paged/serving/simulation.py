@@ -23,7 +23,7 @@ from collections.abc import Callable
 from kvbench.paged.cache_spec import CacheSpec
 from kvbench.paged.serving.engine import Engine
 from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, TimeModel
-from kvbench.reference.contract import KVCache
+from kvbench.reference.contract import ServingCache
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.presets import get_preset
 from kvbench.workloads.profiles import get_profile
@@ -75,7 +75,7 @@ def setup_time_model(setup: ServingSetup, block_size: int = 16) -> TimeModel:
 
 def simulate(
     trace: Trace,
-    spec: CacheSpec | KVCache,
+    spec: CacheSpec | ServingCache,
     *,
     config: SchedulerConfig | None = None,
     policy: str | None = None,

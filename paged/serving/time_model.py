@@ -332,7 +332,7 @@ class SeqRecord:
     first_token_s: float = -1.0
     finish_s: float = -1.0
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[str | int, ...]:
         """The scheduling decisions, for comparing two runs."""
         return (
             self.id,
@@ -346,7 +346,7 @@ class SeqRecord:
             self.cached_tokens,
         )
 
-    def times(self) -> tuple:
+    def times(self) -> tuple[str, float, float, float]:
         """(id, arrival_s, first_token_s, finish_s), for comparing two runs' latencies."""
         return (self.id, self.arrival_s, self.first_token_s, self.finish_s)
 
@@ -449,6 +449,6 @@ class SimulationResult:
         out.update(self.info)
         return out
 
-    def decisions(self) -> list[tuple]:
+    def decisions(self) -> list[tuple[str | int, ...]]:
         """Per-sequence decisions in a canonical order (compare two runs with ==)."""
         return sorted(r.key() for r in self.records)

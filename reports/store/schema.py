@@ -138,11 +138,11 @@ class ResultRow(Mapping[str, Any]):
     which is how the tables, figures and the gate read rows."""
 
     suite: str
-    case: dict[str, Any]
+    case: Mapping[str, Any]  # given as any mapping; held as a checked plain dict
     metric: str
     value: float | int
     unit: str
-    stats: dict[str, float | int] | None = None
+    stats: Mapping[str, float | int] | None = None  # held as a plain dict
     time: str = ""
     source_run: str | None = None  # set when a merge copied the row from a shard
 
@@ -216,7 +216,7 @@ class CaseStatus:
     """How one case of a run ended (see `Status`; a plain string is converted)."""
 
     suite: str
-    case: dict[str, Any]
+    case: Mapping[str, Any]  # given as any mapping; held as a checked plain dict
     status: Status
     error: str = ""  # failed: the exception's class name
     message: str = ""  # failed: the exception's message; skipped: the reason

@@ -101,7 +101,7 @@ class Groups:
         child = Seq(parent.req, group.index, group.next_child, parent.prompt)
         group.next_child += 1
         child.hashed, child.group, child.rec = parent.hashed, group, parent.rec
-        child.out_tokens = [*parent.out_tokens[:-1], group.new_token()]
+        child.out_tokens = [*parent.history()[:-1], group.new_token()]
         child.generated = parent.generated
         self.cache.fork(parent.sid, child.sid)  # after its prefill a fork takes no blocks
         child.state = RUNNING
@@ -132,7 +132,7 @@ class Groups:
             b.generated = g + 1
             if self.log_decoded:
                 st.decoded.append((b, c))
-            b.out_tokens.append(group.new_token())
+            b.history().append(group.new_token())
             b.base_step, b.base_c, b.base_g = t + 1, c + 1, g + 1
         st.epoch += 1
         if g + 1 >= beams[0].req.output_len:
@@ -169,7 +169,7 @@ class Groups:
         """The root's prefill sampled the first step: fork it into the w beams."""
         group = root.group
         assert group is not None
-        root.out_tokens.append(group.new_token())
+        root.history().append(group.new_token())
         if root.generated >= root.req.output_len:
             self.st.finished_now.append(root)
             return
@@ -192,7 +192,7 @@ class Groups:
         for b in group.beams:
             b.parked = False
             b.generated += 1
-            b.out_tokens.append(group.new_token())
+            b.history().append(group.new_token())
             if b.generated >= b.req.output_len:
                 finished_now.append(b)
             else:

@@ -87,7 +87,10 @@ class Seq:
         self.sid = str(req.id) if child == 0 else f"{req.id}#{child}"
         self.prompt = prompt
         self.salt = req.salt
-        self.out_tokens = req.output_tokens if child == 0 else None
+        #: the output ids: the trace's (a tuple) or, for a beam, its history (a list)
+        self.out_tokens: tuple[int, ...] | list[int] | None = (
+            req.output_tokens if child == 0 else None
+        )
         self.out_base = SYNTH_BASE * (index + 1) + _OUT * (child + 1)
         self.state = WAITING
         self.target = len(prompt)  # tokens to prefill before decoding
@@ -115,6 +118,12 @@ class Seq:
             return self.prompt[p]
         j = p - plen
         return self.out_tokens[j] if self.out_tokens is not None else self.out_base + j
+
+    def history(self) -> list[int]:
+        """A beam's output ids so far (the engine gives every beam a list of them)."""
+        out = self.out_tokens
+        assert isinstance(out, list), f"{self.sid} is not a beam"
+        return out
 
     def tokens(self, a: int, b: int) -> list[int]:
         return [self.token(p) for p in range(a, b)]

@@ -45,7 +45,7 @@ class EngineState:
     epoch: int = 0
     #: (epoch, queue head, running, budget) of the last failed admission (event mode
     #: retries only once one of them changed)
-    fail_key: tuple | None = None
+    fail_key: tuple[object, ...] | None = None
     next_arrival: int = 0  # index of the next trace request to arrive
     #: the run's max_concurrency cap (`SchedulerConfig.max_concurrency`; 0: none)
     cap: int = 0
