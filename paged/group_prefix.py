@@ -45,6 +45,7 @@ class Hit:
     tokens: int
     tables: dict[int, list[int]]
     keys: dict[int, list[bytes]]
+    queried: int = 0  # prompt tokens the lookup could have hit
 
 
 class GroupPrefixIndex:
@@ -60,7 +61,8 @@ class GroupPrefixIndex:
         return (salt, f"group {group}")
 
     def lookup(self, prompt: Sequence[int], salt: str | None) -> Hit:
-        """The longest hit of `prompt` every self group accepts (nothing changes)."""
+        """The longest hit of `prompt` every self group accepts (nothing changes, not
+        even the lookup counters: `start` records the lookup)."""
         bs = self.block_size
         max_blocks = (len(prompt) - 1) // bs if prompt else 0
         groups = self.model.self_groups
@@ -87,18 +89,17 @@ class GroupPrefixIndex:
                 assert block is not None
                 table[i] = block
             tables[gi] = table
-        self.prefix.record_lookup(max_blocks * bs, m, m * bs)
-        return Hit(m * bs, tables, {g: keys[g][:m] for g in groups})
+        return Hit(m * bs, tables, {g: keys[g][:m] for g in groups}, max_blocks * bs)
 
     def start(
-        self, request_id: Hashable, prompt: Sequence[int], salt: str | None, hit: Hit
+        self, request_id: Hashable, prompt: Sequence[int], salt: str | None, hit: Hit | None
     ) -> None:
-        self._state[request_id] = HashState(
-            tuple(prompt),
-            salt,
-            list(prompt[: hit.tokens]),
-            keys={g: list(k) for g, k in hit.keys.items()},
-        )
+        """Track a new request (its prompt and the hit it was admitted with, if any)."""
+        if hit is not None:  # counted once the admission succeeds
+            self.prefix.record_lookup(hit.queried, hit.tokens // self.block_size, hit.tokens)
+        tokens = list(prompt[: hit.tokens]) if hit else []
+        keys = {g: list(k) for g, k in hit.keys.items()} if hit else {}
+        self._state[request_id] = HashState(tuple(prompt), salt, tokens, keys=keys)
 
     def ids_for(
         self, request_id: Hashable, start: int, n: int, token_ids: Sequence[int] | None

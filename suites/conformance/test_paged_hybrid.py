@@ -3,7 +3,8 @@ the reference that keeps everything (`reference.layer_groups`), driven by one hy
 state machine over random models: 1-3 groups of full attention, sliding windows and
 cross-attention (Gemma-2-like local + global, Whisper-like self + cross, two windows).
 
-Swap-out / swap-in of request groups (every layer group at once) joins the operations.
+Admissions with prompts (prefix caching on or off, two salts; a hit under a window holds
+only the blocks `spec_prefix` says it needs) and swap-out / swap-in of request groups (every layer group at once) joins the operations.
 After every step: what each group's newest query reads is identical in both caches; each
 self-attention group holds exactly the blocks `spec_capacity.blocks_in_step` plans for
 the request's last append (no block referenced outside its window); cross-attention
@@ -62,13 +63,23 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         block_size=st.sampled_from([1, 2, 4, 8]),
         num_blocks=st.integers(4, 40),
         num_cpu_blocks=st.integers(0, 24),
+        prefix=st.booleans(),
     )
     def setup(
-        self, data: st.DataObject, block_size: int, num_blocks: int, num_cpu_blocks: int
+        self,
+        data: st.DataObject,
+        block_size: int,
+        num_blocks: int,
+        num_cpu_blocks: int,
+        prefix: bool,
     ) -> None:
         self.model = _model(data.draw(self.MODELS, label="specs"))
         self.paged = LayerGroupsPagedCache(
-            self.model, num_blocks, block_size, num_cpu_blocks=num_cpu_blocks
+            self.model,
+            num_blocks,
+            block_size,
+            num_cpu_blocks=num_cpu_blocks,
+            enable_prefix_caching=prefix,
         )
         self.ref = LayerGroupsReferenceCache(self.model)
         self.bs = block_size
@@ -97,6 +108,53 @@ class LayerGroupsMachine(RuleBasedStateMachine):
 
     def _resident(self, rid: int) -> bool:
         return rid in self.last_step and not self.ref.is_swapped(rid)
+
+    @staticmethod
+    def _prompt_kv(tokens: list[int], group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of a prompt as a function of (group, token, position), so a prefix hit
+        serves exactly the KV the reference computes for the same tokens."""
+        t = torch.tensor(tokens, dtype=torch.float32)[:, None, None]
+        pos = torch.arange(len(tokens), dtype=torch.float32)[:, None, None]
+        k = (t + 0.5 * pos + group + torch.arange(DIM)).expand(len(tokens), HEADS, DIM)
+        k = torch.stack([k * (layer + 1) for layer in range(LAYERS)])
+        return k.contiguous(), (-k).contiguous()
+
+    @rule(
+        target=requests,
+        stem=st.sampled_from([(1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 3, 9, 9, 9)]),
+        cut=st.integers(1, 9),
+        tail=st.lists(st.integers(0, 3), max_size=4),
+        salt=st.sampled_from([None, "s"]),
+    )
+    def admit_prompt(
+        self, stem: tuple[int, ...], cut: int, tail: list[int], salt: str | None
+    ) -> int:
+        """Admit with a prompt from shared stems (prefix hits when caching is on) and
+        compute its prompt at once; the hit must be whole blocks of the prompt, short
+        of its last token, and every group then reads what the reference reads."""
+        rid = self.next_id
+        self.next_id += 1
+        prompt = [*stem[:cut], *tail]
+        enc = [self._kv(self.model.groups[g].spec.encoder_len) for g in self.model.cross_groups]
+        before = self.paged.snapshot()
+        try:
+            hit = self.paged.admit(rid, enc, prompt=prompt, salt=salt)
+        except CapacityError:
+            assert self.paged.snapshot() == before, "a refused admission changed the cache"
+            return rid
+        assert hit % self.bs == 0 and hit < len(prompt)
+        full = [self._prompt_kv(prompt, g) for g in self.model.self_groups]
+        before = self.paged.snapshot()
+        try:
+            self.paged.append(rid, [(k[:, hit:], v[:, hit:]) for k, v in full])
+        except CapacityError:
+            assert self.paged.snapshot() == before, "a refused append changed the cache"
+            self.paged.free(rid)
+            return rid
+        self.ref.admit(rid, enc)
+        self.ref.append(rid, full)
+        self.last_step[rid] = (hit, len(prompt) - hit)
+        return rid
 
     @rule(data=st.data(), swap_in=st.booleans())
     def swap(self, data: st.DataObject, swap_in: bool) -> None:
@@ -186,10 +244,27 @@ class LayerGroupsMachine(RuleBasedStateMachine):
                     assert held == blocks_in_step(g.spec, computed, new, self.bs), (rid, gi)
 
 
-LayerGroupsMachine.TestCase.settings = settings(
-    max_examples=50, stateful_step_count=25, deadline=None
-)
+# examples from the hypothesis profile (ci: 25), steps per example fixed here
+LayerGroupsMachine.TestCase.settings = settings(stateful_step_count=25, deadline=None)
 test_hybrid_and_cross_attention_paged_vs_reference = LayerGroupsMachine.TestCase
+
+
+class CrossAttentionMachine(LayerGroupsMachine):
+    """Encoder-decoder models: one self-attention group (full or windowed) and one or
+    two cross-attention groups."""
+
+    MODELS = st.tuples(
+        st.one_of(
+            st.just(KVCacheSpec.full()), st.builds(KVCacheSpec.sliding_window, st.integers(1, 12))
+        ),
+        st.lists(
+            st.builds(KVCacheSpec.cross_attention, st.integers(1, 12)), min_size=1, max_size=2
+        ),
+    ).map(lambda t: [t[0], *t[1]])
+
+
+CrossAttentionMachine.TestCase.settings = settings(stateful_step_count=25, deadline=None)
+test_cross_attention_paged_vs_reference = CrossAttentionMachine.TestCase
 
 
 def test_hybrid_gemma_like_groups_share_one_pool() -> None:
