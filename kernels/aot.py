@@ -33,7 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -289,7 +289,7 @@ def compile_one(
         kernel = triton.compile(
             src,
             target=GPUTarget("cuda", arch, 32),
-            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+            options=cfg.launch_options(),
         )
     except Exception as exc:  # the compiler raises many types; name the configuration
         raise CompileCheckError(
@@ -453,7 +453,7 @@ METRICS: dict[str, str] = {
 }
 
 
-def as_rows(records: Iterable[CompileRecord]) -> list[dict[str, object]]:
+def as_rows(records: Iterable[CompileRecord]) -> list[dict[str, Any]]:
     """Flatten records to result rows `{"case", "metric", "value", "unit"}`, one per
     (record, metric); the case names kernel, arch, configuration (canonical JSON), triton
     version and kernel source hash."""

@@ -107,7 +107,25 @@ class BlockPool:
             raise ConfigError(f"cannot allocate {n} blocks")
         if n > self.num_free:
             raise CapacityError(f"need {n} blocks, only {self.num_free} free or evictable")
-        return [self.allocate() for _ in range(n)]
+        # `allocate` n times, in bulk: the top of the free stack (popped last-in first),
+        # then evictions in the queue's order (nothing joins the free stack meanwhile)
+        free, ref = self._free, self.ref
+        take = min(n, len(free))
+        out = free[len(free) - take :]
+        out.reverse()
+        del free[len(free) - take :]
+        if take < n:
+            assert self.prefix is not None
+            pop, drop, fill = self._evictable.popitem, self.prefix.drop, self.fill
+            for _ in range(n - take):
+                block = pop(last=False)[0]
+                drop(block)
+                fill[block] = 0
+                out.append(block)
+        for block in out:
+            ref[block] = 1
+        self.num_used += n
+        return out
 
     def incref(self, block: int) -> None:
         """Add a reference; an evictable block comes back into use (a prefix hit)."""

@@ -14,6 +14,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
+from kvbench.paged.block_chain import BlockChain
 from kvbench.paged.prefix_cache import ExtraKeys
 
 
@@ -25,6 +26,8 @@ class RequestState:
         by this request alone (refcount 1).
     keys: prefix-cache keys of its leading full blocks whose token ids are all known.
     hashable: False once a block with an unknown token id fills (no later block is keyed).
+    chain: the prompt's precomputed key chain (`paged.block_chain`) or None; its keys
+        and block tuples replace hashing the prompt's full blocks.
     tokens: ids of the cached tokens (None where not given), or None when not tracked;
         the last `unknown_tail` of them are None and not stored (a memory-only replay
         appends millions of unknown output ids): len(tokens) + unknown_tail == seq_len.
@@ -32,6 +35,7 @@ class RequestState:
 
     __slots__ = (
         "blocks",
+        "chain",
         "extra",
         "hashable",
         "keys",
@@ -74,6 +78,7 @@ class RequestState:
         self.keys = keys
         self.hashable = True
         self.swapped = False
+        self.chain: BlockChain | None = None
 
     @property
     def pending_prompt(self) -> int:
@@ -95,6 +100,7 @@ class RequestState:
             list(self.keys),
         )
         child.hashable = self.hashable
+        child.chain = self.chain
         child.unknown_tail = self.unknown_tail
         return child
 

@@ -55,6 +55,7 @@ import torch
 
 from kvbench.kernels import ops
 from kvbench.paged.accounting import CacheAccounting, CacheLimits
+from kvbench.paged.block_chain import BlockChain
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.block_table import RequestState, block_table_tensor
 from kvbench.paged.device_kv import DeviceKV
@@ -71,6 +72,7 @@ from kvbench.reference.contract import (
 )
 from kvbench.reference.validation import (
     MAX_INDEX,
+    PLAIN_TOKEN_TYPES,
     token_id_count,
     validate_device,
     validate_geometry,
@@ -275,11 +277,35 @@ class PagedKVCache:
         return tables.to(self._device), lens.to(self._device)
 
     # ------------------------------------------------------------------ planning (no changes)
-    def _match(self, prompt: Sequence[int], extra: ExtraKeys) -> tuple[list[bytes], list[int]]:
+    def _match(
+        self, prompt: Sequence[int], extra: ExtraKeys, chain: BlockChain | None = None
+    ) -> tuple[list[bytes], list[int]]:
         if self.prefix is None:
             return [], []
         max_blocks = (len(prompt) - 1) // self.block_size  # the last token is recomputed
+        if chain is not None:
+            return self.prefix.match_keyed(chain.keys, chain.chunks, extra, max_blocks)
         return self.prefix.match(prompt, extra, self.block_size, max_blocks)
+
+    def _check_chain(
+        self, chain: BlockChain, prompt: Sequence[int], extra: ExtraKeys
+    ) -> BlockChain | None:
+        """The chain if it describes exactly this prompt for this cache (ConfigError
+        otherwise); None where prefix caching is off (nothing is keyed)."""
+        if not isinstance(chain, BlockChain):
+            raise ConfigError(f"chain must be a BlockChain, got {type(chain).__name__}")
+        if chain.prompt is not prompt:
+            raise ConfigError("chain was computed from another prompt object than this one")
+        if chain.block_size != self.block_size or chain.extra != extra:
+            raise ConfigError(
+                f"chain is for block size {chain.block_size} and extra keys {chain.extra!r}, "
+                f"this admission has {self.block_size} and {extra!r}"
+            )
+        if self.prefix is None:
+            return None
+        if chain.key_fn is not self.prefix.key_fn:
+            raise ConfigError("chain was computed with another key function than the cache's")
+        return chain
 
     def _admission_cost(self, prompt_len: int, hits: Sequence[int]) -> int:
         """Blocks an admission takes from the free count: fresh ones plus revived hits."""
@@ -327,10 +353,14 @@ class PagedKVCache:
         salt: str | None = None,
         output_len: int | None = None,
         adapter_id: str | None = None,
+        chain: BlockChain | None = None,
     ) -> int:
         """Admit a request (see the module docstring); returns the prompt tokens served
-        from the prefix cache (a multiple of block_size, < len(prompt))."""
+        from the prefix cache (a multiple of block_size, < len(prompt)). `chain`: the
+        prompt's key chain computed beforehand (`paged.block_chain`, for replays that
+        admit one prompt into many caches); it changes no decision, only skips hashing."""
         self.requests.require_new(request_id)
+        given = prompt
         prompt = validate_prompt(prompt, self.max_seq_len, check_ids=self._track_tokens)
         if output_len is not None and (
             isinstance(output_len, bool) or not isinstance(output_len, int) or output_len < 0
@@ -340,7 +370,9 @@ class PagedKVCache:
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{name} must be a string or None, got {value!r}")
         extra: ExtraKeys = (salt, adapter_id)
-        keys, hits = self._match(prompt, extra)
+        if chain is not None:
+            chain = self._check_chain(chain, given, extra)
+        keys, hits = self._match(prompt, extra, chain)
         cost = self._admission_cost(len(prompt), hits)
         free = self.pool.num_free
         if free - cost < self.watermark_blocks:
@@ -356,20 +388,20 @@ class PagedKVCache:
         if self.prefix is not None:
             self.prefix.record_lookup(len(prompt), len(hits), cached)
         tokens: list[int | None] | None = list(prompt[:cached]) if self._track_tokens else None
-        self.requests.add(
-            RequestState(
-                request_id,
-                self.requests.next_order(),
-                prompt,
-                salt,
-                extra,
-                output_len,
-                tokens,
-                cached,
-                hits + fresh,
-                keys,
-            )
+        state = RequestState(
+            request_id,
+            self.requests.next_order(),
+            prompt,
+            salt,
+            extra,
+            output_len,
+            tokens,
+            cached,
+            hits + fresh,
+            keys,
         )
+        state.chain = chain
+        self.requests.add(state)
         return cached
 
     # ------------------------------------------------------------------ append
@@ -476,8 +508,12 @@ class PagedKVCache:
         tokens = req.tokens
         if tokens is not None:
             if token_ids is not None:
+                req.chain = None  # given ids may differ from the prompt's: hash them
                 req.materialize_tail()
-                tokens.extend(int(t) if t is not None else None for t in token_ids)
+                if set(map(type, token_ids)) <= PLAIN_TOKEN_TYPES:  # exact ints / None
+                    tokens.extend(token_ids)
+                else:
+                    tokens.extend(int(t) if t is not None else None for t in token_ids)
             elif s < req.prompt_len:  # prompt ids are known (and no unknown tail precedes)
                 part = req.prompt[s:end]
                 tokens.extend(part)
@@ -495,6 +531,14 @@ class PagedKVCache:
         key_fn, insert, bs = prefix.key_fn, prefix.insert, self.block_size
         i = len(keys)
         parent = keys[-1] if keys else None
+        chain = req.chain
+        if chain is not None:  # the prompt's full blocks: keys and tuples precomputed
+            stop = min(len(chain.keys), req.seq_len // bs)
+            if i < stop:
+                new = chain.keys[i:stop]
+                prefix.insert_chain(req.blocks[i:stop], new, chain.chunks[i:stop], parent, extra)
+                keys.extend(new)
+                parent, i = new[-1], stop
         while (i + 1) * bs <= req.seq_len:
             chunk = tuple(tokens[i * bs : (i + 1) * bs])
             if len(chunk) < bs or None in chunk:  # short: it reaches into the unknown tail

@@ -27,13 +27,20 @@ A pool larger than every distinct full block of the trace plus one request never
 so it behaves exactly as an unbounded cache: the replay sizes the pool at
 min(C // block_size, that bound) (`footprint_blocks`), which keeps the 10^9-token points
 cheap and changes no hit.
+
+A sweep over capacities (`replay_many`) runs one cache per capacity side by side in one
+pass over the trace: each prompt's block-key chain depends on the prompt, the block size
+and the salt only, so it is computed once (`paged.block_chain`) and given to every cache's
+`admit`; each cache still looks up, verifies, allocates, evicts and indexes by itself, so
+every result equals `replay`'s for that capacity (tested).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kvbench.paged.block_chain import BlockChain, block_chain
 from kvbench.paged.cache import PagedKVCache
 from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.trace import Trace
@@ -71,22 +78,9 @@ def replay(
     """Replay `trace` through a memory-only PagedKVCache of `capacity_tokens` (see the
     module docstring). `pool_limit`: blocks past which the pool provably never evicts
     (`footprint_blocks`); the pool is min(capacity // block_size, pool_limit)."""
-    require_positive("capacity_tokens", capacity_tokens)
     require_positive("block_size", block_size)
-    blocks = capacity_tokens // block_size
-    if blocks < 1:
-        raise_small(capacity_tokens, block_size)
-    pool = min(blocks, pool_limit) if pool_limit else blocks
-    max_tokens = blocks * block_size
-    cache = PagedKVCache(
-        TINY,
-        num_blocks=pool,
-        block_size=block_size,
-        store_kv=False,
-        enable_prefix_caching=True,
-        eviction_policy=policy,
-        max_seq_len=max_tokens,
-    )
+    cache = _memory_cache(capacity_tokens, block_size, policy, pool_limit)
+    pool, max_tokens = cache.num_blocks, cache.max_seq_len
     hits = prompts = 0
     for i, req in enumerate(trace.requests):
         ids = req.prompt_ids(i)
@@ -102,6 +96,85 @@ def replay(
     assert cache.prefix is not None
     return ReplayResult(
         capacity_tokens, block_size, policy, hits, prompts, pool, cache.prefix.evictions
+    )
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """One cache of a sweep: its capacity [tokens] and eviction policy."""
+
+    capacity_tokens: int
+    policy: str = "lru"
+
+
+def replay_many(
+    trace: Trace,
+    configs: Sequence[ReplayConfig],
+    block_size: int = 16,
+    *,
+    pool_limit: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[ReplayResult]:
+    """`replay` of `trace` through one cache per config, all in one pass: each prompt's
+    key chain (`paged.block_chain`) is computed once and handed to every cache, which
+    makes every decision itself (the results equal `replay`'s, config by config).
+    Memory: all the caches at once (their block tuples shared through the chains)."""
+    require_positive("block_size", block_size)
+    if not configs:
+        return []
+    caches = [_memory_cache(c.capacity_tokens, block_size, c.policy, pool_limit) for c in configs]
+    limits = [(c.capacity_tokens // block_size) * block_size for c in configs]
+    hits = [0] * len(configs)
+    prompts = 0
+    for i, req in enumerate(trace.requests):
+        ids = req.prompt_ids(i)
+        n = len(ids)
+        prompts += n
+        extra = (req.salt, None)
+        chain = block_chain(ids, block_size, extra)
+        cut: dict[int, tuple[Sequence[int], BlockChain]] = {}
+        for k, cache in enumerate(caches):
+            p, pc = ids, chain
+            if n > limits[k]:
+                if limits[k] not in cut:
+                    short = ids[: limits[k]]
+                    cut[limits[k]] = (short, chain.truncated(limits[k], short))
+                p, pc = cut[limits[k]]
+            cached = cache.admit(i, p, salt=req.salt, chain=pc)
+            cache.append_tokens(i, len(p) - cached)
+            cache.free(i)
+            hits[k] += cached
+        if progress is not None:
+            progress(1)
+    out: list[ReplayResult] = []
+    for c, cache, h in zip(configs, caches, hits, strict=True):
+        assert cache.prefix is not None
+        out.append(
+            ReplayResult(
+                c.capacity_tokens, block_size, c.policy, h, prompts, cache.num_blocks,
+                cache.prefix.evictions,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _memory_cache(
+    capacity_tokens: int, block_size: int, policy: str, pool_limit: int | None
+) -> PagedKVCache:
+    """The memory-only cache `replay` runs on (module docstring)."""
+    require_positive("capacity_tokens", capacity_tokens)
+    blocks = capacity_tokens // block_size
+    if blocks < 1:
+        raise_small(capacity_tokens, block_size)
+    pool = min(blocks, pool_limit) if pool_limit else blocks
+    return PagedKVCache(
+        TINY,
+        num_blocks=pool,
+        block_size=block_size,
+        store_kv=False,
+        enable_prefix_caching=True,
+        eviction_policy=policy,
+        max_seq_len=blocks * block_size,
     )
 
 

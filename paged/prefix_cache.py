@@ -37,16 +37,43 @@ def block_key(parent: bytes | None, tokens: Sequence[int], extra: ExtraKeys) -> 
     + its bytes; the token count (u32 LE) and each token id as int64 LE; the number of
     extra keys (u32 LE) and each as 0x00 (None) or 0x01 + UTF-8 length (u32 LE) + bytes.
     """
-    if parent is None:
-        head = _ROOT
-    elif len(parent) == 32:
-        head = _PARENT32 + parent
-    else:
-        head = _DOMAIN + b"\x01" + _U32.pack(len(parent)) + parent
+    head = _head(parent)
     n = len(tokens)
     packer = _TOKEN_STRUCTS.get(n) or _token_struct(n)
     tail = _EXTRA_BYTES.get(extra) or _extra_bytes(extra)
     return sha256(head + packer.pack(n, *tokens) + tail).digest()
+
+
+def chain_keys(
+    tokens: Sequence[int], block_size: int, extra: ExtraKeys, parent: bytes | None = None
+) -> list[bytes]:
+    """The `block_key` chain of the len(tokens) // block_size full blocks of `tokens`
+    (the first block's parent `parent`): the same keys as calling `block_key` block by
+    block, with the ids packed once for the whole prompt (a capacity sweep keys 10^7
+    blocks)."""
+    n = len(tokens) // block_size
+    if n == 0:
+        return []
+    flat = tokens[: n * block_size]
+    packed = struct.pack(f"<{n * block_size}q", *flat)
+    count = _U32.pack(block_size)
+    tail = _EXTRA_BYTES.get(extra) or _extra_bytes(extra)
+    step = 8 * block_size
+    keys: list[bytes] = []
+    for i in range(n):
+        head = _head(parent)
+        parent = sha256(head + count + packed[i * step : (i + 1) * step] + tail).digest()
+        keys.append(parent)
+    return keys
+
+
+def _head(parent: bytes | None) -> bytes:
+    """The encoding's domain tag and parent field (see `block_key`)."""
+    if parent is None:
+        return _ROOT
+    if len(parent) == 32:
+        return _PARENT32 + parent
+    return _DOMAIN + b"\x01" + _U32.pack(len(parent)) + parent
 
 
 _U32 = struct.Struct("<I")
@@ -86,6 +113,10 @@ class _Entry(NamedTuple):
     parent: bytes | None
     tokens: tuple[int, ...]
     extra: ExtraKeys
+
+
+#: Builds an `_Entry` from one tuple without the named tuple's Python-level __new__.
+_new_entry = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -174,6 +205,29 @@ class PrefixCache:
             parent = key
         return keys, blocks
 
+    def match_keyed(
+        self,
+        keys: Sequence[bytes],
+        chunks: Sequence[tuple[int, ...]],
+        extra: ExtraKeys,
+        max_blocks: int,
+    ) -> tuple[list[bytes], list[int]]:
+        """`match` with the chain's keys and block tuples given (`paged.block_chain`):
+        the same walk and the same verification of every hit, without hashing."""
+        by_key, by_block = self._by_key, self._by_block
+        blocks: list[int] = []
+        parent: bytes | None = None
+        for key, chunk in zip(keys[:max_blocks], chunks, strict=False):
+            block = by_key.get(key)
+            if block is None:
+                break
+            entry = by_block[block]
+            if entry.parent != parent or entry.extra != extra or entry.tokens != chunk:
+                break  # a hash collision: never serve another prefix's KV
+            blocks.append(block)
+            parent = key
+        return list(keys[: len(blocks)]), blocks
+
     def insert(
         self,
         block: int,
@@ -188,10 +242,27 @@ class PrefixCache:
         if key in by_key or block in by_block:
             return False
         by_key[key] = block
-        by_block[block] = _Entry(
-            key, parent, tokens if type(tokens) is tuple else tuple(tokens), extra
+        by_block[block] = _new_entry(
+            _Entry, (key, parent, tokens if type(tokens) is tuple else tuple(tokens), extra)
         )
         return True
+
+    def insert_chain(
+        self,
+        blocks: Sequence[int],
+        keys: Sequence[bytes],
+        chunks: Sequence[tuple[int, ...]],
+        parent: bytes | None,
+        extra: ExtraKeys,
+    ) -> None:
+        """`insert` each (blocks[i], keys[i], chunks[i]) of a chain in order, the parent
+        of each the key before it (`parent` for the first): a replay's bulk indexing."""
+        by_key, by_block = self._by_key, self._by_block
+        for block, key, chunk in zip(blocks, keys, chunks, strict=True):
+            if key not in by_key and block not in by_block:
+                by_key[key] = block
+                by_block[block] = _new_entry(_Entry, (key, parent, chunk, extra))
+            parent = key
 
     def drop(self, block: int) -> None:
         """Forget a block (the pool is reallocating it)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -38,6 +39,8 @@ def validate_kv_append(
 
 #: Token id types checked at C speed; anything else goes through numbers.Integral.
 _PLAIN_TOKEN_TYPES = frozenset({int, type(None)})
+#: The token id types stored as given (anything else is checked and converted one by one).
+PLAIN_TOKEN_TYPES = _PLAIN_TOKEN_TYPES
 
 
 def _find_bad_token(token_ids: Sequence[int | None], allow_none: bool) -> None:
@@ -84,9 +87,14 @@ def validate_prompt(
 
 def validate_token_ids(token_ids: Sequence[int | None]) -> None:
     """Check appended token ids are non-negative ints or None (an id not given)."""
-    plain = set(map(type, token_ids)) <= _PLAIN_TOKEN_TYPES
-    if not plain or min((t for t in token_ids if t is not None), default=0) < 0:
+    types = set(map(type, token_ids))
+    if not types <= _PLAIN_TOKEN_TYPES:
         _find_bad_token(token_ids, allow_none=True)
+    elif int in types:  # all ints (the common case) compare at C speed
+        ids = cast("Sequence[int]", token_ids) if len(types) == 1 else None  # no None in it
+        low = min(ids) if ids is not None else min(t for t in token_ids if t is not None)
+        if low < 0:
+            _find_bad_token(token_ids, allow_none=True)
 
 
 #: Block ids and slot counts go to kernels as int32: the largest a cache may hold.

@@ -54,6 +54,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "serving.batch_table": (MODELED,),
     "serving.cow_load": (MODELED,),
     "serving.rate": (MODELED,),
+    "serving.kv_dtype": (MODELED, CLOSED_FORM),
+    "e2e.llama_fp8": (MEASURED,),
     "serving.measured": (MEASURED, MODELED),
     "cow.parallel_sampling": (COUNTED,),
     "cow.beam_search": (COUNTED,),
@@ -106,6 +108,21 @@ class Produced:
             else:
                 parts.append(kind)
         return parts
+
+    def only(self, kinds: tuple[str, ...]) -> Produced:
+        """What produced a part of the sweep (a figure) that shows only `kinds` (of this
+        sweep's kinds): the device only where it is measured, the profiles only where
+        it is modeled; `kinds` () = the whole sweep. A kind the sweep lacks is an error."""
+        if not kinds:
+            return self
+        extra = [k for k in kinds if k not in self.kinds]
+        if extra:
+            raise ValueError(f"kinds {extra} are not among the sweep's {list(self.kinds)}")
+        return Produced(
+            kinds,
+            self.device if MEASURED in kinds else "",
+            self.profiles if MODELED in kinds else (),
+        )
 
     def tag(self) -> str:
         """The short tag: 'measured here (CPU)', 'modeled (1xa100-40gb)', ..."""

@@ -33,7 +33,14 @@ import pandas as pd
 
 from kvbench.reports import calibration as calibration_page
 from kvbench.reports import claims as claims_mod
-from kvbench.reports import figures, figures_serving, kernel_labels, table_columns, tables
+from kvbench.reports import (
+    figures,
+    figures_serving,
+    fp8_tables,
+    kernel_labels,
+    table_columns,
+    tables,
+)
 from kvbench.reports import provenance as produced_by
 from kvbench.reports import serving as serving_tables
 from kvbench.reports.site_common import slug as _slug
@@ -115,8 +122,8 @@ def _sweep_page(
     keys, metrics, rows, spread = tables.wide_with_spread(frame)
     unit = tables.units(frame)
     page = SweepPage(name, href, description, len(rows))
-    main = [j for j, m in enumerate(metrics) if not table_columns.is_detail(m)]
-    detail = [j for j, m in enumerate(metrics) if table_columns.is_detail(m)]
+    main = [j for j, m in enumerate(metrics) if not table_columns.is_detail(m, name)]
+    detail = [j for j, m in enumerate(metrics) if table_columns.is_detail(m, name)]
     page.header = [table_columns.header(k) for k in keys] + [metrics[j] for j in main]
     page.detail_header = [table_columns.header(k) for k in keys] + [metrics[j] for j in detail]
     page.n_keys = len(keys)
@@ -143,6 +150,7 @@ def _sweep_page(
                 "src": f"figures/{fname}",
                 "title": spec.title,
                 "spread": figures.spread_note(frame, spec),
+                "produced": made.only(spec.kinds).tag(),
             }
         )
     for title, svg in figures_serving.extra_figures(name, frame):
@@ -158,6 +166,7 @@ def _sweep_page(
         (fig_dir / fname).write_text(svg, encoding="utf-8")
         page.figure_files.append({"src": f"figures/{fname}", "title": title, "spread": ""})
     page.derived = serving_tables.derived_tables(name, frame)
+    page.derived += fp8_tables.derived_tables(name, frame)
     if name == calibration_page.SUITE:
         page.derived += calibration_page.error_tables(frame)
     return page

@@ -19,10 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10: mypy itself depends on tomli there
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10: mypy itself depends on tomli there
+    import tomli as tomllib  # type: ignore[import-not-found]  # absent where mypy runs on 3.11+
 
 #: Where the link tree goes, under the repository root.
 TREE = ".mypy-tree"

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvbench.workloads.errors import ConfigError
-from kvbench.workloads.geometry import parse_bytes
+from kvbench.workloads.geometry import KVGeometry, canonical_dtype, parse_bytes
 from kvbench.workloads.presets import ModelPreset, get_preset
 from kvbench.workloads.profiles import DeviceProfile, get_profile
 
@@ -49,6 +49,9 @@ class ServingSetup:
         source: where the figures come from.
         weight_bytes: overrides the preset's fp16 weight bytes (0: the preset's).
         quoted_slots: the slot count the source quotes (0: none), shown beside ours.
+        kv_dtype: the KV cache dtype ("" : the preset's, float16); "fp8_e4m3" / "fp8_e5m2"
+            halve the bytes per token, so the same KV memory holds twice the slots and a
+            decode step reads half the KV bytes (`with_kv_dtype`).
     """
 
     name: str
@@ -60,10 +63,17 @@ class ServingSetup:
     source: str
     weight_bytes: int = 0
     quoted_slots: int = 0
+    kv_dtype: str = ""
 
     @property
     def preset(self) -> ModelPreset:
         return get_preset(self.model)
+
+    @property
+    def geometry(self) -> KVGeometry:
+        """The KV geometry served: the preset's, in `kv_dtype` where one is set."""
+        g = self.preset.geometry
+        return g.with_dtype(self.kv_dtype) if self.kv_dtype else g
 
     @property
     def device(self) -> DeviceProfile:
@@ -78,7 +88,7 @@ class ServingSetup:
 
     def kv_slots(self) -> int:
         """Tokens of KV the set-up holds."""
-        return self.kv_bytes() // self.preset.geometry.bytes_per_token
+        return self.kv_bytes() // self.geometry.bytes_per_token
 
     def check_fits(self) -> None:
         """Raise ConfigError when weights plus KV over the ranks exceed one device."""
@@ -185,3 +195,10 @@ def with_calibration(setup: ServingSetup, calibration: str) -> ServingSetup:
     if calibration == "fitted":
         return setup
     return replace(setup, profile=setup.device.datasheet().name)
+
+
+def with_kv_dtype(setup: ServingSetup, dtype: str) -> ServingSetup:
+    """`setup` with its KV cache stored in `dtype` (a KV dtype name or alias: "float16",
+    "fp8_e4m3", ...); ConfigError naming an unknown dtype. Weights are unchanged."""
+    name = canonical_dtype(dtype)
+    return replace(setup, kv_dtype=name)

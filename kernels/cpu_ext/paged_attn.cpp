@@ -580,15 +580,14 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
 //   2. runs the online softmax for VW rows at once (running max, correction and sum are
 //      vectors; exp by the polynomial vexp), masking causally only on chunks that reach
 //      past a panel's first position;
-//   3. accumulates O += P V with O row-major [row][d]: a PF_MR x PF_ND register tile, each
-//      broadcast probability feeding PF_ND FMAs and each V vector PF_MR; the correction
-//      of a row's running max is applied as its accumulators are loaded.
-// K and V rows are read where they lie when they are fp32 and the head dim fills whole
-// PF_ND-vector columns; otherwise a chunk is converted (and zero-padded) into fp32 scratch.
-constexpr int PF_MT = 6;      // keys per score micro-tile (broadcast)
-constexpr int PF_NR = 2;      // row panels (VW rows each) per score micro-tile
-constexpr int PF_MR = 6;      // query rows per P V micro-tile (broadcast)
-constexpr int PF_ND = 2;      // VW-wide columns of V per P V micro-tile
+//   3. accumulates O^T += V^T P^T with O^T [panel][d][lane] (rows across lanes again): a
+//      PF_MT x PF_NR register tile, each V element broadcast into PF_NR FMAs and each
+//      probability vector (the softmax's own layout) feeding PF_MT; a panel's running-max
+//      correction is one vector multiply as its accumulators are loaded.
+// Each chunk's K and V rows are first packed into contiguous fp32 scratch (see
+// prefill_impl for why).
+constexpr int PF_MT = 6;      // keys (scores) / head-dim elements (P V) per micro-tile
+constexpr int PF_NR = 2;      // row panels (VW rows each) per micro-tile
 constexpr int PF_CHUNK = 48;  // keys per softmax step (a multiple of PF_MT)
 constexpr int PF_ROWS = PF_NR * VW;  // rows are padded to a multiple of this
 
@@ -655,71 +654,86 @@ inline void pf_scores_keys(const float* const* kp, int nt, const float* qt, int 
   }
 }
 
-// o[m * os + c * VW ..] = o[..] * corr[m] + sum_{t < nt} p[m][t * VW] * v[t][d0 + c * VW ..]
-// for MR rows (p[m]: row m's probabilities, VW apart) and ND vector columns.
-template <int MR, int ND>
-KVB_INLINE void pf_pv(float* o, int64_t os, const float* const* p, const float* corr,
-                      const float* const* vp, int d0, int nt) {
-  vf a[MR][ND];
-#pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m) {
-    const float c = corr[m];
+// O^T += V^T P^T with the rows across the vector lanes, the score pass's shape mirrored:
+// ot[i * opanel + (d0 + m) * VW + lane] = ot[..] * corr[i * VW + lane]
+//   + sum_{t < nt} v[t * vs + d0 + m] * p[i * spanel + t * VW + lane]
+// for MT head-dim elements (each broadcast from V) and NR panels of VW rows (each a vector
+// of the probabilities exactly as the softmax left them: no transpose, no store of P in
+// another layout; a row's correction is one vector multiply per panel).
+template <int MT, int NR>
+KVB_INLINE void pf_pv(float* ot, int64_t opanel, const float* corr, const float* p,
+                      int64_t spanel, const float* v, int64_t vs, int nt) {
+  vf a[MT][NR];
 #pragma GCC unroll 4
-    for (int n = 0; n < ND; ++n) {
-      std::memcpy(&a[m][n], o + m * os + n * VW, sizeof(vf));
-      a[m][n] *= c;
+  for (int i = 0; i < NR; ++i) {
+    vf c;
+    std::memcpy(&c, corr + i * VW, sizeof(vf));
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) {
+      std::memcpy(&a[m][i], ot + i * opanel + m * VW, sizeof(vf));
+      a[m][i] *= c;
     }
   }
-  const float* pr[MR];
-#pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m) pr[m] = p[m];
   for (int t = 0; t < nt; ++t) {
-    const float* v = vp[t] + d0;
-    vf vv[ND];
+    vf pv[NR];
 #pragma GCC unroll 4
-    for (int n = 0; n < ND; ++n) {
-      std::memcpy(&vv[n], v + n * VW, sizeof(vf));
-      KVB_IN_REGISTER(vv[n]);
+    for (int i = 0; i < NR; ++i) {
+      std::memcpy(&pv[i], p + i * spanel + t * VW, sizeof(vf));
+      KVB_IN_REGISTER(pv[i]);
     }
+    const float* vt = v + t * vs;
 #pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) {
-      const vf pb = splat(pr[m] + t * VW);
+    for (int m = 0; m < MT; ++m) {
+      const vf vb = splat(vt + m);
 #pragma GCC unroll 4
-      for (int n = 0; n < ND; ++n) a[m][n] += pb * vv[n];
+      for (int i = 0; i < NR; ++i) a[m][i] += vb * pv[i];
     }
   }
 #pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m)
+  for (int m = 0; m < MT; ++m)
 #pragma GCC unroll 4
-    for (int n = 0; n < ND; ++n) std::memcpy(o + m * os + n * VW, &a[m][n], sizeof(vf));
+    for (int i = 0; i < NR; ++i) std::memcpy(ot + i * opanel + m * VW, &a[m][i], sizeof(vf));
+}
+
+// dst[0, n) = src[0, n) as fp32 (whole vectors, then the tail).
+template <typename T>
+KVB_INLINE void to_f32(const T* src, float* dst, int n) {
+  int d = 0;
+  for (; d + VW <= n; d += VW) {
+    const vf x = Ld<T>::vec(src + d);
+    std::memcpy(dst + d, &x, sizeof(vf));
+  }
+  for (; d < n; ++d) dst[d] = Ld<T>::one(src + d);
 }
 
 // Per-thread scratch of one prefill task (reused across its tasks).
 struct PrefillScratch {
   std::vector<float> qt, st, o, m, l, corr, kv;
   std::vector<int32_t> lim;
-  std::vector<const float*> kp, vp, prow;
+  std::vector<const float*> kp;
 };
 
-// O += P V for rows [r0, nr) of a chunk of nt keys: column groups outer (a V column slice
-// stays in L1 while every row group reads it), PF_MR rows at a time.
-inline void pf_pv_rows(PrefillScratch& w, int r0, int nr, int Dp, int nt) {
-  const int64_t spanel = int64_t(PF_CHUNK) * VW;
-  for (int r = r0; r < nr; ++r) w.prow[r] = w.st.data() + (r / VW) * spanel + r % VW;
-  for (int d0 = 0; d0 < Dp; d0 += PF_ND * VW) {
-    int r = r0;
-    for (; r + PF_MR <= nr; r += PF_MR)
-      pf_pv<PF_MR, PF_ND>(w.o.data() + int64_t(r) * Dp + d0, Dp, w.prow.data() + r,
-                          w.corr.data() + r, w.vp.data(), d0, nt);
-    float* o = w.o.data() + int64_t(r) * Dp + d0;
-    const float* const* pr = w.prow.data() + r;
+// O^T += V^T P^T for the row panels from r0 (a multiple of PF_ROWS) to nrp over a chunk of
+// nt keys whose V rows lie packed in v (vs floats apart): panel groups outer, PF_MT head-dim
+// elements at a time, so a panel group's probabilities stay in L1 while its columns pass.
+template <int DC>
+inline void pf_pv_rows(PrefillScratch& w, int r0, int nrp, int D, const float* v, int64_t vs,
+                       int nt) {
+  const int Dn = DC > 0 ? DC : D;
+  const int64_t spanel = int64_t(PF_CHUNK) * VW, opanel = int64_t(Dn) * VW;
+  for (int r = r0; r < nrp; r += PF_ROWS) {
+    float* ot = w.o.data() + (r / VW) * opanel;
     const float* c = w.corr.data() + r;
-    switch (nr - r) {
-      case 5: pf_pv<5, PF_ND>(o, Dp, pr, c, w.vp.data(), d0, nt); break;
-      case 4: pf_pv<4, PF_ND>(o, Dp, pr, c, w.vp.data(), d0, nt); break;
-      case 3: pf_pv<3, PF_ND>(o, Dp, pr, c, w.vp.data(), d0, nt); break;
-      case 2: pf_pv<2, PF_ND>(o, Dp, pr, c, w.vp.data(), d0, nt); break;
-      case 1: pf_pv<1, PF_ND>(o, Dp, pr, c, w.vp.data(), d0, nt); break;
+    const float* p = w.st.data() + (r / VW) * spanel;
+    int d = 0;
+    for (; d + PF_MT <= Dn; d += PF_MT)
+      pf_pv<PF_MT, PF_NR>(ot + d * VW, opanel, c, p, spanel, v + d, vs, nt);
+    switch (Dn - d) {
+      case 5: pf_pv<5, PF_NR>(ot + d * VW, opanel, c, p, spanel, v + d, vs, nt); break;
+      case 4: pf_pv<4, PF_NR>(ot + d * VW, opanel, c, p, spanel, v + d, vs, nt); break;
+      case 3: pf_pv<3, PF_NR>(ot + d * VW, opanel, c, p, spanel, v + d, vs, nt); break;
+      case 2: pf_pv<2, PF_NR>(ot + d * VW, opanel, c, p, spanel, v + d, vs, nt); break;
+      case 1: pf_pv<1, PF_NR>(ot + d * VW, opanel, c, p, spanel, v + d, vs, nt); break;
       default: break;
     }
   }
@@ -784,10 +798,10 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   Geo g{k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3), query.size(1), 0};
   g.group = g.hq / g.hkv;
   const int G = int(g.group), D = DC > 0 ? DC : int(g.D);
-  constexpr int CW = PF_ND * VW;
-  const int Dp = (D + CW - 1) / CW * CW;  // accumulator row (and scratch V row) length
-  // fp32 rows with whole columns are read in place; others go through fp32 scratch
-  const bool in_place = std::is_same<T, float>::value && Dp == D;
+  // A chunk's K and V rows are packed (converted) into contiguous fp32 scratch, whatever
+  // the dtype: in place, its rows lie a token stride apart (4 KiB at 8 KV heads x D 128
+  // fp32), so they all map to the same L1 sets, and each pass, which reads every row for a
+  // few head-dim elements at a time, would fetch them from L2 again and again.
   const T* q = query.data_ptr<T>();
   const T* kc = k_cache.data_ptr<T>();
   const T* vc = v_cache.data_ptr<T>();
@@ -822,15 +836,14 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
       const int64_t qpanel = int64_t(D) * VW, spanel = int64_t(PF_CHUNK) * VW;
       w.qt.assign(size_t(nrp) * D, 0.f);
       w.st.resize(size_t(nrp) * PF_CHUNK);
-      w.o.assign(size_t(nr) * Dp, 0.f);
+      w.o.assign(size_t(nrp) * D, 0.f);  // O^T: [panel][d][lane]
       w.m.assign(size_t(nrp), NEG_INF);
       w.l.assign(size_t(nrp), 0.f);
       w.corr.resize(size_t(nrp));
       w.lim.resize(size_t(nrp));
-      w.prow.resize(size_t(nrp));
       w.kp.resize(PF_CHUNK);
-      w.vp.resize(PF_CHUNK);
-      if (!in_place) w.kv.assign(size_t(2) * PF_CHUNK * Dp, 0.f);
+      w.kv.resize(size_t(2) * PF_CHUNK * D);  // [K chunk][V chunk], fp32
+      float* vchunk = w.kv.data() + size_t(PF_CHUNK) * D;
       // Q^T panels, scaled; pad rows (zeros) share the last row's position
       for (int r = 0; r < nrp; ++r) {
         const int rr = std::min(r, nr - 1);
@@ -847,44 +860,29 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
         int r0 = 0;
         while (r0 < nr && w.lim[r0] <= cb) ++r0;
         r0 = r0 / PF_ROWS * PF_ROWS;
+        const T* vrow[PF_CHUNK];
         for (int t = 0; t < nt; ++t) {
           const int64_t pos = cb + t;
           const int64_t row = int64_t(tables[b * tstride + pos / g.bs]) * g.bs + pos % g.bs;
-          const T* kr = kc + row * tok + int64_t(h) * D;
-          const T* vr = vc + row * tok + int64_t(h) * D;
-          if (in_place) {
-            w.kp[t] = reinterpret_cast<const float*>(kr);
-            w.vp[t] = reinterpret_cast<const float*>(vr);
-          } else {
-            float* kd = w.kv.data() + size_t(t) * Dp;
-            float* vd = w.kv.data() + size_t(PF_CHUNK + t) * Dp;
-            const int DV = D / VW * VW;
-            for (int d = 0; d < DV; d += VW) {
-              const vf kx = Ld<T>::vec(kr + d), vx = Ld<T>::vec(vr + d);
-              std::memcpy(kd + d, &kx, sizeof(vf));
-              std::memcpy(vd + d, &vx, sizeof(vf));
-            }
-            for (int d = DV; d < D; ++d) {
-              kd[d] = Ld<T>::one(kr + d);
-              vd[d] = Ld<T>::one(vr + d);
-            }
-            w.kp[t] = kd;
-            w.vp[t] = vd;
-          }
+          vrow[t] = vc + row * tok + int64_t(h) * D;
+          float* kd = w.kv.data() + size_t(t) * D;
+          to_f32<T>(kc + row * tok + int64_t(h) * D, kd, D);
+          w.kp[t] = kd;
         }
         for (int r = r0; r < nrp; r += PF_ROWS)
           pf_scores_keys<DC>(w.kp.data(), nt, w.qt.data() + (r / VW) * qpanel, D, qpanel,
                              w.st.data() + (r / VW) * spanel, spanel);
+        for (int t = 0; t < nt; ++t) to_f32<T>(vrow[t], vchunk + size_t(t) * D, D);
         for (int r = r0; r < nrp; r += VW)
           pf_softmax_panel(w.st.data() + (r / VW) * spanel, nt, int(cb), w.lim.data() + r,
                            w.m.data() + r, w.l.data() + r, w.corr.data() + r);
-        pf_pv_rows(w, r0, nr, Dp, nt);
+        pf_pv_rows<DC>(w, r0, nrp, D, vchunk, D, nt);
       }
       for (int r = 0; r < nr; ++r) {
         const float inv = 1.f / w.l[r];
         T* orow = o + (start + r / G) * os_t + (int64_t(h) * G + r % G) * os_h;
-        const float* acc = w.o.data() + size_t(r) * Dp;
-        for (int d = 0; d < D; ++d) Ld<T>::store(orow + d, acc[d] * inv);
+        const float* acc = w.o.data() + size_t(r / VW) * D * VW + r % VW;
+        for (int d = 0; d < D; ++d) Ld<T>::store(orow + d, acc[d * VW] * inv);
       }
     }
   });

@@ -54,6 +54,7 @@ def setup_spec(
         kv_budget=setup.kv_budget,
         block_size=block_size,
         max_seq_len=setup.max_seq_len,
+        geometry=setup.geometry if setup.kv_dtype else None,
         **options,  # type: ignore[arg-type]
     )
 
@@ -64,7 +65,7 @@ def setup_time_model(setup: ServingSetup, block_size: int = 16) -> TimeModel:
     preset = setup.preset
     return TimeModel(
         setup.device,
-        preset.geometry,
+        setup.geometry,
         setup.total_weight_bytes(),
         preset.weight_bytes / 2,
         block_size,

@@ -4,6 +4,7 @@
 from kvbench.suites.bench.sweeps import (  # noqa: F401
     calibration,
     capacity,
+    e2e_fp8,
     kernels,
     kernels_fp8,
     kv_specs,
@@ -11,6 +12,7 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     predicted,
     scheduling,
     serving,
+    serving_kv_dtype,
     serving_measured,
     serving_paper,
     serving_rate,

@@ -52,7 +52,7 @@ def parse_capacities(text: str, block_size: int) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from kvbench.paged.hitrate import replay
+    from kvbench.paged.hitrate import ReplayConfig, replay_many
     from kvbench.workloads import prefix_oracle
     from kvbench.workloads.trace import Trace
 
@@ -70,30 +70,31 @@ def run(args: argparse.Namespace) -> int:
         f"{args.trace}: {len(trace)} requests, {acc.prompt_tokens:,} prompt tokens, block "
         f"{args.block_size}, policy {args.policy}; computed exactly (requests one at a time)"
     )
+    if args.policy == "optimal":
+        hit_tokens = [prefix_oracle.belady_hit_tokens(acc, cap) for cap in capacities]
+    else:  # one pass: every capacity's cache replays the trace side by side
+        with tqdm(
+            total=len(trace),
+            desc=f"{len(capacities)} capacities",
+            unit="req",
+            disable=args.quiet or None,
+            file=sys.stderr,
+            leave=False,
+        ) as bar:
+            results = replay_many(
+                trace,
+                [ReplayConfig(cap, args.policy) for cap in capacities],
+                args.block_size,
+                pool_limit=footprint,
+                progress=bar.update,
+            )
+        hit_tokens = [r.hit_tokens for r in results]
     print(f"{'capacity [tokens]':>18}  {'hit rate':>9}  {'ceiling':>9}  {'fraction':>9}")
-    for cap in capacities:
-        if args.policy == "optimal":
-            hits = prefix_oracle.belady_hit_tokens(acc, cap)
-        else:
-            with tqdm(
-                total=len(trace),
-                desc=f"{cap:.3g} tokens",
-                unit="req",
-                disable=args.quiet or None,
-                file=sys.stderr,
-                leave=False,
-            ) as bar:
-                hits = replay(
-                    trace,
-                    cap,
-                    args.block_size,
-                    args.policy,
-                    pool_limit=footprint,
-                    progress=bar.update,
-                ).hit_tokens
+    for cap, hits in zip(capacities, hit_tokens, strict=True):
         rate = hits / acc.prompt_tokens
-        fraction = rate / ceiling if ceiling else 0.0
-        print(f"{cap:>18,}  {rate:>9.2%}  {ceiling:>9.2%}  {fraction:>9.2%}")
+        # a trace that shares nothing (no prefix ids, e.g. Azure) has no ceiling to reach
+        fraction = f"{rate / ceiling:>9.2%}" if ceiling else f"{'n/a':>9}"
+        print(f"{cap:>18,}  {rate:>9.2%}  {ceiling:>9.2%}  {fraction}")
     return 0
 
 

@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
     from kvbench.workloads.trace import Trace
 
     if args.list:
-        for s in SETUPS.values():
-            print(f"{s.name:24s} {s.kv_slots():>8,} slots  {s.source}")
+        for known in SETUPS.values():
+            print(f"{known.name:24s} {known.kv_slots():>8,} slots  {known.source}")
         return 0
     setup = get_setup(args.setup)
     setup.check_fits()
@@ -183,15 +183,17 @@ def run(args: argparse.Namespace) -> int:
         start = loads[len(loads) // 2]
         print(f"sustained load (mean normalized latency <= {bound:.4g} s/token):")
         for s in systems:
-            x, _ = sustained_rate(
+            x, seen = sustained_rate(
                 lambda r, s=s: measure(s, r)["normalized_latency_mean"], bound, start, limit=limit
             )
-            print(f"  {s:18s} {_load_text(x, unit, limit)}")
+            print(f"  {s:18s} {_load_text(x, unit, limit, seen)}")
         if slo is not None:
             print(f"highest load with p99 within the SLO ({slo.describe()}):")
             for s in systems:
-                x, _ = slo_search(lambda r, s=s: _latency(measure(s, r)), slo, start, limit=limit)
-                print(f"  {s:18s} {_load_text(x, unit, limit)}")
+                x, seen = slo_search(
+                    lambda r, s=s: _latency(measure(s, r)), slo, start, limit=limit
+                )
+                print(f"  {s:18s} {_load_text(x, unit, limit, seen)}")
     return 0
 
 
@@ -200,7 +202,11 @@ def _latency(m: dict[str, float]) -> dict[str, dict[str, float]]:
     return {"ttft": {"p99": m["ttft_p99"]}, "tpot": {"p99": m["tpot_p99"]}}
 
 
-def _load_text(x: float, unit: str, limit: float) -> str:
+def _load_text(x: float, unit: str, limit: float, seen: dict[float, float]) -> str:
+    """A search's answer: the load found, or "below X" where even the lowest load it
+    tried (X) missed the bound (the search's 0.0 means "below", never "none")."""
+    if x <= 0 and seen:
+        return f"below {min(seen):.3g}{unit} (the lowest load tried)"
     more = " or more (the trace's requests ran out)" if x >= limit else ""
     return f"{x:.3g}{unit}{more}"
 

@@ -378,6 +378,7 @@ def test_shared_prefix_hits_match_hf(model, kind: str, block_size: int) -> None:
         assert first_hits["aligned"] < len(expect["aligned"][0]), (
             "the last token was not recomputed"
         )
+        assert isinstance(cache, PagedKVCache)  # check() / cow_copies: paged only
         cache.check()
     else:
         assert set(first_hits.values()) == {0}
@@ -393,7 +394,7 @@ def test_parallel_sampling_fork_matches_hf(model, kind: str, block_size: int) ->
     )
     assert_matches_hf(model, results, expect)
     assert runner.stats.forks == len(expect)
-    branch_firsts = {}
+    branch_firsts: dict[str, set[int | None]] = {}
     for (parent, _), (_, forced) in expect.items():
         branch_firsts.setdefault(parent, set()).add(forced)
     assert all(len(f) == 3 for f in branch_firsts.values()), "branches must differ"
@@ -417,6 +418,7 @@ def test_preemption_by_swap_on_device_matches_hf(model, device: torch.device, en
     )  # fmt: skip
     assert_matches_hf(model, results, expect)
     assert runner.stats.swaps_out == runner.stats.swaps_in > 0
+    assert isinstance(cache, PagedKVCache)  # check() / cow_copies: paged only
     cache.check()
 
 
@@ -470,6 +472,7 @@ def test_triton_kernels_match_hf(model, device: torch.device, monkeypatch) -> No
     results = runner.run(reqs)
     expect = {("a", j): (ps[0], t) for j, t in enumerate(top)} | {"b": (ps[1], None)}
     assert_matches_hf(model, results, expect)
+    assert isinstance(cache, PagedKVCache)  # check() / cow_copies: paged only
     assert cache.cow_copies > 0
     cache.check()
 
@@ -523,6 +526,7 @@ def test_random_workloads_match_hf(model, data) -> None:
     results = runner.run()
     assert_matches_hf(model, results, expect)
     assert cache.request_ids() == []
+    assert isinstance(cache, PagedKVCache)  # check() / cow_copies: paged only
     cache.check()
 
 

@@ -116,3 +116,36 @@ def test_fp8_configurations_compile_clean_and_are_in_the_table() -> None:
     records = aot.compile_all(cfgs, workers=2)
     assert len(records) == len(cfgs) * len(aot.ARCHS)
     _assert_clean(records)
+
+
+def test_register_cap_reaches_ptxas_and_the_table() -> None:
+    """`KernelConfig.maxnreg` is a launch / compile option (and a key of the table) only
+    where set, and ptxas honours it: the D64 single-partition decode at 56."""
+    plain = dataclasses.replace(configs.decode_config(torch.float16, 64, 4, True), maxnreg=None)
+    capped = dataclasses.replace(plain, maxnreg=56)
+    assert "maxnreg" not in plain.launch_options() and "maxnreg" not in plain.describe()
+    assert capped.launch_options() == {**plain.launch_options(), "maxnreg": 56}
+    assert capped.describe() == {**plain.describe(), "maxnreg": 56}
+    rec = aot.compile_one(capped, 80)
+    _assert_clean([rec])
+    assert rec.registers <= 56 and rec.config["maxnreg"] == 56
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_d64_decode_fits_vllms_56_registers_without_spills(dtype: torch.dtype) -> None:
+    """The head-dim-64 decode (GQA 4: 16 query-head rows) compiles within vLLM's 56
+    registers per thread on sm_80 and sm_90, single-partition and split, with no spills:
+    the split variant's 16-token tile fits the cap (32 tokens spilled 12-20 B)."""
+    cfgs = [configs.decode_config(dtype, 64, 4, single) for single in (True, False)]
+    assert all(c.maxnreg == configs.DECODE_D64_MAXNREG == 56 for c in cfgs)
+    records = [aot.compile_one(c, arch) for c in cfgs for arch in aot.ARCHS]
+    _assert_clean(records)
+    assert [r.registers for r in records] == [56] * 4
+
+
+def test_register_cap_only_on_16_bit_d64_decode() -> None:
+    assert configs.decode_config(torch.float16, 128, 4, False).maxnreg is None
+    assert configs.decode_config(torch.float32, 64, 4, True).maxnreg is None
+    assert configs.decode_config(torch.float16, 64, 32, True).maxnreg is None  # QH 32
+    # fp8 K/V dequantizes in registers: not capped here
+    assert configs.decode_config(torch.float16, 64, 4, True, torch.float8_e4m3fn).maxnreg is None

@@ -64,6 +64,9 @@ class GenerationRequest:
     branch_tokens: when given, the request forks after its prompt into one branch per
     token (branch i is forced to emit branch_tokens[i] first, then decodes greedily);
     branch ids are (request_id, i).
+    forced_tokens: when given, the tokens emitted (teacher forcing), whatever the logits
+    say: the logits are still recorded, so a run's logits can be compared position by
+    position with another's on the same context (the fp8 accuracy cases do).
     """
 
     request_id: RequestId
@@ -71,6 +74,7 @@ class GenerationRequest:
     max_new_tokens: int
     salt: str | None = None
     branch_tokens: tuple[int, ...] | None = None
+    forced_tokens: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -217,6 +221,7 @@ class LlamaCacheRunner:
             salt=request.salt,
             tokens=list(request.prompt),
             branch_tokens=request.branch_tokens,
+            forced=list(request.forced_tokens or ()),
         )
         self._waiting.append(seq)
 
@@ -257,7 +262,13 @@ class LlamaCacheRunner:
         batch_seqs = sorted(self._running, key=lambda s: s.arrival)
         # Engines that read the cache's own pool need no gathered copy of the prefix.
         gather = getattr(self.write_attention, "needs_prefix", True)
-        prefixes = [self._prefix(s) if gather else self._check_len(s) for s in batch_seqs]
+        prefixes: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        for s in batch_seqs:
+            if gather:
+                prefixes.append(self._prefix(s))
+            else:  # the engine reads the cache itself: only its length is checked
+                self._check_len(s)
+                prefixes.append(None)
         chunks = [self._chunk(s) for s in batch_seqs]
         batch = pack(
             [s.seq_id for s in batch_seqs],
@@ -307,6 +318,10 @@ class LlamaCacheRunner:
             empty = torch.empty(g.num_layers, 0, g.num_kv_heads, g.head_dim)
             return empty, empty.clone()
         k, v = self.cache.gather(s.seq_id)
+        quant = getattr(self.cache, "kv_quant", None)
+        if quant is not None:  # fp8 bytes: their values are the bytes times the scales
+            pairs = [quant.dequantize(i, k[i], v[i]) for i in range(len(k))]
+            k, v = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
         return k.float(), v.float()
 
     def _restore_and_admit(self) -> None:
@@ -337,7 +352,9 @@ class LlamaCacheRunner:
     ) -> bool:
         """Append, preempting the latest-arrived running sequence while there is no room.
         False when `s` itself was preempted."""
-        dtype = self.cache.torch_dtype
+        # an fp8 cache quantizes what it is given (float32 here); others take their dtype
+        quant = getattr(self.cache, "kv_quant", None)
+        dtype = k.dtype if quant is not None else self.cache.torch_dtype
         while True:
             try:
                 self.cache.append(s.seq_id, k.to(dtype), v.to(dtype), ids)

@@ -190,6 +190,7 @@ def compare_timing(
         b, c = base.get(key), cand.get(key)
         label = (c or b).label  # type: ignore[union-attr]
         if c is None:
+            assert b is not None  # the key came from one of the two
             rows.append(
                 GateRow(
                     target,

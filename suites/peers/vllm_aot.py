@@ -255,9 +255,9 @@ def tile_matched(shape: Shape) -> list[tuple[int, int]]:
     a vLLM row at the same BLOCK_M and warps (and vLLM's own KV tile) to be held to."""
     own = 16  # vLLM's 2D BLOCK_M for GQA groups up to 16 (Llama-class: 4)
     return [
-        (int(cfg.constexprs["BLOCK_M"]), cfg.num_warps)
+        (cfg.int_constexpr("BLOCK_M"), cfg.num_warps)
         for cfg in configs.prefill_configs(shape.torch_dtype, shape.head_dim)
-        if int(cfg.constexprs["BLOCK_M"]) != own
+        if cfg.int_constexpr("BLOCK_M") != own
     ]
 
 

@@ -275,13 +275,15 @@ class VLLMTritonUnified(_VLLMTritonBase):
 
     def _segments(self, tokens: int, heads: int, d: int, device: torch.device) -> dict:
         d_pad = 1 << max(0, (d - 1).bit_length())
-        f32 = dict(dtype=torch.float32, device=device)
+        f32 = torch.float32
         segs = NUM_PAR_SOFTMAX_SEGMENTS
         return {
             "num_par_softmax_segments": segs,
-            "softmax_segm_output": torch.empty((tokens, heads, segs, d_pad), **f32),
-            "softmax_segm_max": torch.empty((tokens, heads, segs), **f32),
-            "softmax_segm_expsum": torch.empty((tokens, heads, segs), **f32),
+            "softmax_segm_output": torch.empty(
+                (tokens, heads, segs, d_pad), dtype=f32, device=device
+            ),
+            "softmax_segm_max": torch.empty((tokens, heads, segs), dtype=f32, device=device),
+            "softmax_segm_expsum": torch.empty((tokens, heads, segs), dtype=f32, device=device),
         }
 
     def attention_fn(
@@ -367,9 +369,9 @@ class VLLMTritonDecode(_VLLMTritonBase):
         lens = seq_lens.to(torch.int32).contiguous()
         tables = block_tables.to(torch.int32).contiguous()
         splits = self.splits or num_kv_splits(int(lens.max()) if batch else 1)
-        f32 = dict(dtype=torch.float32, device=query.device)
-        logits = torch.empty((batch, heads, splits, v_cache.shape[-1] + 1), **f32)
-        lse = torch.empty((batch, heads), **f32)
+        f32, dev = torch.float32, query.device
+        logits = torch.empty((batch, heads, splits, v_cache.shape[-1] + 1), dtype=f32, device=dev)
+        lse = torch.empty((batch, heads), dtype=f32, device=dev)
         out = torch.empty_like(query)
         decode = self._v.decode
 

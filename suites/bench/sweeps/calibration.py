@@ -87,7 +87,8 @@ def calibration_gpu(case: Case, ctx: BenchContext) -> list[Measurement]:
     out: list[Measurement] = []
     errs: dict[str, list[float]] = {"datasheet": [], "fitted": []}
     for group in GROUPS:
-        p = index[(*key, group)]
+        row = (*key, group)  # (a star inside index[...] is 3.11+ syntax to mypy)
+        p = index[row]
         out += [
             Measurement(f"{group}_measured_us", p.measured_s * 1e6, "us"),
             Measurement(f"{group}_datasheet_us", p.datasheet_s * 1e6, "us"),
@@ -99,5 +100,6 @@ def calibration_gpu(case: Case, ctx: BenchContext) -> list[Measurement]:
     out += [
         Measurement(f"linear_abs_error_{w}", sum(v) / len(v), "fraction") for w, v in errs.items()
     ]
-    out.append(Measurement("held_out", float(index[(*key, "qkv")].held_out), "bool"))
+    qkv = (*key, "qkv")
+    out.append(Measurement("held_out", float(index[qkv].held_out), "bool"))
     return out

@@ -208,7 +208,9 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
 
     seq_pool = contiguous_layout(k_cache, v_cache, tables)
 
-    def paged(pool: tuple[torch.Tensor, ...] = (k_cache, v_cache, tables)) -> torch.Tensor:
+    def paged(
+        pool: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = (k_cache, v_cache, tables),
+    ) -> torch.Tensor:
         return ops.paged_decode_attention(
             query,
             *pool,
@@ -433,7 +435,9 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
 
     seq_pool = contiguous_layout(k_cache, v_cache, tables)
 
-    def paged(pool: tuple[torch.Tensor, ...] = (k_cache, v_cache, tables)) -> torch.Tensor:
+    def paged(
+        pool: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = (k_cache, v_cache, tables),
+    ) -> torch.Tensor:
         return ops.paged_prefill_attention(
             query,
             *pool,

@@ -17,6 +17,7 @@ searches, whose beams share longer histories, share at least as much.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -357,7 +358,7 @@ def _swap_cases(full: bool) -> list[Case]:
 LINK_BYTES = 32 * 5 * 2**20
 
 
-def measured_host_link(ctx: BenchContext) -> dict[str, float]:
+def measured_host_link(ctx: BenchContext) -> dict[str, Any]:
     """The host link of this machine in B/s, measured once per process: one contiguous
     copy of `LINK_BYTES` from a device buffer into page-locked host memory ("d2h") and
     one back ("h2d"), each timed on its own, and "link", the rate of a swap out and in

@@ -14,7 +14,9 @@ Two kinds of case:
   p99, s/token), TTFT (p50, p99), requests and output tokens per second;
 * a knee case (`bound_factor` set, no `rate`) searches the sustained rate: the highest
   rate whose mean normalized latency stays under bound_factor x the set-up's latency
-  floor (one decode step of one sequence; see `paged.serving.rate`).
+  floor (one decode step of one sequence; see `paged.serving.rate`); where even the
+  lowest rate the search tried misses the bound, the row is `sustained_rate_below` = that
+  rate (the answer lies below it; never a sustained rate of 0: `suites.bench.search_rows`).
 
 Every number is modeled (the engine's time model of the named GPUs), never measured.
 The `calibration` parameter says which GPU figures priced the steps: "fitted" (the
@@ -25,9 +27,14 @@ run fitted; knee cases run both, so the sustained rates can be compared before/a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
-from kvbench.workloads.setups import CALIBRATIONS
+from kvbench.workloads.setups import CALIBRATIONS, ServingSetup
+
+if TYPE_CHECKING:
+    from kvbench.paged.serving.rate import RateTrace
 
 SYSTEM_NAMES = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle", "static")
 FULL_SETUPS = ("opt-13b-1xa100-40gb", "opt-66b-4xa100-40gb", "opt-175b-8xa100-80gb")
@@ -126,8 +133,7 @@ def _start_rate(setup: str, workload: str) -> float:
     tags=("serving", "modeled"),
 )
 def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
-    from kvbench.paged.serving.rate import latency_floor, run_at_rate, sustained_rate
-    from kvbench.paged.serving.simulation import setup_time_model
+    from kvbench.paged.serving.rate import run_at_rate
     from kvbench.workloads.setups import get_setup, with_calibration
 
     setup = with_calibration(get_setup(case["setup"]), case.get("calibration", "fitted"))
@@ -135,23 +141,43 @@ def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
     duration = case["duration"]
     if "rate" in case:
         return _metrics(run_at_rate(setup, case["system"], trace, case["rate"], duration))
+    return knee_measurements(
+        setup,
+        case["system"],
+        trace,
+        duration,
+        case["bound_factor"],
+        _start_rate(case["setup"], case["workload"]),
+    )
+
+
+def knee_measurements(
+    setup: ServingSetup,
+    system: str,
+    trace: RateTrace,
+    duration: float,
+    bound_factor: float,
+    start_rate: float,
+) -> list[Measurement]:
+    """The sustained-rate search of one system on `setup` (module docstring): the rate,
+    the bound and floor it used (s/token), how many rates it tried, and the normalized
+    latency and tokens/s at the rate found."""
+    from kvbench.paged.serving.rate import latency_floor, run_at_rate, sustained_rate
+    from kvbench.paged.serving.simulation import setup_time_model
+    from kvbench.suites.bench.search_rows import search_rows
+
     floor = latency_floor(setup_time_model(setup))
-    bound = case["bound_factor"] * floor
+    bound = bound_factor * floor
     details: dict[float, dict] = {}
 
     def latency_at(rate: float) -> float:
-        details[rate] = run_at_rate(setup, case["system"], trace, rate, duration)
+        details[rate] = run_at_rate(setup, system, trace, rate, duration)
         return details[rate]["normalized_latency_mean"]
 
-    rate, seen = sustained_rate(
-        latency_at,
-        bound,
-        _start_rate(case["setup"], case["workload"]),
-        limit=trace.max_rate(duration),
-    )
+    rate, seen = sustained_rate(latency_at, bound, start_rate, limit=trace.max_rate(duration))
     at = details.get(rate)
     out = [
-        Measurement("sustained_rate", rate, "requests/s"),
+        *search_rows("sustained_rate", rate, seen, "requests/s"),
         Measurement("latency_bound", bound, "s/token"),
         Measurement("latency_floor", floor, "s/token"),
         Measurement("rate_evaluations", len(seen), "count"),
@@ -162,5 +188,6 @@ def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
                 "normalized_latency_at_sustained", at["normalized_latency_mean"], "s/token"
             ),
             Measurement("tokens_per_second_at_sustained", at["tokens_per_second"], "tokens/s"),
+            Measurement("peak_concurrency_at_sustained", at["peak_concurrency"], "requests"),
         ]
     return out

@@ -25,13 +25,16 @@ ROWS = [  # (timestamp ms, input_length, hash_ids): conversations extending earl
 
 
 def _table(text: str) -> dict[int, tuple[float, float, float]]:
-    """capacity -> (hit rate, ceiling, fraction) as fractions, from the printed table."""
+    """capacity -> (hit rate, ceiling, fraction) as fractions (None for "n/a"), from the
+    printed table."""
     out = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 4 and parts[0].replace(",", "").isdigit():
             cap = int(parts[0].replace(",", ""))
-            out[cap] = tuple(float(p.rstrip("%")) / 100 for p in parts[1:])  # type: ignore[assignment]
+            out[cap] = tuple(  # type: ignore[assignment]
+                None if p == "n/a" else float(p.rstrip("%")) / 100 for p in parts[1:]
+            )
     return out  # type: ignore[return-value]
 
 
@@ -79,4 +82,5 @@ def test_hitrate_of_a_trace_without_prefixes_is_zero(
     assert main(["workload", "--import", f"azure:{src}", "--out", str(out)]) == 0
     capsys.readouterr()
     assert main(["hitrate", "-q", "--trace", str(out), "--capacity", "1e6"]) == 0
-    assert _table(capsys.readouterr().out) == {10**6: (0.0, 0.0, 0.0)}
+    # no ceiling to reach: the fraction is "n/a", not a misleading 0.00%
+    assert _table(capsys.readouterr().out) == {10**6: (0.0, 0.0, None)}

@@ -1,0 +1,73 @@
+"""A prompt's prefix-cache key chain, computed once and handed to several caches.
+
+The keys of a prompt's full blocks (`prefix_cache.block_key` chained from the root) depend
+on the prompt's ids, the block size and the extra keys only: not on any cache's capacity,
+eviction policy or contents. A capacity sweep replays the same prompts through many caches
+(`paged.hitrate.replay_many`), so it computes each prompt's chain once and passes it to
+`PagedKVCache.admit(..., chain=...)`: the cache then takes the keys and the block token
+tuples from the chain instead of hashing and slicing again, and decides everything else
+(lookups with their verification, allocation, eviction, indexing) exactly as without it.
+
+A chain is bound to the very prompt object it was computed from (`prompt`): `admit` accepts
+it only with that object (an identity check), that block size, those extra keys and that
+key function, so it cannot describe another prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, block_key, chain_keys
+from kvbench.workloads.geometry import require_positive
+
+
+@dataclass(frozen=True, eq=False)
+class BlockChain:
+    """The keys and token tuples of the full blocks of `prompt`, root first.
+
+    keys[i] = key_fn(keys[i-1] or None, chunks[i], extra); chunks[i] = the ids of
+    positions [i * block_size, (i + 1) * block_size) of `prompt`, a tuple; there are
+    len(prompt) // block_size of each (a partial last block has no key)."""
+
+    prompt: Sequence[int]
+    block_size: int
+    extra: ExtraKeys
+    key_fn: KeyFn
+    keys: tuple[bytes, ...]
+    chunks: tuple[tuple[int, ...], ...]
+
+    def truncated(self, length: int, prompt: Sequence[int]) -> BlockChain:
+        """The chain of `prompt`, the first `length` ids of this chain's prompt (a prefix
+        shares its full blocks' keys: each key depends only on the blocks before it)."""
+        if len(prompt) != length or not 0 < length <= len(self.prompt):
+            raise ValueError(
+                f"prompt of {len(prompt)} ids is not the first {length} of {len(self.prompt)}"
+            )
+        n = length // self.block_size
+        return BlockChain(
+            prompt, self.block_size, self.extra, self.key_fn, self.keys[:n], self.chunks[:n]
+        )
+
+
+def block_chain(
+    prompt: Sequence[int],
+    block_size: int,
+    extra: ExtraKeys = (None, None),
+    key_fn: KeyFn = block_key,
+) -> BlockChain:
+    """Compute the chain of `prompt`'s full blocks (see `BlockChain`)."""
+    bs = require_positive("block_size", block_size)
+    n = len(prompt) // bs
+    ids = prompt[: n * bs]
+    flat = ids if isinstance(ids, tuple) else tuple(ids)
+    chunks = tuple(flat[i * bs : (i + 1) * bs] for i in range(n))
+    if key_fn is block_key:
+        keys = chain_keys(flat, bs, extra)
+    else:
+        keys = []
+        parent: bytes | None = None
+        for chunk in chunks:
+            parent = key_fn(parent, chunk, extra)
+            keys.append(parent)
+    return BlockChain(prompt, bs, extra, key_fn, tuple(keys), chunks)

@@ -1,0 +1,163 @@
+"""Precomputed key chains (paged.block_chain) and the one-pass capacity sweep
+(paged.hitrate.replay_many): the fast path decides exactly what the straightforward one
+does, request by request and block by block.
+
+Oracles: `replay` (one cache, keys hashed block by block by `block_key`), the independent
+LRU model of block identities (`workloads.prefix_oracle`), and a cache fed the same calls
+without a chain (compared snapshot for snapshot)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvbench.paged.block_chain import block_chain
+from kvbench.paged.block_pool import BlockPool
+from kvbench.paged.cache import PagedKVCache
+from kvbench.paged.hitrate import TINY, ReplayConfig, replay, replay_many
+from kvbench.paged.prefix_cache import PrefixCache, block_key, chain_keys
+from kvbench.workloads import prefix_oracle as po
+from kvbench.workloads.errors import CapacityError, ConfigError
+from kvbench.workloads.sharing import generate
+from kvbench.workloads.shipped import shipped_trace
+from kvbench.workloads.trace import Trace
+
+
+@functools.lru_cache(maxsize=1)
+def _mooncake_slice() -> Trace:
+    return Trace(shipped_trace("mooncake-conversation").requests[:150])
+
+
+@pytest.mark.parametrize("block_size", [512, 16])
+def test_one_pass_equals_one_replay_per_cache_on_the_mooncake_trace(block_size: int) -> None:
+    trace = _mooncake_slice()
+    acc = po.block_accesses(trace, block_size)
+    configs = [
+        ReplayConfig(cap, policy)
+        for cap in (10_000, 200_000, 1_000_000, 3_000_000)
+        for policy in ("lru", "lfu")
+    ]
+    limit = acc.footprint_blocks()
+    fast = replay_many(trace, configs, block_size, pool_limit=limit)
+    slow = [
+        replay(trace, c.capacity_tokens, block_size, c.policy, pool_limit=limit) for c in configs
+    ]
+    assert fast == slow
+    for c, r in zip(configs, fast, strict=True):
+        if c.policy == "lru":
+            assert r.hit_tokens == po.lru_model_hit_tokens(acc, c.capacity_tokens)
+    assert len({r.hit_tokens for r in fast}) >= 2  # the capacities differ in what they hit
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    sharing=st.sampled_from(["system-prompt", "multi-turn"]),
+    block_size=st.sampled_from([1, 4, 16]),
+    capacities=st.lists(st.integers(16, 8_000), min_size=1, max_size=4),
+)
+def test_one_pass_equals_one_replay_per_cache_on_synthetic_traces(
+    seed: int, sharing: str, block_size: int, capacities: list[int]
+) -> None:
+    trace = generate(
+        "sharegpt", 30, seed=seed, sharing=sharing, system_tokens=96, tenants=3, turns=3
+    )
+    configs = [ReplayConfig(c, p) for c in capacities for p in ("lru", "lfu")]
+    fast = replay_many(trace, configs, block_size)
+    assert fast == [replay(trace, c.capacity_tokens, block_size, c.policy) for c in configs]
+
+
+def test_chain_keys_are_block_keys_chained() -> None:
+    tokens = list(range(10**12, 10**12 + 50))
+    for bs in (1, 7, 16):
+        for extra in ((None, None), ("tenant", None), ("t", "lora")):
+            parent, want = None, []
+            for i in range(len(tokens) // bs):
+                parent = block_key(parent, tokens[i * bs : (i + 1) * bs], extra)
+                want.append(parent)
+            assert chain_keys(tokens, bs, extra) == want
+            assert list(block_chain(tuple(tokens), bs, extra).keys) == want
+
+
+def _cache() -> PagedKVCache:
+    return PagedKVCache(TINY, num_blocks=12, block_size=4, store_kv=False)
+
+
+def test_a_cache_given_chains_ends_in_the_same_state_as_one_hashing() -> None:
+    """Same calls (hits, evictions, explicit ids over the prompt, outputs), with and
+    without chains: equal snapshots after every call."""
+    prompts = [tuple(range(100, 114)), (*range(100, 110), 7, 8, 9), tuple(range(100, 121))]
+    plain, chained = _cache(), _cache()
+    for rid, prompt in enumerate(prompts * 2):
+        salt = "s" if rid == 4 else None
+        chain = block_chain(prompt, 4, (salt, None))
+        assert plain.admit(rid, prompt, salt=salt) == chained.admit(
+            rid, prompt, salt=salt, chain=chain
+        )
+        assert plain.snapshot() == chained.snapshot()
+        for cache in (plain, chained):
+            if rid == 2:  # explicit ids that differ from the prompt's: hashed, not chained
+                left = len(prompt) - cache.seq_len(rid)
+                cache.append_tokens(rid, left, token_ids=[5] * left)
+            else:
+                cache.append_tokens(rid, len(prompt) - cache.seq_len(rid))
+            cache.append_tokens(rid, 3)
+        assert plain.snapshot() == chained.snapshot()
+        for cache in (plain, chained):
+            cache.free(rid)
+            cache.check()
+        assert plain.snapshot() == chained.snapshot()
+
+
+def test_a_chain_for_another_prompt_or_cache_is_refused_and_changes_nothing() -> None:
+    cache = _cache()
+    prompt = tuple(range(100, 114))
+    before = cache.snapshot()
+    bad = {
+        "another prompt object": block_chain(tuple(range(100, 114)), 4),
+        "another block size": block_chain(prompt, 2),
+        "other extra keys": block_chain(prompt, 4, ("tenant", None)),
+        "another key function": block_chain(prompt, 4, key_fn=lambda p, t, e: bytes(32)),
+    }
+    for why, chain in bad.items():
+        with pytest.raises(ConfigError):
+            cache.admit(0, prompt, chain=chain)
+        assert cache.snapshot() == before, why
+    with pytest.raises(ConfigError, match="BlockChain"):
+        cache.admit(0, prompt, chain=object())  # type: ignore[arg-type]
+    assert cache.snapshot() == before
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    cached=st.integers(0, 10),
+    freed=st.integers(0, 10),
+    n=st.integers(0, 12),
+    policy=st.sampled_from(["lru", "lfu"]),
+)
+def test_bulk_allocation_equals_one_block_at_a_time(
+    cached: int, freed: int, n: int, policy: str
+) -> None:
+    """allocate_many takes the same blocks in the same order as n calls of allocate:
+    the free stack's top first, then evictions in the policy's order."""
+
+    def pool() -> BlockPool:
+        p = BlockPool(24, 4, PrefixCache(), policy)
+        blocks = [p.allocate() for _ in range(cached + freed)]
+        for i, b in enumerate(blocks[:cached]):
+            p.prefix.insert(b, bytes([i]) * 32, None, (i,), (None, None))  # type: ignore[union-attr]
+        p.release(blocks[::2] + blocks[1::2])
+        return p
+
+    bulk, single = pool(), pool()
+    if n > bulk.num_free:
+        with pytest.raises(CapacityError):
+            bulk.allocate_many(n)
+        return
+    assert bulk.allocate_many(n) == [single.allocate() for _ in range(n)]
+    assert bulk.snapshot() == single.snapshot()
+    assert bulk.prefix.snapshot() == single.prefix.snapshot()  # type: ignore[union-attr]
+    bulk.check()
