@@ -124,11 +124,19 @@ def copy_config(element_size: int, src_identity: bool) -> KernelConfig:
     )
 
 
-def decode_qh(group: int, d_pad: int, dtype: torch.dtype = torch.float16) -> int:
+def decode_qh(
+    group: int, d_pad: int, dtype: torch.dtype = torch.float16, *, kv_fp8: bool = False
+) -> int:
     """Query-head rows per decode program for a GQA group of `group` heads: the smallest of
     `DECODE_QH` that holds the group, capped where a bigger one would spill registers
-    (float32 tiles are twice the size and its ieee tl.dot runs on FMA units)."""
-    limit = 16 if dtype == torch.float32 else (DECODE_QH[-1] if d_pad <= 64 else 32)
+    (float32 tiles are twice the size and its ieee tl.dot runs on FMA units; fp8 K/V
+    (`kv_fp8`) at head dim 256 stop at 16: 32 rows hold 255 registers and spill 8-80
+    bytes on sm_80 and sm_90, 48 bytes with 8 warps, so a group of 32 reads its fp8 K/V
+    twice, as many bytes as 16-bit K/V read once)."""
+    if dtype == torch.float32 or (kv_fp8 and d_pad > 128):
+        limit = 16
+    else:
+        limit = DECODE_QH[-1] if d_pad <= 64 else 32
     for qh in DECODE_QH:
         if qh >= group or qh == limit:
             return qh
@@ -200,19 +208,16 @@ def decode_config(
     tokens per step: 72 registers, 12.8 KB shared on sm_90; `kvbench kernels --peers`).
     `windowed`: the sliding-window variant (same tiles)."""
     d_pad = head_dim_pad(head_dim)
-    qh = decode_qh(group, d_pad, dtype)
+    kv_fp8 = fp8_constexprs(kv_dtype)
+    _check_fp8_query(dtype, kv_fp8, "decode")
+    qh = decode_qh(group, d_pad, dtype, kv_fp8=bool(kv_fp8))
     # float32: a [TILE_N, D_PAD] tile of 4096 elements. 16-bit: 16 tokens where QH is 16
     # and head dims reach 128; 32 elsewhere (QH 32 at TILE_N 16 spills at head dim 128).
     small = 16 if qh == 16 and d_pad >= 128 else 32
-    kv_fp8 = fp8_constexprs(kv_dtype)
     capped = _decode_capped(dtype, d_pad, qh, kv_fp8)
     if capped and not single:
         small = 16  # at 56 registers the 32-token split tile spills 12-20 B; 16 fits
     tile_n = 4096 // d_pad if dtype == torch.float32 else small
-    if kv_fp8 and dtype not in FP8_QUERY_DTYPES:
-        raise ConfigError(
-            f"the Triton decode reads fp8 K/V with {FP8_QUERY_DTYPES} queries, not {dtype}"
-        )
     return KernelConfig(
         "paged_decode",
         dtype,
@@ -268,15 +273,35 @@ def prefill_block_m(rows: int) -> int:
     return PREFILL_BLOCK_M[-1]
 
 
-def _prefill_cap(dtype: torch.dtype, d_pad: int) -> int:
+def _prefill_cap(dtype: torch.dtype, d_pad: int, kv_fp8: bool = False) -> int:
     """The largest BLOCK_M that compiles without spills (float32 tiles are twice the size
-    and its ieee tl.dot runs on FMA units; head dim 256 doubles every row)."""
+    and its ieee tl.dot runs on FMA units; head dim 256 doubles every row). fp8 K/V
+    (`kv_fp8`) take half the rows from head dim 128 on: dequantizing a 64-row tile's K/V
+    at head dim 128 holds 250-255 registers on sm_80 with 8 warps (one block per SM),
+    32 rows 188 with 4; 32 rows at head dim 256 hold 228-242, 16 rows 162."""
     if dtype == torch.float32:
         return 32 if d_pad <= 64 else 16
+    if kv_fp8 and d_pad > 64:
+        return 32 if d_pad <= 128 else 16
     return 64 if d_pad <= 128 else 32
 
 
-def prefill_config(dtype: torch.dtype, head_dim: int, rows: int | None = None) -> KernelConfig:
+def _check_fp8_query(dtype: torch.dtype, kv_fp8: dict[str, int], kernel: str) -> None:
+    """fp8 K/V are dequantized to the query dtype, which must be 16-bit."""
+    if kv_fp8 and dtype not in FP8_QUERY_DTYPES:
+        raise ConfigError(
+            f"the Triton {kernel} reads fp8 K/V with {FP8_QUERY_DTYPES} queries, not {dtype}"
+        )
+
+
+def prefill_config(
+    dtype: torch.dtype,
+    head_dim: int,
+    rows: int | None = None,
+    kv_dtype: torch.dtype | None = None,
+    *,
+    windowed: bool = False,
+) -> KernelConfig:
     """Paged prefill/extend kernel; rows are (query token, query head) pairs.
 
     `rows` (the longest sequence's new tokens x GQA group) picks the tile
@@ -285,9 +310,15 @@ def prefill_config(dtype: torch.dtype, head_dim: int, rows: int | None = None) -
     head dims 64 and 128, sm_80 and sm_90; `kvbench kernels --peers`): 16 rows with 4
     warps, 32 with 4, 64 with 8 (a 64-row accumulator over 4 warps costs 236 registers on
     sm_80, 8 warps 154); 32 keys per step, 16 at head dim 256 and for 64 rows at head dim
-    64."""
+    64.
+
+    `kv_dtype` fp8: K/V bytes dequantized in registers (16-bit queries only, ConfigError
+    otherwise), with the caps of `_prefill_cap`; `windowed`: the sliding-window variant,
+    same tiles as its full twin."""
     d_pad = head_dim_pad(head_dim)
-    cap = _prefill_cap(dtype, d_pad)
+    kv_fp8 = fp8_constexprs(kv_dtype)
+    _check_fp8_query(dtype, kv_fp8, "prefill")
+    cap = _prefill_cap(dtype, d_pad, bool(kv_fp8))
     block_m = min(cap, PREFILL_BLOCK_M[-1] if rows is None else prefill_block_m(rows))
     # 16 keys per step at head dim 256, and at head dim 64 with 64 rows: 32 there costs
     # 138 registers on sm_80 against vLLM's 127 at the same tile (16: 97; sm_90 64 vs 74)
@@ -296,23 +327,34 @@ def prefill_config(dtype: torch.dtype, head_dim: int, rows: int | None = None) -
     return KernelConfig(
         "paged_prefill",
         dtype,
-        {
-            "BLOCK_M": block_m,
-            "D_PAD": d_pad,
-            "TILE_N": tile_n,
-            "DOT_PRECISION": _dot_precision(dtype),
-            "DOT_F32": False,
-        },
+        _windowed(
+            {
+                "BLOCK_M": block_m,
+                "D_PAD": d_pad,
+                "TILE_N": tile_n,
+                "DOT_PRECISION": _dot_precision(dtype),
+                "DOT_F32": False,
+                **kv_fp8,
+            },
+            windowed,
+        ),
         num_warps=warps,
         num_stages=PREFILL_STAGES,
     )
 
 
-def prefill_configs(dtype: torch.dtype, head_dim: int) -> list[KernelConfig]:
-    """Every prefill tile the dispatch can pick for `dtype` and `head_dim`, smallest first."""
+def prefill_configs(
+    dtype: torch.dtype,
+    head_dim: int,
+    kv_dtype: torch.dtype | None = None,
+    *,
+    windowed: bool = False,
+) -> list[KernelConfig]:
+    """Every prefill tile the dispatch can pick for `dtype` and `head_dim` (fp8
+    `kv_dtype`, `windowed` as for `prefill_config`), smallest first."""
     out: list[KernelConfig] = []
     for rows in (*(limit for limit, _ in PREFILL_TIERS), None):
-        cfg = prefill_config(dtype, head_dim, rows)
+        cfg = prefill_config(dtype, head_dim, rows, kv_dtype, windowed=windowed)
         if cfg not in out:
             out.append(cfg)
     return out
@@ -338,8 +380,9 @@ def all_configs() -> list[KernelConfig]:
                         add(decode_config(dtype, d_pad, group, single, windowed=windowed))
             add(reduce_config(dtype, d_pad))
             add(reduce_config(dtype, d_pad, windowed=True))
-            for cfg in prefill_configs(dtype, d_pad):
-                add(cfg)
+            for windowed in (False, True):
+                for cfg in prefill_configs(dtype, d_pad, windowed=windowed):
+                    add(cfg)
     for fmt in fp8.FORMATS.values():
         for dtype in DTYPES:
             add(quantize_config(dtype, fmt.dtype))
@@ -353,4 +396,7 @@ def all_configs() -> list[KernelConfig]:
                                     dtype, d_pad, group, single, fmt.dtype, windowed=windowed
                                 )
                             )
+                for windowed in (False, True):
+                    for cfg in prefill_configs(dtype, d_pad, fmt.dtype, windowed=windowed):
+                        add(cfg)
     return list(seen.values())

@@ -263,6 +263,7 @@ def paged_prefill_attention(
     max_q_len: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of a ragged batch of new tokens over cached prefixes and themselves.
 
@@ -278,8 +279,13 @@ def paged_prefill_attention(
         check_indices, max_seq_len: as for `paged_decode_attention`.
         max_q_len: an upper bound of the new tokens per sequence, likewise (None: the true
             maximum when checking, else min(total_q, max_seq_len)).
-        k_scale, v_scale: fp8 caches only, as for `paged_decode_attention` (torch backend
-            only so far: the Triton prefill refuses fp8 with a ConfigError).
+        k_scale, v_scale: fp8 caches only, as for `paged_decode_attention` (Triton and
+            torch; on a CPU the torch path, not the C++ kernel).
+        window: sliding window: row i, at position p = seq_lens[b] - n_b + i, sees keys
+            max(0, p - window + 1) .. p only. Blocks wholly before the first new token's
+            window are never read (their table entries may be -1). None (default): full
+            causal attention, unchanged. Triton and torch (on a CPU the torch path, not
+            the C++ kernel).
 
     Returns:
         [total_q, num_q_heads, head_dim] in the query dtype (`out` when given).
@@ -295,26 +301,19 @@ def paged_prefill_attention(
         check_indices,
         max_seq_len,
         max_q_len,
+        window=window,
     )
     s = val.check_scale(scale, dims.cache.head_dim)
     kv_scales = fp8_ops.check_kv_scales(
         k_cache, k_scale, v_scale, dims.cache.num_kv_heads, check_indices
     )
-    chosen = choose_backend(query.device, backend)
-    if kv_scales is not None:
-        if chosen == "triton":
-            raise ConfigError(f"the Triton prefill does not read {k_cache.dtype} K/V yet")
-        if out is None:
-            out = torch.empty_like(query, memory_format=torch.contiguous_format)
-        return torch_ops.paged_prefill_attention(
-            query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims, kv_scales
-        )
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    if chosen == "triton":
-        return _triton().paged_prefill_attention(
-            query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims
-        )
+    args = (query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims)
+    if choose_backend(query.device, backend) == "triton":
+        return _triton().paged_prefill_attention(*args, kv_scales, window=window)
+    if kv_scales is not None or window is not None:
+        return torch_ops.paged_prefill_attention(*args, kv_scales, window=window)
     if query.device.type == "cpu" and cpu_paged.supports(dims):
         return cpu_paged.prefill(
             query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims

@@ -257,13 +257,17 @@ def paged_prefill_attention(
     out: torch.Tensor,
     dims: AttentionDims,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached prefix and itself.
     fp8 caches: dequantized after the gather with `kv_scales`, as in decode.
 
     Sequence b owns query rows `cu_seqlens_q[b] : cu_seqlens_q[b+1]` (n tokens), which sit
-    at positions `seq_lens[b] - n ... seq_lens[b] - 1`; row i sees keys 0 .. seq_lens[b] - n + i.
-    One gather and one SDPA call per sequence.
+    at positions `seq_lens[b] - n ... seq_lens[b] - 1`; row i sees keys 0 .. seq_lens[b] - n + i
+    (from seq_lens[b] - n + i - window + 1 with a sliding `window`: the gather starts at
+    the block of the first row's first key, and that block's earlier slots are zeroed,
+    since a masked NaN would still poison SDPA). One gather and one SDPA call per sequence.
     """
     cd = dims.cache
     cu = cu_seqlens_q.tolist()
@@ -272,16 +276,24 @@ def paged_prefill_attention(
         start, end, length = cu[b], cu[b + 1], lens[b]
         n = end - start
         n_blocks = -(-length // cd.block_size)
-        table = block_tables[b : b + 1, :n_blocks].to(torch.int64)
-        k = _gather(k_cache, table)[:, :, :length]  # [1, Hkv, L, D]
-        v = _gather(v_cache, table)[:, :, :length]
+        lo = 0 if window is None else max(0, length - n - window + 1)  # first key read
+        first = lo // cd.block_size
+        table = block_tables[b : b + 1, first:n_blocks].to(torch.int64)
+        span = length - first * cd.block_size
+        k = _gather(k_cache, table)[:, :, :span]  # [1, Hkv, span, D]
+        v = _gather(v_cache, table)[:, :, :span]
         if kv_scales is not None:
             k = _dequantize_heads(k, kv_scales[0], query.dtype)
             v = _dequantize_heads(v, kv_scales[1], query.dtype)
         q = query[start:end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         qpos = torch.arange(length - n, length, device=query.device).unsqueeze(1)
-        kpos = torch.arange(length, device=query.device).unsqueeze(0)
-        mask = kpos <= qpos  # [n, L]
+        kpos = torch.arange(first * cd.block_size, length, device=query.device).unsqueeze(0)
+        mask = kpos <= qpos  # [n, span]
+        if window is not None:
+            mask &= kpos > qpos - window
+            before = (kpos < lo).view(1, 1, -1, 1)
+            k = k.masked_fill(before, 0)
+            v = v.masked_fill(before, 0)
         res = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=scale, enable_gqa=dims.group > 1
         )

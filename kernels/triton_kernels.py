@@ -55,28 +55,25 @@ def _copy_rows(
         tl.store(dst_ptr + dst_row * dst_row_stride + cols, x, mask=mask)
 
 
-def _fp8_bits_to_f32(bits, MAN: tl.constexpr, BIAS: tl.constexpr, HAS_INF: tl.constexpr):
-    """fp8 bytes (any 8-bit integer tensor) -> their exact float32 values, by bit
-    arithmetic: the same integer code on sm_80, sm_90 and the interpreter (no fp8 hardware
-    conversion, which sm_80 lacks and the interpreter gets wrong for NaN). `MAN` mantissa
-    bits, exponent `BIAS`; `HAS_INF` (e5m2): the top exponent is inf/NaN, else (e4m3fn)
-    only its all-ones mantissa is NaN."""
-    b = bits.to(tl.uint8, bitcast=True).to(tl.uint32)
-    sign = (b >> 7) << 31
-    e = (b >> MAN) & ((1 << (7 - MAN)) - 1)
-    man = b & ((1 << MAN) - 1)
+def _fp8_bits_to_f32(bits, MAN: tl.constexpr, HAS_INF: tl.constexpr):
+    """fp8 bytes (any 8-bit integer tensor) -> float32 holding each value exactly, times
+    2^(BIAS - 15) (1 for e5m2, 2^-8 for e4m3fn: the kernels fold the inverse into their
+    scales, an exact product). The byte's sign, exponent and mantissa are placed in
+    float16's fields and the hardware float16 -> float32 conversion does the rest: e5m2
+    has float16's exponent width and bias (its byte is a float16's top byte, inf and NaN
+    included); e4m3fn's 4-bit exponent sits in the low bits of float16's, whose bias is 8
+    more, so every e4m3fn value, subnormals included, lands on float16 exactly at 2^-8 of
+    itself. e4m3fn has no inf and one NaN pattern per sign (exponent and mantissa all
+    ones), which would land on a finite float16 and is replaced by float16's NaN. A few
+    integer operations and one conversion per element, the same code on sm_80 (no fp8
+    instructions), sm_90 and the interpreter (whose fp8 conversions are wrong for NaN)."""
+    b = bits.to(tl.uint8, bitcast=True).to(tl.uint16)
     if HAS_INF:
-        special = e == (1 << (7 - MAN)) - 1
+        h = b << 8
     else:
-        special = (e == (1 << (7 - MAN)) - 1) & (man == (1 << MAN) - 1)
-    f_exp = tl.where(special, 255, e + (127 - BIAS))
-    normal = (sign | (f_exp << 23) | (man << (23 - MAN))).to(tl.float32, bitcast=True)
-    # subnormal: (1 + man / 2^MAN) * 2^emin - 2^emin, both normal floats (exact)
-    emin = sign | ((128 - BIAS) << 23)
-    sub = (emin | (man << (23 - MAN))).to(tl.float32, bitcast=True) - emin.to(
-        tl.float32, bitcast=True
-    )
-    return tl.where(e == 0, sub, normal)
+        h = ((b & 0x80) << 8) | ((b & 0x7F) << (10 - MAN))
+        h = tl.where((b & 0x7F) == 0x7F, 0x7E00, h)  # float16 quiet NaN
+    return h.to(tl.float16, bitcast=True).to(tl.float32)
 
 
 def _f32_to_fp8_bits(x, MAN: tl.constexpr, BIAS: tl.constexpr, MAX: tl.constexpr):
@@ -181,9 +178,9 @@ def _paged_decode(
     max score and its sum of exponentials for `_paged_decode_reduce`.
 
     fp8 K/V (FP8_MAN > 0: 3 for e4m3fn, 2 for e5m2): each tile is loaded as bytes and
-    dequantized in registers, `float32(k) * k_scale[kv_head]` rounded to the query dtype,
-    then used exactly as a 16/32-bit tile; `k_scale_ptr` / `v_scale_ptr` are unused
-    otherwise.
+    dequantized in registers, `float32(k) * k_scale[kv_head]` rounded to the query dtype
+    (`_fp8_bits_to_f32`), then used exactly as a 16/32-bit tile; `k_scale_ptr` /
+    `v_scale_ptr` are unused otherwise.
 
     WINDOWED (sliding window of `window` tokens): the sequence is read from the first
     block its window touches (table and positions shifted by the blocks skipped, which
@@ -221,9 +218,9 @@ def _paged_decode(
         if WINDOWED:
             table_row = table_row + skipped
         head_off = kv_head.to(tl.int64) * stride_khead
-        if FP8_MAN > 0:
-            k_scale = tl.load(k_scale_ptr + kv_head)
-            v_scale = tl.load(v_scale_ptr + kv_head)
+        if FP8_MAN > 0:  # times 2^(15 - bias), which `_fp8_bits_to_f32` leaves out (exact)
+            k_scale = tl.load(k_scale_ptr + kv_head) * (1 << (15 - FP8_BIAS))
+            v_scale = tl.load(v_scale_ptr + kv_head) * (1 << (15 - FP8_BIAS))
         begin = start
         if WINDOWED:  # the first block's tokens before the window: the loop starts past them
             begin = tl.maximum(start, seq_len - window)
@@ -236,7 +233,7 @@ def _paged_decode(
             kv_mask = tok_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0)
             if FP8_MAN > 0:
-                k = _fp8_bits_to_f32(k, FP8_MAN, FP8_BIAS, FP8_MAN == 2) * k_scale
+                k = _fp8_bits_to_f32(k, FP8_MAN, FP8_MAN == 2) * k_scale
                 k = k.to(q.dtype)
             if DOT_F32:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -250,7 +247,7 @@ def _paged_decode(
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0)
             if FP8_MAN > 0:
-                v = _fp8_bits_to_f32(v, FP8_MAN, FP8_BIAS, FP8_MAN == 2) * v_scale
+                v = _fp8_bits_to_f32(v, FP8_MAN, FP8_MAN == 2) * v_scale
                 v = v.to(q.dtype)
             if DOT_F32:
                 pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
@@ -353,11 +350,17 @@ def _paged_prefill(
     stride_kblock,
     stride_ktok,
     stride_khead,
+    k_scale_ptr,
+    v_scale_ptr,
+    window,
     BLOCK_M: tl.constexpr,
     D_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    FP8_MAN: tl.constexpr = 0,
+    FP8_BIAS: tl.constexpr = 0,
+    WINDOWED: tl.constexpr = False,
 ):
     """Paged prefill/extend attention. Grid: (batch, num_kv_heads * n_chunks, q_tiles).
 
@@ -365,6 +368,14 @@ def _paged_prefill(
     heads of one KV head's group (row r: token r // heads_per_prog, head r %
     heads_per_prog), so K/V tiles are shared by the group. Query token i of a sequence
     with n new tokens and L total sits at position L - n + i and sees keys 0 .. L - n + i.
+
+    fp8 K/V (FP8_MAN > 0): each tile is dequantized in registers exactly as in
+    `_paged_decode` (`float32(byte) * scale[kv_head]`, rounded to the query dtype).
+
+    WINDOWED (sliding window of `window` tokens): the query at position p sees keys
+    p - window + 1 .. p. The key loop starts at the first key the program's earliest
+    query sees, so blocks wholly before it (their table entries included) are never
+    loaded; keys inside the loop but before a later row's window are masked.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1) // n_chunks
@@ -398,7 +409,13 @@ def _paged_prefill(
         acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
         table_row = tables_ptr + seq.to(tl.int64) * stride_table
         head_off = kv_head.to(tl.int64) * stride_khead
-        for t0 in range(0, kv_end, TILE_N):
+        if FP8_MAN > 0:  # times 2^(15 - bias), which `_fp8_bits_to_f32` leaves out (exact)
+            k_scale = tl.load(k_scale_ptr + kv_head) * (1 << (15 - FP8_BIAS))
+            v_scale = tl.load(v_scale_ptr + kv_head) * (1 << (15 - FP8_BIAS))
+        kv_begin = 0
+        if WINDOWED:  # the earliest query's first key: nothing before it is loaded
+            kv_begin = tl.maximum(context + tok0 - window + 1, 0)
+        for t0 in range(kv_begin, kv_end, TILE_N):
             kt = t0 + tl.arange(0, TILE_N)
             k_ok = kt < kv_end
             block = tl.load(table_row + kt // block_size, mask=k_ok, other=0).to(tl.int64)
@@ -406,18 +423,26 @@ def _paged_prefill(
             kv_off = kv_off + head_off
             kv_mask = k_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if FP8_MAN > 0:
+                k = _fp8_bits_to_f32(k, FP8_MAN, FP8_MAN == 2) * k_scale
+                k = k.to(q.dtype)
             if DOT_F32:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
             s = s * scale_log2
             visible = k_ok[None, :] & (kt[None, :] <= q_pos[:, None])
+            if WINDOWED:
+                visible = visible & (kt[None, :] > q_pos[:, None] - window)
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if FP8_MAN > 0:
+                v = _fp8_bits_to_f32(v, FP8_MAN, FP8_MAN == 2) * v_scale
+                v = v.to(q.dtype)
             if DOT_F32:
                 pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
             else:

@@ -139,6 +139,21 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> 
     _copy_rows(src, dst, mapping[:, 0].contiguous(), mapping[:, 1].contiguous(), row, row, row)
 
 
+def _kv_operands(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The scale and cache arguments of an attention launch: fp8 caches as bytes with
+    their scales; otherwise the caches as they are and a float32 placeholder for the
+    (unused) scales, so the compiled signature is the same."""
+    if kv_scales is None:
+        ones = torch.ones(1, dtype=torch.float32, device=query.device)
+        return ones, ones, k_cache, v_cache
+    return kv_scales[0], kv_scales[1], k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -184,11 +199,7 @@ def paged_decode_attention(
         part_out = torch.empty((batch, hq, n_parts, d), dtype=f32, device=dev)
         part_max = torch.empty((batch, hq, n_parts), dtype=f32, device=dev)
         part_sum = torch.empty((batch, hq, n_parts), dtype=f32, device=dev)
-    if kv_scales is None:  # unused without fp8; float32 so the signature is the same
-        k_scale = v_scale = torch.ones(1, dtype=torch.float32, device=query.device)
-    else:
-        k_scale, v_scale = kv_scales
-        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    k_scale, v_scale, k_cache, v_cache = _kv_operands(query, k_cache, v_cache, kv_scales)
     _launch(
         cfg,
         (batch, cd.num_kv_heads * n_chunks, n_parts),
@@ -255,14 +266,22 @@ def paged_prefill_attention(
     scale: float,
     out: torch.Tensor,
     dims: AttentionDims,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Causal paged prefill/extend; see `kernels.ops.paged_prefill_attention`."""
+    """Causal paged prefill/extend; see `kernels.ops.paged_prefill_attention`. fp8
+    caches: `kv_scales` (float32 [num_kv_heads] for K and V) dequantize each tile, as in
+    decode. `window`: sliding-window attention, blocks before it never read."""
     cd = dims.cache
     if dims.batch == 0 or query.shape[0] == 0:
         return out
     d = query.shape[2]
     # the tile by query count: 16 rows for short extends, up to 64 for long prefills
-    cfg = configs.prefill_config(query.dtype, d, dims.max_q_len * dims.group)
+    cfg = configs.prefill_config(
+        query.dtype, d, dims.max_q_len * dims.group, k_cache.dtype, windowed=window is not None
+    )
+    k_scale, v_scale, k_cache, v_cache = _kv_operands(query, k_cache, v_cache, kv_scales)
     block_m = cfg.int_constexpr("BLOCK_M")
     heads_per_prog = min(dims.group, block_m)
     tokens_per_prog = block_m // heads_per_prog
@@ -295,5 +314,8 @@ def paged_prefill_attention(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
+        k_scale,
+        v_scale,
+        window or 0,
     )
     return out

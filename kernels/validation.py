@@ -349,12 +349,15 @@ def _check_tables(
     check_indices: bool,
     max_seq_len: int | None = None,
     window: int | None = None,
+    q_lens: torch.Tensor | None = None,
 ) -> int:
     """Check block tables and KV lengths; return the longest length (tokens) to size the
     launch by: `max_seq_len` when given (capped at the tables' capacity), else the true
     maximum when indices are checked, else the capacity (no host read). With a sliding
     `window`, entries of blocks wholly before a sequence's window are not read and not
-    checked (a cache that released them may hold -1 there)."""
+    checked (a cache that released them may hold -1 there): the window of its first
+    query, at position L - q_len (`q_lens`, int64 on the host; 1 per sequence when None,
+    decode)."""
     _check_index("block_tables", block_tables, 2, device)
     _check_index("seq_lens", seq_lens, 1, device)
     if seq_lens.shape[0] != block_tables.shape[0]:
@@ -379,7 +382,9 @@ def _check_tables(
     table = block_tables.detach().to("cpu", torch.int64)
     live = cols < used.unsqueeze(1)
     if window is not None:
-        first = (lens - window).clamp(min=0) // dims.block_size  # first block in the window
+        first_query = lens - (1 if q_lens is None else q_lens)
+        # the first block the first query's window touches
+        first = (first_query - window + 1).clamp(min=0) // dims.block_size
         live &= cols >= first.unsqueeze(1)
     entries = table[live]
     bad = entries[(entries < 0) | (entries >= dims.num_blocks)]
@@ -437,13 +442,17 @@ def check_prefill(
     check_indices: bool = True,
     max_seq_len: int | None = None,
     max_q_len: int | None = None,
+    *,
+    window: int | None = None,
 ) -> AttentionDims:
     """Check a paged prefill/extend call: ragged query `[total_q, num_q_heads, head_dim]`
     split by `cu_seqlens_q` (`[batch + 1]`, starting at 0, non-decreasing, ending at
     total_q); sequence b has `q_len_b = cu[b+1] - cu[b]` new tokens, 1 <= q_len_b <=
     seq_lens[b], whose K/V are already written at the end of its `seq_lens[b]` tokens.
     `max_seq_len` and `max_q_len` bound every `seq_lens[b]` and `q_len_b` (see the module
-    docstring)."""
+    docstring). `window` (None or an int >= 1): table entries of blocks wholly before the
+    first new token's window are not checked, as for decode."""
+    check_window(window)
     dims = check_cache_pair(k_cache, v_cache)
     group = _check_query(query, dims, k_cache)
     _check_index("cu_seqlens_q", cu_seqlens_q, 1, k_cache.device)
@@ -452,21 +461,21 @@ def check_prefill(
         raise ShapeError(
             f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries; expected batch + 1 = {batch + 1}"
         )
+    total_q = query.shape[0]
+    window_q_lens = None
+    if window is not None and check_indices and batch >= 0:
+        # the first query's window decides which table entries are read: cu first
+        window_q_lens = _prefill_q_lens(cu_seqlens_q, total_q)
     max_len = _check_tables(
-        block_tables, seq_lens, dims, k_cache.device, check_indices, max_seq_len
-    )
+        block_tables, seq_lens, dims, k_cache.device, check_indices, max_seq_len, window,
+        window_q_lens,
+    )  # fmt: skip
     q_bound = _check_bound("max_q_len", max_q_len)
     _check_out(out, query)
-    total_q = query.shape[0]
     if not check_indices:
         bound = min(total_q, max_len) if q_bound is None else min(q_bound, total_q, max_len)
         return AttentionDims(dims, batch, query.shape[1], group, max_len, bound)
-    cu = cu_seqlens_q.detach().to("cpu", torch.int64)
-    if cu[0] != 0 or cu[-1] != total_q:
-        raise IndexRangeError(
-            f"cu_seqlens_q must run from 0 to total_q={total_q}, got {cu[0]}..{cu[-1]}"
-        )
-    q_lens = cu[1:] - cu[:-1]
+    q_lens = _prefill_q_lens(cu_seqlens_q, total_q)
     lens = seq_lens.detach().to("cpu", torch.int64)
     bad = torch.nonzero((q_lens < 1) | (q_lens > lens)).flatten()
     if bad.numel():
@@ -482,6 +491,17 @@ def check_prefill(
             )
         max_q = min(q_bound, total_q)
     return AttentionDims(dims, batch, query.shape[1], group, max_len, max_q)
+
+
+def _prefill_q_lens(cu_seqlens_q: torch.Tensor, total_q: int) -> torch.Tensor:
+    """New tokens per sequence (int64, on the host) from `cu_seqlens_q`, which must run
+    from 0 to `total_q`."""
+    cu = cu_seqlens_q.detach().to("cpu", torch.int64)
+    if cu[0] != 0 or cu[-1] != total_q:
+        raise IndexRangeError(
+            f"cu_seqlens_q must run from 0 to total_q={total_q}, got {cu[0]}..{cu[-1]}"
+        )
+    return cu[1:] - cu[:-1]
 
 
 def _check_out(out: torch.Tensor | None, query: torch.Tensor) -> None:

@@ -48,7 +48,6 @@ subclass and leaves the cache exactly as it was (`snapshot` lets tests prove it)
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 
 import torch
@@ -80,6 +79,7 @@ from kvbench.reference.validation import (
     validate_prompt,
     validate_token_ids,
 )
+from kvbench.workloads.capacity import watermark_blocks
 from kvbench.workloads.errors import CapacityError, ConfigError, ShapeError
 from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.kv_quant import ScaleSpec, append_dtype, make_kv_quant
@@ -161,10 +161,7 @@ class PagedKVCache:
             require_positive("num_cpu_blocks", num_cpu_blocks, MAX_INDEX)
         if max_seq_len is not None:
             require_positive("max_seq_len", max_seq_len)
-        if isinstance(watermark, bool) or not isinstance(watermark, numbers.Real):
-            raise ConfigError(f"watermark must be a number in [0, 1), got {watermark!r}")
-        if not 0.0 <= float(watermark) < 1.0:
-            raise ConfigError(f"watermark must be in [0, 1), got {watermark!r}")
+        keep_free = watermark_blocks(watermark, num_blocks)
         self._geometry = geometry
         self._dtype = torch_dtype(geometry.dtype)
         self._device = validate_device(device)
@@ -174,7 +171,7 @@ class PagedKVCache:
         self.max_seq_len = max_seq_len if max_seq_len is not None else num_blocks * block_size
         self.watermark = float(watermark)
         #: Blocks admission keeps free: the least integer >= watermark * num_blocks.
-        self.watermark_blocks = math.ceil(round(self.watermark * num_blocks, 9))
+        self.watermark_blocks = keep_free
         self.store_kv = store_kv
         self.kernel_backend = kernel_backend
         self.kv = DeviceKV(

@@ -18,22 +18,34 @@ the same layer count and KV shape, which `ModelKVSpec` checks as equal page byte
 module also requires equal shapes). Layer i of a group reads and writes storage[i] at that
 group's blocks. Fork shares every block of every group; the first write into a shared
 partial last block copies it first. Every failed operation changes nothing.
+
+Swap (preemption that keeps the KV, `swap_out` / `swap_in`): a group of requests moves to
+a CPU block pool of `num_cpu_blocks` pages and back, every layer group at once; each
+distinct device block they hold (in any group, shared among them or not) is copied and
+held once on the CPU, released entries stay `NULL_BLOCK`, and swap-in gives them fresh
+device blocks with the same sharing. Preemption by recomputation is `free` then `admit`.
+This class implements `reference.contract.LayerGroupsKVCache`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from kvbench.kernels import ops
 from kvbench.paged.block_pool import BlockPool
+from kvbench.paged.group_prefix import GroupPrefixIndex
+from kvbench.paged.prefix_cache import PrefixCache
+from kvbench.paged.swap import CpuBlockPool
+from kvbench.reference.contract import KVPair as KV
 from kvbench.workloads.capacity import blocks_for_tokens
 from kvbench.workloads.errors import (
     CapacityError,
     ConfigError,
     DuplicateRequestError,
+    RequestStateError,
     ShapeError,
     UnknownRequestError,
 )
@@ -43,8 +55,6 @@ from kvbench.workloads.spec_capacity import first_kept_position
 
 #: Table entry of a released block (vLLM's null block); kernels never read it.
 NULL_BLOCK = -1
-
-KV = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -66,6 +76,9 @@ class LayerGroupsPagedCache:
         block_size: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        *,
+        num_cpu_blocks: int = 0,
+        enable_prefix_caching: bool = False,
     ) -> None:
         shapes = {(g.num_layers, g.num_kv_heads, g.head_dim) for g in model.groups}
         if len(shapes) != 1:
@@ -76,38 +89,51 @@ class LayerGroupsPagedCache:
         layers, heads, dim = shapes.pop()
         self.model = model
         self.block_size = require_positive("block_size", block_size)
-        self.pool = BlockPool(num_blocks, block_size)
+        prefix = PrefixCache() if enable_prefix_caching else None
+        self.pool = BlockPool(num_blocks, block_size, prefix=prefix)
+        self.index = GroupPrefixIndex(prefix, model, block_size) if prefix is not None else None
         shape = (layers, num_blocks, block_size, heads, dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_shape = (layers, heads, dim)
         self._requests: dict[Hashable, list[GroupTable]] = {}
+        self.cpu = CpuBlockPool(num_cpu_blocks, (block_size, heads, dim), layers, dtype)
+        #: Swapped-out requests (their tables hold CPU blocks) -> fill of each CPU block.
+        self._swapped: set[Hashable] = set()
+        self._cpu_fill: dict[int, int] = {}
 
-    # ------------------------------------------------------------------ groups
     # ------------------------------------------------------------------ queries
-    def _get(self, request_id: Hashable) -> list[GroupTable]:
+    def _get(self, request_id: Hashable, *, resident: bool = True) -> list[GroupTable]:
         try:
-            return self._requests[request_id]
+            tables = self._requests[request_id]
         except KeyError:
             raise UnknownRequestError(f"unknown request {request_id!r}") from None
+        if resident and request_id in self._swapped:
+            raise RequestStateError(f"request {request_id!r} is swapped out")
+        return tables
+
+    def is_swapped(self, request_id: Hashable) -> bool:
+        self._get(request_id, resident=False)
+        return request_id in self._swapped
 
     def request_ids(self) -> list[Hashable]:
         return list(self._requests)
 
     def seq_len(self, request_id: Hashable) -> int:
         """Decoder tokens written (the same in every self-attention group)."""
-        tables = self._get(request_id)
+        tables = self._get(request_id, resident=False)
         return tables[self.model.self_groups[0]].seq_len if self.model.self_groups else 0
 
     def block_table(self, request_id: Hashable, group: int) -> list[int]:
-        return list(self._get(request_id)[group].blocks)
+        return list(self._get(request_id, resident=False)[group].blocks)
 
     def held_blocks(self, request_id: Hashable, group: int) -> list[int]:
         """Logical indices of the blocks the request holds in `group`."""
-        return [j for j, b in enumerate(self._get(request_id)[group].blocks) if b != NULL_BLOCK]
+        tables = self._get(request_id, resident=False)
+        return [j for j, b in enumerate(tables[group].blocks) if b != NULL_BLOCK]
 
     def kept_from(self, request_id: Hashable, group: int) -> int:
-        return self._get(request_id)[group].kept_from
+        return self._get(request_id, resident=False)[group].kept_from
 
     @property
     def num_free_blocks(self) -> int:
@@ -132,10 +158,18 @@ class LayerGroupsPagedCache:
         return k.shape[1]
 
     # ------------------------------------------------------------------ mutation
-    def admit(self, request_id: Hashable, encoder_kv: Sequence[KV] = ()) -> None:
+    def admit(
+        self,
+        request_id: Hashable,
+        encoder_kv: Sequence[KV] = (),
+        *,
+        prompt: Sequence[int] | None = None,
+        salt: str | None = None,
+    ) -> int:
         """Register a request: its cross-attention groups get blocks for the encoder K/V
         (`encoder_kv[i]` for the i-th cross group, [layers, encoder_len, heads, dim]),
-        written now; its other groups start empty. CapacityError changes nothing."""
+        written now; its other groups start empty. Returns the prompt tokens already
+        cached (0 without prefix caching). CapacityError changes nothing."""
         if request_id in self._requests:
             raise DuplicateRequestError(f"request {request_id!r} is already admitted")
         cross = self.model.cross_groups
@@ -149,17 +183,34 @@ class LayerGroupsPagedCache:
             length = self.model.groups[gi].spec.encoder_len
             self._check_kv(kv, f"encoder K/V of group {gi}", length)
             need += blocks_for_tokens(length or 0, self.block_size)
+        hit = None
+        if self.index is not None and prompt is not None:
+            hit = self.index.lookup(prompt, salt)
+            revived = {b for t in hit.tables.values() for b in t if b != NULL_BLOCK}
+            need += sum(1 for b in revived if self.pool.ref[b] == 0)
         if need > self.pool.num_free:
             raise CapacityError(
-                f"request {request_id!r} needs {need} blocks for its encoder output; "
-                f"{self.pool.num_free} free"
+                f"request {request_id!r} needs {need} blocks for its encoder output and "
+                f"cached prefix; {self.pool.num_free} free"
             )
         tables = [GroupTable() for _ in self.model.groups]
+        if hit is not None:
+            assert self.index is not None and prompt is not None
+            for gi, blocks in hit.tables.items():
+                held = [j for j, b in enumerate(blocks) if b != NULL_BLOCK]
+                for j in held:
+                    self.pool.incref(blocks[j])
+                kept = held[0] * self.block_size if held else 0  # first position held
+                tables[gi] = GroupTable(blocks, hit.tokens, kept)
+            self.index.start(request_id, prompt, salt, hit)
+        elif self.index is not None:
+            self.index.start(request_id, (), salt, None)
         for gi, kv in zip(cross, encoder_kv, strict=True):
             n = kv[0].shape[1]
             tables[gi].blocks = self.pool.allocate_many(blocks_for_tokens(n, self.block_size))
             self._write(tables[gi], kv, n)
         self._requests[request_id] = tables
+        return hit.tokens if hit is not None else 0
 
     def _plan(self, group: int, table: GroupTable, n: int) -> tuple[list[int], bool, int]:
         """(logical blocks to release, copy-on-write of the last block?, new blocks)."""
@@ -188,7 +239,9 @@ class LayerGroupsPagedCache:
         take, freed = self._net_need(self._get(request_id), n)
         return take - freed
 
-    def append(self, request_id: Hashable, kv: Sequence[KV]) -> None:
+    def append(
+        self, request_id: Hashable, kv: Sequence[KV], token_ids: Sequence[int] | None = None
+    ) -> None:
         """Append n tokens to every self-attention group at once (`kv[i]` for the i-th of
         `self_groups`, [layers, n, heads, dim]), releasing what left each window first.
         CapacityError, changing nothing, when the pool cannot supply the blocks."""
@@ -199,6 +252,11 @@ class LayerGroupsPagedCache:
         n = self._check_kv(kv[0], "append") if kv else 0
         for i, one in enumerate(kv):
             self._check_kv(one, f"append, group {groups[i]}", n)
+        ids = None
+        if self.index is not None:
+            ids = self.index.ids_for(request_id, self.seq_len(request_id), n, token_ids)
+            if ids is not None and len(ids) != n:
+                raise ShapeError(f"append of {n} tokens got {len(ids)} token ids")
         take, freed = self._net_need(tables, n)
         if take > self.pool.num_free + freed:
             raise CapacityError(
@@ -218,6 +276,10 @@ class LayerGroupsPagedCache:
                 self._copy_last_block(table)
             table.blocks += self.pool.allocate_many(new)
             self._write(table, one, n)
+        if self.index is not None:
+            self.index.extend(request_id, ids)
+            for gi in groups:
+                self.index.index_full_blocks(request_id, gi, tables[gi].blocks)
 
     def _write(self, table: GroupTable, kv: KV, n: int) -> None:
         slots = self._slots(table.blocks, table.seq_len, n)
@@ -254,12 +316,116 @@ class LayerGroupsPagedCache:
         self._requests[child_id] = [
             GroupTable(list(t.blocks), t.seq_len, t.kept_from) for t in parent
         ]
+        if self.index is not None:
+            self.index.fork(parent_id, child_id)
 
     def free(self, request_id: Hashable) -> None:
-        """Release every block of every group of the request."""
-        for table in self._get(request_id):
-            self.pool.release([b for b in table.blocks if b != NULL_BLOCK])
+        """Release every block of every group of the request (device or swap space)."""
+        tables = self._get(request_id, resident=False)
+        held = [[b for b in t.blocks if b != NULL_BLOCK] for t in tables]
+        if request_id in self._swapped:
+            self._swapped.discard(request_id)
+            for blocks in held:
+                self.cpu.release(blocks)
+            self._forget_free_cpu_fills()
+        else:
+            for blocks in held:
+                self.pool.release(blocks)
         del self._requests[request_id]
+        if self.index is not None:
+            self.index.forget(request_id)
+
+    # ------------------------------------------------------------------ swap
+    def _check_swap(self, request_ids: Sequence[Hashable], swapped: bool) -> list[int]:
+        """Validate a swap group; its distinct held blocks, in first-seen order."""
+        if len(set(request_ids)) != len(request_ids):
+            raise RequestStateError(f"swap of repeated request ids {list(request_ids)!r}")
+        distinct: dict[int, None] = {}
+        for r in request_ids:
+            tables = self._get(r, resident=False)
+            if (r in self._swapped) != swapped:
+                state = "already swapped out" if not swapped else "not swapped out"
+                raise RequestStateError(f"request {r!r} is {state}")
+            for t in tables:
+                distinct.update((b, None) for b in t.blocks if b != NULL_BLOCK)
+        return list(distinct)
+
+    def _move(self, request_ids: Sequence[Hashable], mapping: dict[int, int]) -> None:
+        """Point the requests' tables at the mapped blocks (NULL_BLOCK stays)."""
+        for r in request_ids:
+            for t in self._requests[r]:
+                t.blocks = [b if b == NULL_BLOCK else mapping[b] for b in t.blocks]
+
+    def swap_out(self, request_ids: Sequence[Hashable]) -> None:
+        """Move the requests' blocks of every group to the CPU pool (each distinct block
+        once) and release them on the device; CapacityError, nothing changed, when the
+        CPU pool lacks room."""
+        blocks = self._check_swap(request_ids, swapped=False)
+        cpu = self.cpu.allocate_many(len(blocks), f"swapping out {list(request_ids)!r} ")
+        mapping = dict(zip(blocks, cpu, strict=True))
+        if blocks:
+            assert self.cpu.k is not None and self.cpu.v is not None
+            src = torch.tensor(blocks, dtype=torch.int64, device=self.k.device)
+            dst = torch.tensor(cpu, dtype=torch.int64)
+            self.cpu.k[:, dst] = self.k[:, src].cpu()
+            self.cpu.v[:, dst] = self.v[:, src].cpu()
+        for b, c in mapping.items():
+            self._cpu_fill[c] = self.pool.fill[b]
+        for r in request_ids:
+            for t in self._requests[r]:
+                self.pool.release([b for b in t.blocks if b != NULL_BLOCK])
+        self._share(request_ids, mapping, self.cpu.incref)
+        self._move(request_ids, mapping)
+        self._swapped.update(request_ids)
+
+    def _share(
+        self,
+        request_ids: Sequence[Hashable],
+        mapping: dict[int, int],
+        incref: Callable[[int], None],
+    ) -> None:
+        """Add the references beyond the first that the group's tables make to each
+        newly allocated (mapped-to) block, so reference counts equal table entries."""
+        seen: set[int] = set()
+        for r in request_ids:
+            for t in self._requests[r]:
+                for b in t.blocks:
+                    if b == NULL_BLOCK:
+                        continue
+                    if b in seen:
+                        incref(mapping[b])
+                    seen.add(b)
+
+    def swap_in(self, request_ids: Sequence[Hashable]) -> None:
+        """Bring swapped requests back into fresh device blocks, every group, keeping
+        their sharing; CapacityError, nothing changed, when the pool lacks room."""
+        blocks = self._check_swap(request_ids, swapped=True)
+        if len(blocks) > self.pool.num_free:
+            raise CapacityError(
+                f"swapping in {list(request_ids)!r} needs {len(blocks)} blocks; "
+                f"{self.pool.num_free} free"
+            )
+        dev = self.pool.allocate_many(len(blocks))
+        mapping = dict(zip(blocks, dev, strict=True))
+        if blocks:
+            assert self.cpu.k is not None and self.cpu.v is not None
+            src = torch.tensor(blocks, dtype=torch.int64)
+            dst = torch.tensor(dev, dtype=torch.int64, device=self.k.device)
+            self.k[:, dst] = self.cpu.k[:, src].to(self.k.device)
+            self.v[:, dst] = self.cpu.v[:, src].to(self.k.device)
+        for c, b in mapping.items():
+            self.pool.set_fill(b, self._cpu_fill[c])
+        self._share(request_ids, mapping, self.pool.incref)
+        for r in request_ids:
+            for t in self._requests[r]:
+                self.cpu.release([b for b in t.blocks if b != NULL_BLOCK])
+        self._move(request_ids, mapping)
+        self._swapped.difference_update(request_ids)
+        self._forget_free_cpu_fills()
+
+    def _forget_free_cpu_fills(self) -> None:
+        for c in [c for c in self._cpu_fill if self.cpu.ref[c] == 0]:
+            del self._cpu_fill[c]
 
     # ------------------------------------------------------------------ reads
     def window_start(self, group: int, seq_len: int) -> int:
@@ -309,14 +475,28 @@ class LayerGroupsPagedCache:
             r: [(list(t.blocks), t.seq_len, t.kept_from) for t in ts]
             for r, ts in self._requests.items()
         }
-        return self.pool.snapshot(), reqs
+        cpu = (
+            self.cpu.snapshot(),
+            sorted(self._cpu_fill.items()),
+            sorted(map(repr, self._swapped)),
+        )
+        prefix = self.index.snapshot() if self.index is not None else None
+        return self.pool.snapshot(), reqs, cpu, prefix
 
     def check(self) -> None:
         """Assert the invariants: the pool's own; reference counts equal the tables that
         hold each block; every group's table covers its length; no table holds a block
         wholly outside its window, and none lacks one inside; cross-attention tables hold
-        exactly the encoder's blocks."""
+        exactly the encoder's blocks; swapped requests hold CPU blocks only, counted
+        by the CPU pool's own check."""
         self.pool.check()
+        if self.index is not None:
+            self.index.prefix.check()
+        self.cpu.check(
+            [b for t in self._requests[r] for b in t.blocks if b != NULL_BLOCK]
+            for r in self._swapped
+        )
+        assert set(self._cpu_fill) == {c for c, n in enumerate(self.cpu.ref) if n}
         holders: dict[int, int] = {}
         bs = self.block_size
         for rid, tables in self._requests.items():
@@ -328,7 +508,7 @@ class LayerGroupsPagedCache:
                 for j, b in enumerate(table.blocks):
                     inside = (j + 1) * bs > table.kept_from
                     assert (b != NULL_BLOCK) == inside, (rid, gi, j, b, table.kept_from)
-                    if b != NULL_BLOCK:
+                    if b != NULL_BLOCK and rid not in self._swapped:
                         holders[b] = holders.get(b, 0) + 1
         for b, count in enumerate(self.pool.ref):
             assert count == holders.get(b, 0), (b, count, holders.get(b, 0))

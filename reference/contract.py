@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import torch
 
 from kvbench.workloads.geometry import KVGeometry
+from kvbench.workloads.kv_spec import ModelKVSpec
 
 RequestId = Hashable
 
@@ -212,6 +213,102 @@ class KVCache(Protocol):
         ...
 
 
+# ---------------------------------------------------------------------- KV cache specs
+#: One group's K and V, each [layers_in_group, n, num_kv_heads, head_dim].
+KVPair = tuple[torch.Tensor, torch.Tensor]
+
+
+@runtime_checkable
+class LayerGroupsKVCache(Protocol):
+    """The spec-aware contract: a cache of a model's layer groups (`model.groups`: full
+    attention, sliding window, cross-attention, any mix), every operation covering all of
+    a request's groups at once, all or nothing.
+
+    `reference.layer_groups.LayerGroupsReferenceCache` (keeps everything, slices each
+    group's view) and `paged.layer_groups.LayerGroupsPagedCache` (one pool, one block
+    table per group, windows released by the rule of `workloads.spec_capacity`)
+    implement it, so one state machine drives both. It is additive: `KVCache` above (one
+    full-attention group, prompts, stats) is unchanged.
+
+    Conventions:
+        * K/V arguments are lists of `KVPair`, one per self-attention group in
+          `model.self_groups` order (append) or per cross-attention group in
+          `model.cross_groups` order (admit).
+        * Cross-attention KV is given once, at admission (the encoder output), stored
+          read-only, shared by forks and freed with the request.
+        * A swapped-out request keeps its id and length but refuses append, fork,
+          gather and attend (RequestStateError) until it is swapped back in; free works.
+          Preemption by recomputation is `free` followed by a fresh `admit`.
+        * Every failed operation raises a `KVBenchError` and changes nothing.
+    """
+
+    model: ModelKVSpec
+
+    def admit(
+        self,
+        request_id: RequestId,
+        encoder_kv: Sequence[KVPair] = (),
+        *,
+        prompt: Sequence[int] | None = None,
+        salt: str | None = None,
+    ) -> int:
+        """Register a request in every group; cross groups get their encoder K/V now.
+        `prompt` (token ids) lets a prefix-caching cache report how many of its tokens
+        are already cached: the return value, at which every self group's length starts
+        (0 without prefix caching; never the whole prompt). CapacityError: nothing
+        changed."""
+        ...
+
+    def append(
+        self,
+        request_id: RequestId,
+        kv: Sequence[KVPair],
+        token_ids: Sequence[int] | None = None,
+    ) -> None:
+        """Append n tokens to every self-attention group at once; `token_ids` name them
+        (needed past the prompt for their blocks to be prefix-cached)."""
+        ...
+
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
+        """The child holds exactly the parent's tokens in every group."""
+        ...
+
+    def free(self, request_id: RequestId) -> None:
+        """Release the request from every group (swapped or not)."""
+        ...
+
+    def swap_out(self, request_ids: Sequence[RequestId]) -> None:
+        """Preempt the requests together by swapping every group's KV out of the
+        device (blocks they share copied once); CapacityError when swap space is short."""
+        ...
+
+    def swap_in(self, request_ids: Sequence[RequestId]) -> None:
+        """Bring swapped requests back, every group, bit for bit; CapacityError when
+        the device cannot hold them."""
+        ...
+
+    def is_swapped(self, request_id: RequestId) -> bool: ...
+
+    def seq_len(self, request_id: RequestId) -> int:
+        """Decoder tokens cached (the same in every self-attention group)."""
+        ...
+
+    def request_ids(self) -> list[RequestId]:
+        """Live requests (swapped ones included), in admission order."""
+        ...
+
+    def gather(self, request_id: RequestId, group: int) -> KVPair:
+        """What the newest token reads in `group`: its window, every token, or the
+        encoder output."""
+        ...
+
+    def attend(
+        self, request_ids: Sequence[RequestId], query: torch.Tensor, group: int, layer: int
+    ) -> torch.Tensor:
+        """Decode attention of query[b] over request b's view in one group and layer."""
+        ...
+
+
 # ---------------------------------------------------------------------- serving accounting
 #: `ServingCache.next_growth` of a request that never needs more memory as it grows.
 NO_GROWTH = 1 << 62
@@ -231,6 +328,12 @@ class ServingTraits:
         can_swap: whether `swap_out_group` / `swap_in_group` may be called (a CPU pool).
         max_seq_len: the longest any request may grow (tokens).
         watermark_blocks: free blocks an admission must leave (0 without blocks).
+        releases_blocks: whether appends also free blocks (sliding-window groups drop
+            blocks that left the window): the engine then visits every length
+            `next_growth` names (allocations and releases), not only block boundaries,
+            so admission sees freed pages at the step a token-by-token run would.
+        slots_per_token: live slots one appended token fills (a model of several
+            self-attention layer groups writes one slot in each group's page).
     """
 
     block_size: int
@@ -239,6 +342,8 @@ class ServingTraits:
     can_swap: bool
     max_seq_len: int
     watermark_blocks: int = 0
+    releases_blocks: bool = False
+    slots_per_token: int = 1
 
 
 @dataclass(frozen=True)
@@ -290,7 +395,8 @@ class ServingCache(KVCache, Protocol):
     def next_growth(self, request_id: RequestId, length: int) -> int:
         """The smallest length >= `length` at which appending one more token to the
         request (as it holds memory now, sharing none of it) needs memory it does not
-        hold: a block boundary, a contiguous relocation. NO_GROWTH if never."""
+        hold: a block boundary, a contiguous relocation (and, for a cache whose traits
+        say `releases_blocks`, frees a block). NO_GROWTH if never."""
         ...
 
     def occupancy(self) -> Occupancy:

@@ -5,6 +5,9 @@
 (nothing is ever released, nothing shared), and answers what a group's newest query reads
 by slicing: the last `window` tokens (sliding window), every token (full attention) or
 the encoder output given at admission (cross-attention). Attention is the float64 oracle.
+It implements `reference.contract.LayerGroupsKVCache`: no prefix caching (admission
+always reports 0 cached tokens), and swap is a state change only (the KV never moves, so
+swap-out cannot run short of space).
 """
 
 from __future__ import annotations
@@ -14,10 +17,14 @@ from collections.abc import Hashable, Sequence
 import torch
 
 from kvbench.reference import oracle
-from kvbench.workloads.errors import DuplicateRequestError, ShapeError, UnknownRequestError
+from kvbench.reference.contract import KVPair as KV
+from kvbench.workloads.errors import (
+    DuplicateRequestError,
+    RequestStateError,
+    ShapeError,
+    UnknownRequestError,
+)
 from kvbench.workloads.kv_spec import AttentionKind, ModelKVSpec
-
-KV = tuple[torch.Tensor, torch.Tensor]
 
 
 class LayerGroupsReferenceCache:
@@ -27,14 +34,25 @@ class LayerGroupsReferenceCache:
         self.model = model
         self.dtype = dtype
         self._kv: dict[Hashable, list[KV]] = {}
+        self._swapped: set[Hashable] = set()
 
-    def _get(self, request_id: Hashable) -> list[KV]:
+    def _get(self, request_id: Hashable, *, resident: bool = True) -> list[KV]:
         if request_id not in self._kv:
             raise UnknownRequestError(f"unknown request {request_id!r}")
+        if resident and request_id in self._swapped:
+            raise RequestStateError(f"request {request_id!r} is swapped out")
         return self._kv[request_id]
 
-    def admit(self, request_id: Hashable, encoder_kv: Sequence[KV] = ()) -> None:
-        """Register a request; `encoder_kv[i]` is the i-th cross group's encoder K/V."""
+    def admit(
+        self,
+        request_id: Hashable,
+        encoder_kv: Sequence[KV] = (),
+        *,
+        prompt: Sequence[int] | None = None,
+        salt: str | None = None,
+    ) -> int:
+        """Register a request; `encoder_kv[i]` is the i-th cross group's encoder K/V.
+        Returns 0: the reference caches no prefixes (`prompt`, `salt` are unused)."""
         if request_id in self._kv:
             raise DuplicateRequestError(f"request {request_id!r} is already admitted")
         if len(encoder_kv) != len(self.model.cross_groups):
@@ -51,8 +69,11 @@ class LayerGroupsReferenceCache:
                 empty = torch.empty((g.num_layers, 0, g.num_kv_heads, g.head_dim), dtype=self.dtype)
                 groups.append((empty, empty.clone()))
         self._kv[request_id] = groups
+        return 0
 
-    def append(self, request_id: Hashable, kv: Sequence[KV]) -> None:
+    def append(
+        self, request_id: Hashable, kv: Sequence[KV], token_ids: Sequence[int] | None = None
+    ) -> None:
         """Append n tokens to every self-attention group (`kv[i]` for the i-th of them)."""
         groups = self._get(request_id)
         for gi, (k, v) in zip(self.model.self_groups, kv, strict=True):
@@ -67,14 +88,37 @@ class LayerGroupsReferenceCache:
         self._kv[child_id] = [(k.clone(), v.clone()) for k, v in groups]
 
     def free(self, request_id: Hashable) -> None:
-        self._get(request_id)
+        self._get(request_id, resident=False)
         del self._kv[request_id]
+        self._swapped.discard(request_id)
+
+    def _check_swap(self, request_ids: Sequence[Hashable], swapped: bool) -> None:
+        if len(set(request_ids)) != len(request_ids):
+            raise RequestStateError(f"swap of repeated request ids {list(request_ids)!r}")
+        for r in request_ids:
+            self._get(r, resident=False)
+            if (r in self._swapped) != swapped:
+                state = "already swapped out" if not swapped else "not swapped out"
+                raise RequestStateError(f"request {r!r} is {state}")
+
+    def swap_out(self, request_ids: Sequence[Hashable]) -> None:
+        """Mark the requests swapped out (their KV stays where it is)."""
+        self._check_swap(request_ids, swapped=False)
+        self._swapped.update(request_ids)
+
+    def swap_in(self, request_ids: Sequence[Hashable]) -> None:
+        self._check_swap(request_ids, swapped=True)
+        self._swapped.difference_update(request_ids)
+
+    def is_swapped(self, request_id: Hashable) -> bool:
+        self._get(request_id, resident=False)
+        return request_id in self._swapped
 
     def request_ids(self) -> list[Hashable]:
         return list(self._kv)
 
     def seq_len(self, request_id: Hashable) -> int:
-        groups = self._get(request_id)
+        groups = self._get(request_id, resident=False)
         return groups[self.model.self_groups[0]][0].shape[1] if self.model.self_groups else 0
 
     def gather(self, request_id: Hashable, group: int) -> KV:

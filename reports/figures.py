@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from kvbench.reports.provenance import COUNTED, MEASURED, MODELED
 from kvbench.reports.serving import SYSTEM_NAMES
 from kvbench.reports.tables import BOOKKEEPING_METRICS, case_columns, latest, varying
 
@@ -75,6 +76,10 @@ class FigureSpec:
     shared: tuple[str, ...] = ()
     #: base of the log x axis (2 for sizes and batches, 10 for decades of capacity)
     logx_base: int = 2
+    #: what produced the numbers this figure draws (`reports.provenance` kinds), where its
+    #: sweep mixes kinds and the figure shows only some of them (trace.serving's modeled
+    #: views beside its measured replay); () = the sweep's own kinds
+    kinds: tuple[str, ...] = ()
 
     @property
     def slug(self) -> str:
@@ -98,6 +103,7 @@ SPECS: tuple[FigureSpec, ...] = (
         ("utilization",),
         percent=True,
         ylabel="live / held slots",
+        kinds=(COUNTED,),
     ),
     FigureSpec(
         "serving.batch",
@@ -105,6 +111,7 @@ SPECS: tuple[FigureSpec, ...] = (
         "batch",
         ("tokens_per_second",),
         ylabel="tokens / s (modeled)",
+        kinds=(MODELED,),
     ),
     FigureSpec(
         "serving.batch",
@@ -112,6 +119,7 @@ SPECS: tuple[FigureSpec, ...] = (
         "batch",
         ("peak_concurrency",),
         ylabel="running requests",
+        kinds=(COUNTED,),
     ),
     FigureSpec(
         "serving.block_size",
@@ -120,6 +128,7 @@ SPECS: tuple[FigureSpec, ...] = (
         ("tokens_per_second",),
         logx=True,
         ylabel="tokens / s (modeled)",
+        kinds=(MODELED,),
     ),
     FigureSpec(
         "serving.block_size",
@@ -129,6 +138,7 @@ SPECS: tuple[FigureSpec, ...] = (
         logx=True,
         percent=True,
         ylabel="live / held slots",
+        kinds=(COUNTED,),
     ),
     FigureSpec(
         "serving.sample_preemption",
@@ -137,6 +147,7 @@ SPECS: tuple[FigureSpec, ...] = (
         ("tokens_per_second",),
         kind="bar",
         ylabel="tokens / s (modeled)",
+        kinds=(MODELED,),
     ),
     FigureSpec(
         "capacity.concurrency",
@@ -370,6 +381,7 @@ SPECS: tuple[FigureSpec, ...] = (
             logy=logy,
             percent=percent,
             ylabel=ylabel,
+            kinds=(MODELED,),
         )
         for title, metrics, ylabel, logy, percent in (
             (
@@ -409,6 +421,7 @@ SPECS: tuple[FigureSpec, ...] = (
         ("window_running", "window_waiting"),
         fixed={"view": "timeline"},
         ylabel="sequences (window mean)",
+        kinds=(MODELED,),
     ),
     FigureSpec(
         "trace.serving",
@@ -418,15 +431,17 @@ SPECS: tuple[FigureSpec, ...] = (
         fixed={"view": "timeline"},
         percent=True,
         ylabel="fraction (window)",
+        kinds=(MODELED,),
     ),
     FigureSpec(
         "trace.serving",
-        "Engine replay time at time scale 1 (measured here, one run)",
+        "Engine replay time at time scale 1 (measured here: median of the replay's runs)",
         "window_s",
         ("replay_wall_time", "replay_cpu_time"),
         fixed={"view": "replay"},
         kind="bar",
         ylabel="host seconds (measured here)",
+        kinds=(MEASURED,),
     ),
     FigureSpec(
         "preempt.swap_vs_recompute",

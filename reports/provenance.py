@@ -70,6 +70,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     # sweeps of other lanes not yet on main (issue 30's fp8 decode, issue 29's KV specs)
     "kernel.decode_fp8": (MEASURED,),
     "capacity.kv_specs": (CLOSED_FORM,),
+    "serving.kv_specs": (MODELED,),
 }
 
 #: What each kind means, for the page's one-line note.
@@ -108,6 +109,21 @@ class Produced:
             else:
                 parts.append(kind)
         return parts
+
+    def only(self, kinds: tuple[str, ...]) -> Produced:
+        """What produced a part of the sweep (a figure) that shows only `kinds` (of this
+        sweep's kinds): the device only where it is measured, the profiles only where
+        it is modeled; `kinds` () = the whole sweep. A kind the sweep lacks is an error."""
+        if not kinds:
+            return self
+        extra = [k for k in kinds if k not in self.kinds]
+        if extra:
+            raise ValueError(f"kinds {extra} are not among the sweep's {list(self.kinds)}")
+        return Produced(
+            kinds,
+            self.device if MEASURED in kinds else "",
+            self.profiles if MODELED in kinds else (),
+        )
 
     def tag(self) -> str:
         """The short tag: 'measured here (CPU)', 'modeled (1xa100-40gb)', ..."""

@@ -61,6 +61,46 @@ def sustained_rates(frame: pd.DataFrame, calibration: str = "fitted") -> pd.Data
     )
 
 
+def sustained_below(frame: pd.DataFrame, calibration: str = "fitted") -> pd.DataFrame:
+    """sustained_rate_below per (setup, workload) x system: where no rate the search tried
+    met the bound, the lowest one tried (the sustained rate lies below it), requests/s."""
+    rows = _suite_rows(frame, "serving.rate", "sustained_rate_below", calibration)
+    if rows.empty or not {"setup", "workload", "system"} <= set(rows.columns):
+        return pd.DataFrame()
+    return rows.pivot_table(
+        index=["setup", "workload"], columns="system", values="value", aggfunc="last"
+    )
+
+
+def _get(wide: pd.DataFrame, key: tuple[str, str], system: str) -> float:
+    if wide.empty or key not in wide.index or system not in wide.columns:
+        return math.nan
+    return float(wide.loc[key, system])
+
+
+def rate_text(rate: float, below: float = math.nan) -> str:
+    """A sustained rate as a table shows it (requests/s): the rate where the search found
+    one; "below X (the lowest rate tried)" where it did not (a `sustained_rate_below` row,
+    or an older run's 0, whose lowest rate is not recorded); "-" where no row says."""
+    if not math.isnan(rate) and rate > 0:
+        return _r(rate)
+    if not math.isnan(below):
+        return f"below {_r(below)} (the lowest rate tried)"
+    if rate == 0:
+        return "below the lowest rate tried"
+    return "-"
+
+
+def ratio_text(paged: float, rate: float, below: float = math.nan) -> str:
+    """paged / a baseline's sustained rate; "> Nx" where the baseline's rate is only known
+    to lie below `below` (so the ratio exceeds paged / below)."""
+    if not math.isnan(rate) and rate > 0:
+        return _x(paged / rate)
+    if not math.isnan(below) and below > 0 and not math.isnan(paged):
+        return f"> {paged / below:.2f}x"
+    return "-"
+
+
 def sustained_ratios(frame: pd.DataFrame, calibration: str = "fitted") -> pd.DataFrame:
     """paged's sustained rate over each baseline's, per (setup, workload)."""
     wide = sustained_rates(frame, calibration)
@@ -83,8 +123,8 @@ def _r(v: float) -> str:
 
 def sustained_table(frame: pd.DataFrame) -> DerivedTable | None:
     wide = sustained_rates(frame)
-    ratios = sustained_ratios(frame)
-    if wide.empty or ratios.empty:
+    below = sustained_below(frame)
+    if wide.empty or "paged" not in wide.columns:
         return None
     bound = _suite_rows(frame, "serving.rate", "latency_bound")
     note = (
@@ -97,14 +137,22 @@ def sustained_table(frame: pd.DataFrame) -> DerivedTable | None:
     if not bound.empty:
         per = bound.groupby("setup")["value"].last()
         note += "; " + ", ".join(f"{k}: {1e3 * v:.0f} ms/token" for k, v in per.items())
-    note += "). Ratio = vLLM's (paged) sustained rate / the baseline's."
-    systems = ["paged", *[b for b in BASELINES if b in wide.columns]]
+    note += (
+        "). Ratio = vLLM's (paged) sustained rate / the baseline's. 'below X (the lowest "
+        "rate tried)': the search halved its start rate five times and even X missed the "
+        "bound; the rate lies somewhere below X (its ratio is then at least paged / X)."
+    )
+    present = set(wide.columns) | set(below.columns)
+    systems = ["paged", *[b for b in BASELINES if b in present]]
     table = DerivedTable("Sustained request rate, vLLM (paged) over each baseline", note)
     table.header = ["setup", "workload"] + [f"{SYSTEM_NAMES[s]} [requests/s]" for s in systems]
     table.header += [f"vLLM / {PAPER_NAMES[b]}" for b in systems[1:]]
-    for (setup, workload), line in wide.iterrows():
-        cells = [str(setup), str(workload)] + [_r(line.get(s, math.nan)) for s in systems]
-        cells += [_x(ratios.loc[(setup, workload)].get(b, math.nan)) for b in systems[1:]]
+    for key in wide.index:
+        setup, workload = key
+        cells = [str(setup), str(workload)]
+        cells += [rate_text(_get(wide, key, s), _get(below, key, s)) for s in systems]
+        paged = _get(wide, key, "paged")
+        cells += [ratio_text(paged, _get(wide, key, b), _get(below, key, b)) for b in systems[1:]]
         table.rows.append(cells)
     return table
 
@@ -173,7 +221,6 @@ def calibration_rate_table(frame: pd.DataFrame) -> DerivedTable | None:
     before, after = sustained_rates(frame, "datasheet"), sustained_rates(frame, "fitted")
     if before.empty or after.empty:
         return None
-    r0, r1 = sustained_ratios(frame, "datasheet"), sustained_ratios(frame, "fitted")
     table = DerivedTable(
         "Sustained rate before / after GPU calibration (datasheet -> fitted profile)",
         "Modeled both ways on the same traces: 'datasheet' prices the steps at 100% of the "
@@ -191,31 +238,28 @@ def calibration_rate_table(frame: pd.DataFrame) -> DerivedTable | None:
             "paged / it, fitted",
         ],
     )
-    for (setup, workload), line in after.iterrows():
-        if (setup, workload) not in before.index:
+    below0, below1 = sustained_below(frame, "datasheet"), sustained_below(frame, "fitted")
+    systems = list(dict.fromkeys([*after.columns, *below1.columns]))
+    for key in after.index:
+        if key not in before.index:
             continue
-        for system in line.index:
-            a, b = line.get(system, math.nan), before.loc[(setup, workload)].get(system, math.nan)
-            x0 = (
-                r0.loc[(setup, workload)].get(system, math.nan)
-                if system in r0.columns
-                else math.nan
-            )
-            x1 = (
-                r1.loc[(setup, workload)].get(system, math.nan)
-                if system in r1.columns
-                else math.nan
-            )
+        p0, p1 = _get(before, key, "paged"), _get(after, key, "paged")
+        for system in systems:
+            b, a = _get(before, key, system), _get(after, key, system)
+            lo0, lo1 = _get(below0, key, system), _get(below1, key, system)
+            if all(math.isnan(v) for v in (a, b, lo0, lo1)):
+                continue
+            found = a > 0 and b > 0  # both searches found a rate
             table.rows.append(
                 [
-                    str(setup),
-                    str(workload),
+                    str(key[0]),
+                    str(key[1]),
                     str(system),
-                    _r(b),
-                    _r(a),
-                    _x(a / b if b and not math.isnan(b) else math.nan),
-                    _x(x0),
-                    _x(x1),
+                    rate_text(b, lo0),
+                    rate_text(a, lo1),
+                    _x(a / b) if found else "-",
+                    ratio_text(p0, b, lo0) if system != "paged" else "-",
+                    ratio_text(p1, a, lo1) if system != "paged" else "-",
                 ]
             )
     return table
@@ -242,8 +286,11 @@ def calibration_batch_table(frame: pd.DataFrame) -> DerivedTable | None:
 
 def derived_tables(suite: str, frame: pd.DataFrame) -> list[DerivedTable]:
     """The derived tables of one sweep's page (possibly none)."""
+    from kvbench.reports.serving_measured import calibration_table
+
     makers = {
         "serving.rate": (sustained_table, calibration_rate_table),
         "serving.batch_table": (batch_table, calibration_batch_table),
+        "serving.measured": (calibration_table,),
     }.get(suite, ())
     return [t for t in (make(frame) for make in makers) if t is not None]

@@ -122,8 +122,8 @@ def _sweep_page(
     keys, metrics, rows, spread = tables.wide_with_spread(frame)
     unit = tables.units(frame)
     page = SweepPage(name, href, description, len(rows))
-    main = [j for j, m in enumerate(metrics) if not table_columns.is_detail(m)]
-    detail = [j for j, m in enumerate(metrics) if table_columns.is_detail(m)]
+    main = [j for j, m in enumerate(metrics) if not table_columns.is_detail(m, name)]
+    detail = [j for j, m in enumerate(metrics) if table_columns.is_detail(m, name)]
     page.header = [table_columns.header(k) for k in keys] + [metrics[j] for j in main]
     page.detail_header = [table_columns.header(k) for k in keys] + [metrics[j] for j in detail]
     page.n_keys = len(keys)
@@ -150,6 +150,7 @@ def _sweep_page(
                 "src": f"figures/{fname}",
                 "title": spec.title,
                 "spread": figures.spread_note(frame, spec),
+                "produced": made.only(spec.kinds).tag(),
             }
         )
     for title, svg in figures_serving.extra_figures(name, frame):

@@ -33,8 +33,44 @@ PARAM_UNITS: dict[str, str] = {
 }
 
 
-def is_detail(metric: str) -> bool:
-    """True for a debug column (see the module docstring)."""
+#: Per sweep, metrics that are its diagnostics rather than its results (kept in the
+#: details table): serving.measured's calibration case has its own table of coefficients
+#: and their sources (`reports.serving_measured`), so its columns, the unbounded-fit
+#: diagnostic and bookkeeping counts do not widen the main table.
+SUITE_DETAILS: dict[str, tuple[str, ...]] = {
+    "serving.measured": (
+        "fit_step_error_mean",
+        "fitted_step_overhead",
+        "fitted_bandwidth",
+        "fitted_flops",
+        "fit_steps",
+        "copy_peak_measured",
+        "copy_peak_measured_median",
+        "llc_copy_peak_measured",
+        "llc_bytes",
+        "fma_peak_measured",
+        "fma_peak_measured_median",
+        "fitted_bandwidth_of_copy_peak",
+        "fitted_flops_of_fma_peak",
+        "empty_call_median",
+        "unbounded_fit_step_error_mean",
+        "unbounded_fitted_step_overhead",
+        "unbounded_fitted_bandwidth",
+        "unbounded_fitted_flops",
+        "step_error_mean_unbounded",
+        "model_seconds_modeled",
+        "steps_timed",
+        "normalized_latency_p99",
+        "ttft_p99",
+    ),
+}
+
+
+def is_detail(metric: str, suite: str = "") -> bool:
+    """True for a debug column (see the module docstring), or one of `suite`'s
+    diagnostics (`SUITE_DETAILS`)."""
+    if metric in SUITE_DETAILS.get(suite, ()):
+        return True
     return metric.startswith(_DETAIL_PREFIXES) or metric.endswith(_DETAIL_SUFFIXES)
 
 

@@ -8,6 +8,7 @@ from real allocations, and the tests check the two agree.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,16 @@ def blocks_for_tokens(tokens: int, block_size: int) -> int:
     if tokens < 0:
         raise ConfigError(f"tokens must be >= 0, got {tokens!r}")
     return -(-tokens // block_size)
+
+
+def watermark_blocks(watermark: float, num_blocks: int) -> int:
+    """Blocks admission keeps free: the least integer >= watermark * num_blocks.
+    ConfigError naming the value unless `watermark` is a number in [0, 1)."""
+    if isinstance(watermark, bool) or not isinstance(watermark, numbers.Real):
+        raise ConfigError(f"watermark must be a number in [0, 1), got {watermark!r}")
+    if not 0.0 <= float(watermark) < 1.0:
+        raise ConfigError(f"watermark must be in [0, 1), got {watermark!r}")
+    return math.ceil(round(float(watermark) * num_blocks, 9))
 
 
 def slots_for_tokens(tokens: int, block_size: int) -> int:

@@ -45,6 +45,13 @@ class StepWork:
     kv_read: int
     chunks: tuple[tuple[int, int], ...]
     seconds: float
+    #: seconds of an empty call measured beside this step (one token, no context:
+    #: `suites.e2e.serving_run.ModelStep.probe_every`), 0 where none was measured
+    empty_s: float = 0.0
+
+
+#: The empty call's work: one token decoded over a context of one (its own).
+EMPTY_CALL = StepWork(1, 1, (), 0.0)
 
 
 def _features(tm: TimeModel, steps: Sequence[StepWork]) -> tuple[np.ndarray, np.ndarray]:
@@ -65,8 +72,24 @@ def _features(tm: TimeModel, steps: Sequence[StepWork]) -> tuple[np.ndarray, np.
 def predict_seconds(
     tm: TimeModel, steps: Sequence[StepWork], fixed: float, bandwidth: float, peak: float
 ) -> np.ndarray:
+    """Modeled seconds per step: `fixed` + max(bytes / bandwidth, FLOPs / peak); a step
+    with a measured empty call (`empty_s` > 0) takes, instead of `fixed`, that call's
+    seconds less the model's price of the call's own work (`measured_fixed`)."""
     nbytes, flops = _features(tm, steps)
-    return fixed + np.maximum(nbytes / bandwidth, flops / peak)
+    empty = np.array([s.empty_s for s in steps], dtype=float)
+    fixed_each = np.where(empty > 0, measured_fixed(tm, empty, bandwidth, peak), fixed)
+    return fixed_each + np.maximum(nbytes / bandwidth, flops / peak)
+
+
+def measured_fixed(
+    tm: TimeModel, empty_s: np.ndarray | float, bandwidth: float, peak: float
+) -> np.ndarray:
+    """The fixed per-step seconds an empty call measures: its seconds less the price of its
+    own work (`EMPTY_CALL`: the weights read once, one token's FLOPs) at `bandwidth` and
+    `peak`, so the weights are not counted twice; never below 0."""
+    nbytes, flops = _features(tm, [EMPTY_CALL])
+    own = float(max(nbytes[0] / bandwidth, flops[0] / peak))
+    return np.maximum(np.asarray(empty_s, dtype=float) - own, 0.0)
 
 
 @dataclass(frozen=True)
@@ -87,7 +110,12 @@ def fit_profile(
     max_flops: float | None = None,
 ) -> Fit:
     """The profile (fixed, bandwidth, peak) that best prices `steps` (module docstring),
-    with bandwidth <= `max_bandwidth` (B/s) and FLOP/s <= `max_flops` where given."""
+    with bandwidth <= `max_bandwidth` (B/s) and FLOP/s <= `max_flops` where given.
+
+    Where every step carries an empty call measured beside it (`StepWork.empty_s`), the
+    fixed term is not fitted: each step's is its empty call less the call's own work
+    (`measured_fixed`), and only bandwidth and FLOP/s are fitted; the profile's constant
+    `step_overhead_s` (for the engine's simulations) is the median of those."""
     from scipy.optimize import minimize
 
     for label, cap in (("max_bandwidth", max_bandwidth), ("max_flops", max_flops)):
@@ -107,19 +135,30 @@ def fit_profile(
     start = np.minimum(start, np.asarray(upper) - 1e-9)
     bounds = [(None, hi if math.isfinite(hi) else None) for hi in upper]
 
+    empty = np.array([s.empty_s for s in work])
+    probed = bool((empty > 0).all())  # the fixed term is measured: fit bandwidth, FLOP/s
+
     def loss(x: np.ndarray) -> float:
-        fixed, bw, peak = np.exp(x)
+        if probed:
+            bw, peak = np.exp(x)
+            fixed = measured_fixed(tm, empty, bw, peak)
+        else:
+            fixed, bw, peak = np.exp(x)
         pred = fixed + np.maximum(nbytes / bw, flops / peak)
         return float(np.mean(np.abs(pred - meas) / meas))
 
     best = minimize(
         loss,
-        start,
+        start[1:] if probed else start,
         method="Nelder-Mead",
-        bounds=bounds,
+        bounds=bounds[1:] if probed else bounds,
         options={"maxiter": 4000, "xatol": 1e-4},
     )
-    fixed, bw, peak = (float(v) for v in np.exp(best.x))
+    if probed:
+        bw, peak = (float(v) for v in np.exp(best.x))
+        fixed = float(np.median(measured_fixed(tm, empty, bw, peak)))
+    else:
+        fixed, bw, peak = (float(v) for v in np.exp(best.x))
     bw = min(bw, max_bandwidth) if max_bandwidth is not None else bw  # exp(log) rounding
     peak = min(peak, max_flops) if max_flops is not None else peak
     caps = "".join(
@@ -131,7 +170,8 @@ def fit_profile(
         bw,
         peak,
         tm.profile.host_link_bandwidth,
-        f"fitted to {len(work)} measured steps (mean |error| {best.fun:.1%}{caps})",
+        f"fitted to {len(work)} measured steps (mean |error| {best.fun:.1%}{caps}"
+        + ("; fixed = median of the empty calls measured beside them)" if probed else ")"),
         step_overhead_s=fixed,
         interconnect_bandwidth=tm.profile.interconnect_bandwidth,
     )

@@ -13,6 +13,7 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     scheduling,
     serving,
     serving_kv_dtype,
+    serving_kv_specs,
     serving_measured,
     serving_paper,
     serving_rate,

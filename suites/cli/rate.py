@@ -187,8 +187,8 @@ def run(args: argparse.Namespace) -> int:
             def mean_latency(r: float, s: str = s) -> float:
                 return measure(s, r)["normalized_latency_mean"]
 
-            x, _ = sustained_rate(mean_latency, bound, start, limit=limit)
-            print(f"  {s:18s} {_load_text(x, unit, limit)}")
+            x, seen = sustained_rate(mean_latency, bound, start, limit=limit)
+            print(f"  {s:18s} {_load_text(x, unit, limit, seen)}")
         if slo is not None:
             print(f"highest load with p99 within the SLO ({slo.describe()}):")
             for s in systems:
@@ -196,8 +196,8 @@ def run(args: argparse.Namespace) -> int:
                 def latency(r: float, s: str = s) -> dict[str, dict[str, float]]:
                     return _latency(measure(s, r))
 
-                x, _ = slo_search(latency, slo, start, limit=limit)
-                print(f"  {s:18s} {_load_text(x, unit, limit)}")
+                x, seen = slo_search(latency, slo, start, limit=limit)
+                print(f"  {s:18s} {_load_text(x, unit, limit, seen)}")
     return 0
 
 
@@ -206,7 +206,11 @@ def _latency(m: dict[str, float]) -> dict[str, dict[str, float]]:
     return {"ttft": {"p99": m["ttft_p99"]}, "tpot": {"p99": m["tpot_p99"]}}
 
 
-def _load_text(x: float, unit: str, limit: float) -> str:
+def _load_text(x: float, unit: str, limit: float, seen: dict[float, float]) -> str:
+    """A search's answer: the load found, or "below X" where even the lowest load it
+    tried (X) missed the bound (the search's 0.0 means "below", never "none")."""
+    if x <= 0 and seen:
+        return f"below {min(seen):.3g}{unit} (the lowest load tried)"
     more = " or more (the trace's requests ran out)" if x >= limit else ""
     return f"{x:.3g}{unit}{more}"
 

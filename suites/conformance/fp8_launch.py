@@ -8,11 +8,14 @@ from typing import TypedDict
 import torch
 
 
-class Fp8Launch(TypedDict):
-    """A backend, whether indices are checked on the host, and the fp8 pool's per-head
-    K and V scales (dequantized value = stored value * scale)."""
-
+class _Fp8Scales(TypedDict):
     backend: str
-    check_indices: bool
     k_scale: torch.Tensor
     v_scale: torch.Tensor
+
+
+class Fp8Launch(_Fp8Scales, total=False):
+    """A backend, the fp8 pool's per-head K and V scales (dequantized value = stored value
+    * scale) and, optionally, whether indices are checked on the host."""
+
+    check_indices: bool

@@ -252,15 +252,17 @@ def test_fp8_scale_arguments_are_checked() -> None:
     with pytest.raises(ConfigError, match="is not fp8"):
         ops.paged_decode_attention(q, half, half, tables, lens, k_scale=s, v_scale=s)
     cu = torch.tensor([0, 1], dtype=torch.int32)
-    with pytest.raises(ConfigError, match="Triton prefill does not read"):
-        ops.paged_prefill_attention(
-            q, kc, kc, tables, cu, lens, backend="triton", k_scale=s, v_scale=s
-        )
     q32 = q.float()
-    with pytest.raises(ConfigError, match="reads fp8 K/V with"):
+    with pytest.raises(ConfigError, match="decode reads fp8 K/V with"):
         ops.paged_decode_attention(
             q32, kc, kc, tables, lens, backend="triton", k_scale=s, v_scale=s
         )
+    out = torch.full_like(q32, 7.0)
+    with pytest.raises(ConfigError, match="prefill reads fp8 K/V with"):
+        ops.paged_prefill_attention(
+            q32, kc, kc, tables, cu, lens, out=out, backend="triton", k_scale=s, v_scale=s
+        )
+    assert bool((out == 7.0).all())
 
 
 def test_fp8_cpu_decode_runs_the_cpp_kernel() -> None:
@@ -339,6 +341,13 @@ def test_fp8_launches_are_in_the_aot_table_with_the_compiled_signature(
                     ops.paged_decode_attention(
                         q, kc, kc, tables, lens, max_seq_len=ctx, partition_size=part, **kw
                     )
+                cu = torch.zeros(b + 1, dtype=torch.int32)
+                for q_len, window in ((3, None), (40, None), (300, None), (300, 100)):
+                    qp = torch.zeros(b * q_len, hkv * group, d, dtype=q_dtype)
+                    ops.paged_prefill_attention(
+                        qp, kc, kc, tables, cu, lens, max_seq_len=ctx, max_q_len=q_len,
+                        window=window, **kw,
+                    )  # fmt: skip
         pool = torch.zeros(6, 16, 2, 64, dtype=kv)
         ops.copy_blocks(pool, pool.clone(), [(0, 1)], backend="triton")
         ops.swap_blocks(pool, pool.clone(), [(0, 1)], backend="triton")
@@ -359,7 +368,13 @@ def test_fp8_launches_are_in_the_aot_table_with_the_compiled_signature(
                 assert isinstance(value, int) and -(2**31) <= value < 2**31, (cfg.kernel, name)
             else:
                 assert kind == "fp32" and isinstance(value, float), (cfg.kernel, name, kind)
-    assert kernels == {"quantize_rows", "paged_decode", "paged_decode_reduce", "copy_rows"}
+    assert kernels == {
+        "quantize_rows",
+        "paged_decode",
+        "paged_decode_reduce",
+        "copy_rows",
+        "paged_prefill",
+    }
 
 
 @pytest.mark.parametrize("kv_dtype", FP8, ids=FP8_IDS)

@@ -9,6 +9,8 @@ batch whose longest run selects exactly it (the launch is recorded and checked),
 cached prefix, a second shorter sequence and rows that do not fill the last tile; the
 output is held to the oracle within the dtype's tolerance. A wrong tile choice fails the
 recorded-configuration check; a tile whose masking or indexing is wrong fails the oracle.
+The fp8 tiles run over fp8 pools (the oracle over the dequantized K/V) and the windowed
+tiles with a sliding window.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch
 from kvbench.kernels import configs, ops, triton_ops
 from kvbench.reference import oracle
 from kvbench.suites.conformance.test_kernels_attention import make_paged
+from kvbench.suites.conformance.test_kernels_fp8 import _fp8_batch
+from kvbench.workloads import fp8
 
 GROUP = 4
 #: A head dim whose padded size is each D_PAD (96 and 160 are not powers of two: the masked
@@ -32,18 +36,36 @@ def _prefill_tiles() -> list[configs.KernelConfig]:
     return [c for c in configs.all_configs() if c.kernel == "paged_prefill"]
 
 
+#: fp8 K/V format of a configuration, by its FP8_MAN constexpr.
+FP8_BY_MAN = {3: torch.float8_e4m3fn, 2: torch.float8_e5m2}
+#: Sliding window of the windowed tiles' runs: shorter than the runs, not a block multiple.
+WINDOW = 7
+
+
+def _kv_dtype(cfg: configs.KernelConfig) -> torch.dtype | None:
+    man = cfg.constexprs.get("FP8_MAN")
+    return None if man is None else FP8_BY_MAN[int(man)]  # type: ignore[call-overload]
+
+
 def _new_tokens_for(cfg: configs.KernelConfig) -> int:
     """The fewest new tokens (group of GROUP) whose rows select `cfg`'s BLOCK_M."""
     head_dim = HEAD_DIM_OF_PAD[cfg.int_constexpr("D_PAD")]
+    windowed = bool(cfg.constexprs.get("WINDOWED"))
     for q_len in range(1, 200):
-        if configs.prefill_config(cfg.dtype, head_dim, q_len * GROUP) == cfg:
+        chosen = configs.prefill_config(
+            cfg.dtype, head_dim, q_len * GROUP, _kv_dtype(cfg), windowed=windowed
+        )
+        if chosen == cfg:
             return q_len
     raise AssertionError(f"no query count selects {cfg.describe()}")
 
 
 def _id(cfg: configs.KernelConfig) -> str:
     c = cfg.constexprs
-    return f"{configs.TRITON_DTYPE_NAMES[cfg.dtype]}-D{c['D_PAD']}-M{c['BLOCK_M']}"
+    man = c.get("FP8_MAN")
+    fp8 = "" if man is None else f"-fp8e{7 - int(man)}m{man}"  # type: ignore[call-overload]
+    window = "-sliding_window" if c.get("WINDOWED") else ""
+    return f"{configs.TRITON_DTYPE_NAMES[cfg.dtype]}-D{c['D_PAD']}-M{c['BLOCK_M']}{fp8}{window}"
 
 
 def test_tiles_follow_the_query_count() -> None:
@@ -61,13 +83,32 @@ def test_tiles_follow_the_query_count() -> None:
 
 @pytest.mark.parametrize("cfg", _prefill_tiles(), ids=_id)
 def test_every_prefill_tile_matches_oracle(cfg: configs.KernelConfig) -> None:
+    """16/32-bit K/V against the float64 oracle; fp8 K/V (`fp8` in the id) against float64
+    attention over the dequantized K/V; windowed tiles (`sliding_window`) with a window of
+    `WINDOW` tokens, the oracle masking likewise."""
     dtype = cfg.dtype
     head_dim = HEAD_DIM_OF_PAD[cfg.int_constexpr("D_PAD")]
+    kv_dtype = _kv_dtype(cfg)
+    window = WINDOW if cfg.constexprs.get("WINDOWED") else None
     q_len = _new_tokens_for(cfg)
     # a cached prefix of 9 tokens before the long run; a shorter second sequence
     lens, q_lens = [q_len + 9, 5], [q_len, 3]
-    gen = torch.Generator().manual_seed(cfg.int_constexpr("BLOCK_M") + head_dim)
-    pb = make_paged(lens, 1, head_dim, 16, dtype, gen)
+    seed = cfg.int_constexpr("BLOCK_M") + head_dim
+    gen = torch.Generator().manual_seed(seed)
+    k_scale: torch.Tensor | None = None  # fp8 pools' scales; None: not fp8
+    v_scale: torch.Tensor | None = None
+    if kv_dtype is None:
+        pb = make_paged(lens, 1, head_dim, 16, dtype, gen)
+        k_cache, v_cache, tables, seq_lens = pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens
+        keys, values = pb.keys, pb.values
+    else:
+        k_cache, v_cache, tables, seq_lens, keys, values, ks, vs = _fp8_batch(
+            lens, 1, head_dim, 16, kv_dtype, True, seed
+        )
+        k_scale, v_scale = ks, vs
+        fmt = fp8.fp8_format(kv_dtype)
+        keys = [fp8.dequantize(fp8.quantize(k, ks, fmt), ks, torch.float64) for k in keys]
+        values = [fp8.dequantize(fp8.quantize(v, vs, fmt), vs, torch.float64) for v in values]
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn((int(cu[-1]), GROUP, head_dim), generator=gen).to(dtype)
     out = torch.full_like(q, float("nan"))
@@ -83,14 +124,17 @@ def test_every_prefill_tile_matches_oracle(cfg: configs.KernelConfig) -> None:
     triton_ops._launch = record
     try:
         ops.paged_prefill_attention(
-            q, pb.k_cache, pb.v_cache, pb.block_tables, cu, pb.seq_lens, out=out,
-            backend="triton",
+            q, k_cache, v_cache, tables, cu, seq_lens, out=out, backend="triton",
+            window=window, k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
     finally:
         triton_ops._launch = real
     assert used == [cfg]
     ref = torch.cat(
-        [oracle.extend_attention(q[cu[b] : cu[b + 1]], pb.keys[b], pb.values[b]) for b in range(2)]
+        [
+            oracle.extend_attention(q[cu[b] : cu[b + 1]], keys[b], values[b], window=window)
+            for b in range(2)
+        ]
     )
     err = oracle.relative_error(out, ref)
     assert err <= oracle.tolerance(dtype), f"{_id(cfg)} q_lens={q_lens}: relative error {err}"

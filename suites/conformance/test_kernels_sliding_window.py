@@ -30,11 +30,13 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BACKENDS = ("triton", "cpp", "gather")
 
 
-def _windowed_pool(lens, window, hkv, d, bs, dtype, gen, before="nan"):  # type: ignore[no-untyped-def]
+def _windowed_pool(lens, window, hkv, d, bs, dtype, gen, before="nan", reach=None):  # type: ignore[no-untyped-def]
     """A NaN-filled pool holding each sequence in shuffled blocks; the blocks wholly before
     a sequence's window are replaced in its table by -1 (`before="minus1"`) or by a block
     of NaN (`before="nan"`), and the pre-window slots of its first window block are NaN.
-    Returns the caches, tables, lens and each sequence's true K and V (for the oracle)."""
+    `reach[b]`: tokens sequence b's window starts earlier (a prefill's first new token
+    sits q_len - 1 before the last). Returns the caches, tables, lens and each sequence's
+    true K and V (for the oracle)."""
     need = [-(-n // bs) for n in lens]
     nb = sum(need) + 3
     k_cache = torch.full((nb, bs, hkv, d), float("nan"), dtype=dtype)
@@ -47,7 +49,7 @@ def _windowed_pool(lens, window, hkv, d, bs, dtype, gen, before="nan"):  # type:
         blocks, perm = perm[:m], perm[m:]
         k = torch.randn((n, hkv, d), generator=gen).to(dtype)
         v = torch.randn((n, hkv, d), generator=gen).to(dtype)
-        lo = max(0, n - window)
+        lo = max(0, n - window - (0 if reach is None else reach[b]))
         slots = torch.tensor([blocks[p // bs] * bs + p % bs for p in range(lo, n)])
         k_cache.view(-1, hkv, d)[slots] = k[lo:]
         v_cache.view(-1, hkv, d)[slots] = v[lo:]

@@ -3,11 +3,13 @@ the reference that keeps everything (`reference.layer_groups`), driven by one hy
 state machine over random models: 1-3 groups of full attention, sliding windows and
 cross-attention (Gemma-2-like local + global, Whisper-like self + cross, two windows).
 
+Admissions with prompts (prefix caching on or off, two salts; a hit under a window holds
+only the blocks `spec_prefix` says it needs) and swap-out / swap-in of request groups (every layer group at once) joins the operations.
 After every step: what each group's newest query reads is identical in both caches; each
 self-attention group holds exactly the blocks `spec_capacity.blocks_in_step` plans for
 the request's last append (no block referenced outside its window); cross-attention
 groups hold ceil(encoder_len / block_size) blocks from admission on; reference counts and
-pool accounting hold. A refused admission or append changes nothing.
+pool accounting (device and CPU) hold. A refused admission, append or swap changes nothing.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from hypothesis.stateful import (
 
 from kvbench.paged.layer_groups import LayerGroupsPagedCache
 from kvbench.reference import oracle
+from kvbench.reference.contract import LayerGroupsKVCache
 from kvbench.reference.layer_groups import LayerGroupsReferenceCache
 from kvbench.workloads.capacity import blocks_for_tokens
-from kvbench.workloads.errors import CapacityError, ConfigError
+from kvbench.workloads.errors import CapacityError, ConfigError, RequestStateError
 from kvbench.workloads.kv_spec import KVCacheSpec, LayerGroup, ModelKVSpec
 from kvbench.workloads.spec_capacity import blocks_in_step
 
@@ -61,10 +64,25 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         data=st.data(),
         block_size=st.sampled_from([1, 2, 4, 8]),
         num_blocks=st.integers(4, 40),
+        num_cpu_blocks=st.integers(0, 24),
+        prefix=st.booleans(),
     )
-    def setup(self, data: st.DataObject, block_size: int, num_blocks: int) -> None:
+    def setup(
+        self,
+        data: st.DataObject,
+        block_size: int,
+        num_blocks: int,
+        num_cpu_blocks: int,
+        prefix: bool,
+    ) -> None:
         self.model = _model(data.draw(self.MODELS, label="specs"))
-        self.paged = LayerGroupsPagedCache(self.model, num_blocks, block_size)
+        self.paged = LayerGroupsPagedCache(
+            self.model,
+            num_blocks,
+            block_size,
+            num_cpu_blocks=num_cpu_blocks,
+            enable_prefix_caching=prefix,
+        )
         self.ref = LayerGroupsReferenceCache(self.model)
         self.bs = block_size
         self.last_step: dict[int, tuple[int, int]] = {}
@@ -79,11 +97,7 @@ class LayerGroupsMachine(RuleBasedStateMachine):
     def admit(self) -> int:
         rid = self.next_id
         self.next_id += 1
-        enc = []
-        for g in self.model.cross_groups:
-            encoder_len = self.model.groups[g].spec.encoder_len
-            assert encoder_len is not None  # a cross-attention group has an encoder length
-            enc.append(self._kv(encoder_len))
+        enc = self._encoder_kv()
         before = self.paged.snapshot()
         try:
             self.paged.admit(rid, enc)
@@ -94,9 +108,84 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         self.last_step[rid] = (0, 0)
         return rid
 
+    def _encoder_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Fresh encoder K/V for each cross-attention group, of its encoder length."""
+        enc = []
+        for g in self.model.cross_groups:
+            encoder_len = self.model.groups[g].spec.encoder_len
+            assert encoder_len is not None  # a cross-attention group has an encoder length
+            enc.append(self._kv(encoder_len))
+        return enc
+
+    def _resident(self, rid: int) -> bool:
+        return rid in self.last_step and not self.ref.is_swapped(rid)
+
+    @staticmethod
+    def _prompt_kv(tokens: list[int], group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of a prompt as a function of (group, token, position), so a prefix hit
+        serves exactly the KV the reference computes for the same tokens."""
+        t = torch.tensor(tokens, dtype=torch.float32)[:, None, None]
+        pos = torch.arange(len(tokens), dtype=torch.float32)[:, None, None]
+        k = (t + 0.5 * pos + group + torch.arange(DIM)).expand(len(tokens), HEADS, DIM)
+        k = torch.stack([k * (layer + 1) for layer in range(LAYERS)])
+        return k.contiguous(), (-k).contiguous()
+
+    @rule(
+        target=requests,
+        stem=st.sampled_from([(1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 3, 9, 9, 9)]),
+        cut=st.integers(1, 9),
+        tail=st.lists(st.integers(0, 3), max_size=4),
+        salt=st.sampled_from([None, "s"]),
+    )
+    def admit_prompt(
+        self, stem: tuple[int, ...], cut: int, tail: list[int], salt: str | None
+    ) -> int:
+        """Admit with a prompt from shared stems (prefix hits when caching is on) and
+        compute its prompt at once; the hit must be whole blocks of the prompt, short
+        of its last token, and every group then reads what the reference reads."""
+        rid = self.next_id
+        self.next_id += 1
+        prompt = [*stem[:cut], *tail]
+        enc = self._encoder_kv()
+        before = self.paged.snapshot()
+        try:
+            hit = self.paged.admit(rid, enc, prompt=prompt, salt=salt)
+        except CapacityError:
+            assert self.paged.snapshot() == before, "a refused admission changed the cache"
+            return rid
+        assert hit % self.bs == 0 and hit < len(prompt)
+        full = [self._prompt_kv(prompt, g) for g in self.model.self_groups]
+        before = self.paged.snapshot()
+        try:
+            self.paged.append(rid, [(k[:, hit:], v[:, hit:]) for k, v in full])
+        except CapacityError:
+            assert self.paged.snapshot() == before, "a refused append changed the cache"
+            self.paged.free(rid)
+            return rid
+        self.ref.admit(rid, enc)
+        self.ref.append(rid, full)
+        self.last_step[rid] = (hit, len(prompt) - hit)
+        return rid
+
+    @rule(data=st.data(), swap_in=st.booleans())
+    def swap(self, data: st.DataObject, swap_in: bool) -> None:
+        """Swap a group of requests (parents and forks together) out or back in, every
+        layer group at once; a refusal (swap space or pool short) changes nothing."""
+        side = [r for r in self.ref.request_ids() if self.ref.is_swapped(r) == swap_in]
+        if not side:
+            return
+        rids = data.draw(st.lists(st.sampled_from(side), min_size=1, max_size=3, unique=True))
+        before = self.paged.snapshot()
+        try:
+            (self.paged.swap_in if swap_in else self.paged.swap_out)(rids)
+        except CapacityError:
+            assert self.paged.snapshot() == before, "a refused swap changed the cache"
+            return
+        (self.ref.swap_in if swap_in else self.ref.swap_out)(rids)
+
     @rule(rid=requests, n=st.integers(1, 6))
     def append(self, rid: int, n: int) -> None:
-        if rid not in self.last_step:
+        if not self._resident(rid):
             return
         kv = [self._kv(n) for _ in self.model.self_groups]
         before = self.paged.snapshot()
@@ -112,7 +201,7 @@ class LayerGroupsMachine(RuleBasedStateMachine):
 
     @rule(parent=requests, target=requests)
     def fork(self, parent: int) -> int:
-        if parent not in self.last_step:
+        if not self._resident(parent):
             return parent
         child = self.next_id
         self.next_id += 1
@@ -129,10 +218,13 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         self.ref.free(rid)
         del self.last_step[rid]
 
-    @precondition(lambda self: any(self.ref.seq_len(r) for r in self.ref.request_ids()))
+    @precondition(
+        lambda self: any(self._resident(r) and self.ref.seq_len(r) for r in self.last_step)
+    )
     @rule(data=st.data())
     def attend(self, data: st.DataObject) -> None:
-        live = [r for r in self.ref.request_ids() if self.ref.seq_len(r)]
+        ids = cast("list[int]", self.ref.request_ids())  # admit() numbers requests 0, 1, ...
+        live = [r for r in ids if self._resident(r) and self.ref.seq_len(r)]
         rids = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=3, unique=True))
         group = data.draw(st.integers(0, len(self.model.groups) - 1))
         layer = data.draw(st.integers(0, LAYERS - 1))
@@ -149,6 +241,10 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         ids = cast("list[int]", self.ref.request_ids())  # admit() numbers requests 0, 1, ...
         assert sorted(cast("list[int]", self.paged.request_ids())) == sorted(ids)
         for rid in ids:
+            assert self.paged.is_swapped(rid) == self.ref.is_swapped(rid)
+            assert self.paged.seq_len(rid) == self.ref.seq_len(rid)
+            if self.ref.is_swapped(rid):
+                continue
             for gi, g in enumerate(self.model.groups):
                 pk, pv = self.paged.gather(rid, gi)
                 rk, rv = self.ref.gather(rid, gi)
@@ -161,10 +257,27 @@ class LayerGroupsMachine(RuleBasedStateMachine):
                     assert held == blocks_in_step(g.spec, computed, new, self.bs), (rid, gi)
 
 
-LayerGroupsMachine.TestCase.settings = settings(
-    max_examples=50, stateful_step_count=25, deadline=None
-)
+# examples from the hypothesis profile (ci: 25), steps per example fixed here
+LayerGroupsMachine.TestCase.settings = settings(stateful_step_count=25, deadline=None)
 test_hybrid_and_cross_attention_paged_vs_reference = LayerGroupsMachine.TestCase
+
+
+class CrossAttentionMachine(LayerGroupsMachine):
+    """Encoder-decoder models: one self-attention group (full or windowed) and one or
+    two cross-attention groups."""
+
+    MODELS = st.tuples(
+        st.one_of(
+            st.just(KVCacheSpec.full()), st.builds(KVCacheSpec.sliding_window, st.integers(1, 12))
+        ),
+        st.lists(
+            st.builds(KVCacheSpec.cross_attention, st.integers(1, 12)), min_size=1, max_size=2
+        ),
+    ).map(lambda t: [t[0], *t[1]])
+
+
+CrossAttentionMachine.TestCase.settings = settings(stateful_step_count=25, deadline=None)
+test_cross_attention_paged_vs_reference = CrossAttentionMachine.TestCase
 
 
 def test_hybrid_gemma_like_groups_share_one_pool() -> None:
@@ -211,3 +324,52 @@ def test_groups_of_different_shapes_are_refused() -> None:
     )
     with pytest.raises(ConfigError, match="shapes"):
         LayerGroupsPagedCache(ModelKVSpec("m", groups), 8, 2)
+
+
+def test_hybrid_and_cross_attention_caches_implement_the_spec_contract() -> None:
+    model = _model([KVCacheSpec.sliding_window(3), KVCacheSpec.cross_attention(2)])
+    assert isinstance(LayerGroupsPagedCache(model, 4, 2), LayerGroupsKVCache)
+    assert isinstance(LayerGroupsReferenceCache(model), LayerGroupsKVCache)
+
+
+def test_hybrid_swap_moves_every_group_and_keeps_sharing() -> None:
+    """A window-2 group, a full group and a cross group (encoder 3), blocks of 2: a
+    request and its fork swapped out together copy each distinct block once (the fork
+    shares all), hold no device block while out, refuse append, and come back bit for
+    bit with the sharing intact."""
+    model = _model(
+        [KVCacheSpec.sliding_window(2), KVCacheSpec.full(), KVCacheSpec.cross_attention(3)]
+    )
+    cache = LayerGroupsPagedCache(model, num_blocks=16, block_size=2, num_cpu_blocks=8)
+    enc = torch.randn((LAYERS, 3, HEADS, DIM))
+    cache.admit("a", [(enc, enc)])
+    k = torch.randn((LAYERS, 5, HEADS, DIM))
+    cache.append("a", [(k, k), (k, k)])
+    cache.fork("a", "b")
+    views = {(r, g): cache.gather(r, g) for r in "ab" for g in range(3)}
+    held = sum(len(cache.held_blocks("a", g)) for g in range(3))
+    assert held == 3 + 3 + 2  # window: 3 (released only before the next append)
+    cache.swap_out(["a", "b"])
+    cache.check()
+    assert cache.num_free_blocks == 16 and cache.cpu.num_used == held
+    with pytest.raises(RequestStateError, match="swapped out"):
+        cache.append("a", [(k, k), (k, k)])
+    cache.swap_in(["b", "a"])
+    cache.check()
+    assert cache.num_free_blocks == 16 - held and cache.cpu.num_used == 0
+    for (r, g), (vk, vv) in views.items():
+        gk, gv = cache.gather(r, g)
+        assert torch.equal(gk, vk) and torch.equal(gv, vv)
+    assert cache.block_table("a", 0) == cache.block_table("b", 0)
+
+
+def test_hybrid_swap_refused_without_room_changes_nothing() -> None:
+    model = _model([KVCacheSpec.full(), KVCacheSpec.sliding_window(4)])
+    cache = LayerGroupsPagedCache(model, num_blocks=8, block_size=2, num_cpu_blocks=3)
+    cache.admit("a")
+    k = torch.randn((LAYERS, 4, HEADS, DIM))
+    cache.append("a", [(k, k), (k, k)])  # 2 + 2 blocks > 3 CPU blocks
+    before = cache.snapshot()
+    with pytest.raises(CapacityError, match="swap space"):
+        cache.swap_out(["a"])
+    assert cache.snapshot() == before

@@ -29,9 +29,7 @@ class SlidingWindowMachine(LayerGroupsMachine):
     MODELS = st.builds(lambda w: [KVCacheSpec.sliding_window(w)], st.integers(1, 20))
 
 
-SlidingWindowMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None
-)
+SlidingWindowMachine.TestCase.settings = settings(stateful_step_count=30, deadline=None)
 test_sliding_window_paged_vs_reference = SlidingWindowMachine.TestCase
 
 

@@ -45,13 +45,17 @@ def _cache(kind: str, slots: int):  # type: ignore[no-untyped-def]
     return ContiguousKVCache(g, slots, 64, "max")
 
 
-@pytest.mark.parametrize(("kind", "slots"), [("paged", 48), ("contiguous", 192)])
-def test_measured_run_matches_hf_forward(kind: str, slots: int) -> None:
+@pytest.mark.parametrize(
+    ("kind", "slots", "probe_every"), [("paged", 48, 0), ("contiguous", 192, 0), ("paged", 48, 3)]
+)
+def test_measured_run_matches_hf_forward(kind: str, slots: int, probe_every: int) -> None:
+    """probe_every > 0: the empty calls timed beside the steps run in a scratch pool, so
+    every logit still matches and the engine's clock still counts only the steps."""
     model = build_model(SPEC)
     params = param_count(model)
     tm = TimeModel(get_profile("cpu"), SPEC.geometry(), 4 * params, float(params), 8)
     cache = _cache(kind, slots)
-    hook = ModelStep(model, cache, "torch", 8, keep_logits=True)
+    hook = ModelStep(model, cache, "torch", 8, keep_logits=True, probe_every=probe_every)
     cfg = SchedulerConfig(
         mode="token", max_num_seqs=4, max_batched_tokens=16, preemption="recompute"
     )
@@ -70,5 +74,6 @@ def test_measured_run_matches_hf_forward(kind: str, slots: int) -> None:
             torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
             checked += 1
     assert checked >= len(hook.samples)
+    assert all((s.empty_s > 0) == (probe_every > 0) for s in hook.samples)
     if slots == 48:
         assert result.preemptions > 0  # recomputed sequences were checked too

@@ -7,6 +7,10 @@ thread count and clock of the measured serving run (`suites.e2e.serving_run`):
 
 * copy peak: a `COPY_PEAK_BYTES` copy (source and destination beyond the last-level
   cache), bytes read plus bytes written per second (STREAM's copy convention);
+* last-level-cache copy peak (`llc_copy_peak`): the same copy of a buffer that fits the
+  last-level cache (source + destination = a quarter of its size, `llc_bytes`: a shared
+  LLC holds other jobs' data too), warm: the rate at which data that lives in the LLC
+  can be streamed;
 * FMA peak: an n x n x n float32 matrix product, 2 n^3 FLOPs (one fused multiply-add
   counts 2, as the time model counts 2 FLOPs per weight per token).
 
@@ -77,6 +81,42 @@ def copy_peak(
     src = torch.rand(n, device=dev)
     dst = torch.empty_like(src)
     return _peak(2.0 * n * 4, _timed(lambda: dst.copy_(src), dev, repeats), "B/s")
+
+
+#: Last-level cache assumed where the OS does not say (sysfs): the smallest LLC of a
+#: current server CPU core complex.
+DEFAULT_LLC_BYTES = 8 * 2**20
+
+
+def llc_bytes(cpu: int = 0) -> int:
+    """Size of CPU `cpu`'s last-level (highest-level data or unified) cache in bytes, read
+    from Linux sysfs; DEFAULT_LLC_BYTES where it cannot be read."""
+    from pathlib import Path
+
+    best = (0, 0)
+    for index in Path(f"/sys/devices/system/cpu/cpu{cpu}/cache").glob("index*"):
+        try:
+            kind = (index / "type").read_text().strip()
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or not size[:-1].isdigit():
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1], 1)
+        nbytes = int(size[:-1]) * scale if size[-1] in "KMG" else int(size)
+        best = max(best, (level, nbytes))
+    return best[1] or DEFAULT_LLC_BYTES
+
+
+def llc_copy_peak(device: torch.device | str = "cpu", repeats: int = 21) -> Peak:
+    """Copy bandwidth (B/s, read + written) of a copy whose source and destination fit the
+    last-level cache together (a quarter of `llc_bytes`), after a warm-up copy: the
+    streaming rate of data that lives in the LLC. CPU only (a GPU's L2 is not probed)."""
+    dev = torch.device(device)
+    if dev.type != "cpu":
+        raise ConfigError(f"llc_copy_peak measures a CPU's last-level cache, not {dev}")
+    return copy_peak(dev, repeats, llc_bytes() // 8)
 
 
 def fma_peak(device: torch.device | str = "cpu", repeats: int = 9, n: int = FMA_N) -> Peak:

@@ -139,7 +139,9 @@ class _Plan:
 class _PoolAttention:
     """Attention engine of `LlamaForward` over the engine cache's own storage."""
 
-    def __init__(self, pools: _Pools, scale: float, backend: str | None, device) -> None:  # type: ignore[no-untyped-def]
+    def __init__(
+        self, pools: _Pools | _ScratchPools, scale: float, backend: str | None, device
+    ) -> None:  # type: ignore[no-untyped-def]
         self.pools = pools
         self.scale = scale
         self.backend = backend
@@ -188,10 +190,33 @@ class _PoolAttention:
         )  # fmt: skip
 
 
+class _ScratchPools:
+    """A one-block pool per layer shaped like `like`'s, for the empty call
+    (`ModelStep.probe_every`): one request (any id) whose table is block 0."""
+
+    def __init__(self, like: _Pools, num_layers: int) -> None:
+        self.block_size = like.block_size
+        k, _ = like.layer(0)
+        shape = (1, *k.shape[1:])
+        self._kv = [
+            tuple(torch.zeros(shape, dtype=k.dtype, device=k.device) for _ in range(2))
+            for _ in range(num_layers)
+        ]
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self._kv[layer]
+        return k, v
+
+    def table(self, rid: object) -> list[int]:
+        return [0]
+
+
 @dataclass
 class StepSample:
     """One executed step: its work (decoders, their KV tokens read, prefill chunks as
-    (tokens cached before, length)), measured and modeled seconds."""
+    (tokens cached before, length)), measured and modeled seconds, and `empty_s`: the
+    latest empty call's seconds where the hook measures them (`ModelStep.probe_every`),
+    else 0."""
 
     step: int
     decoders: int
@@ -199,6 +224,7 @@ class StepSample:
     chunks: list[tuple[int, int]]
     measured_s: float
     modeled_s: float
+    empty_s: float = 0.0
 
 
 @dataclass
@@ -216,14 +242,44 @@ class ModelStep:
     #: keep each step's last-row logits per sequence id (tests hold them to an oracle)
     keep_logits: bool = False
     logits: list[dict[str, tuple[int, torch.Tensor]]] = field(default_factory=list)
+    #: time an empty call (one token, no context, in a scratch one-block pool: the step's
+    #: fixed cost plus one read of the weights) before the first step and every
+    #: `probe_every` steps after it, each sample carrying the mean of the latest two
+    #: (`StepSample.empty_s`): the host's per-step cost at that moment, measured beside
+    #: the steps (a shared host's speed drifts over seconds). 0: no empty calls.
+    probe_every: int = 0
 
     def __post_init__(self) -> None:
+        if self.probe_every < 0:
+            raise ConfigError(f"probe_every must be >= 0, got {self.probe_every}")
         self.forward = LlamaForward(self.model)
         self.device = next(self.model.parameters()).device  # type: ignore[attr-defined]
         self.vocab = int(self.model.config.vocab_size)  # type: ignore[attr-defined]
-        self.attention = _PoolAttention(
-            _Pools(self.cache, self.block_size), self.forward.scale, self.backend, self.device
-        )
+        pools = _Pools(self.cache, self.block_size)
+        self.attention = _PoolAttention(pools, self.forward.scale, self.backend, self.device)
+        self._empty: list[float] = []
+        self._since_probe = 0
+        if self.probe_every:
+            self._scratch = _PoolAttention(
+                _ScratchPools(pools, int(self.model.config.num_hidden_layers)),  # type: ignore[attr-defined]
+                self.forward.scale,
+                self.backend,
+                self.device,
+            )
+
+    def _probe(self) -> float:
+        """Seconds of one empty call (see `probe_every`); the first call warms up."""
+        batch = pack(["empty"], [[0]], [0], [None])
+        self._scratch.make_plan(batch)
+        attention, self.attention = self.attention, self._scratch
+        try:
+            if not self._empty:
+                self._timed(batch)  # warm-up: first-call allocations are not a step's cost
+            seconds = self._timed(batch)
+        finally:
+            self.attention = attention
+        self._empty.append(seconds)
+        return seconds
 
     def _timed(self, batch: PackedBatch) -> float:
         """Seconds of one forward pass of `batch` (and its next-token choice)."""
@@ -265,6 +321,13 @@ class ModelStep:
         if not ids:
             return None  # a step that ran no token (swaps only): the model's price
         batch = pack(ids, tokens, cached, [None] * len(ids))
+        empty = 0.0
+        if self.probe_every:
+            if not self._empty or self._since_probe >= self.probe_every:
+                self._probe()
+                self._since_probe = 0
+            self._since_probe += 1
+            empty = sum(self._empty[-2:]) / len(self._empty[-2:])
         self.attention.make_plan(batch)
         seconds = min(self._timed(batch) for _ in range(max(1, self.repeats)))
         if self.keep_logits:
@@ -284,6 +347,7 @@ class ModelStep:
                 [(start, n) for _, start, n in chunks],
                 seconds,
                 model_ps / 1e12,
+                empty,
             )
         )
         return round(seconds * 1e12)

@@ -90,6 +90,7 @@ def load_vllm() -> SimpleNamespace:
                 FullAttentionSpec,
                 KVCacheConfig,
                 KVCacheGroupSpec,
+                SlidingWindowSpec,
             )
             from vllm.v1.request import Request
     except Exception as exc:  # ImportError, or a broken install raising anything else
@@ -122,6 +123,7 @@ def load_vllm() -> SimpleNamespace:
         KVCacheManager=KVCacheManager,
         get_request_block_hasher=get_request_block_hasher,
         FullAttentionSpec=FullAttentionSpec,
+        SlidingWindowSpec=SlidingWindowSpec,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
         Request=Request,
@@ -167,7 +169,10 @@ def available() -> str | None:
 
 class VLLMAllocator:
     """vLLM's v1 KVCacheManager (one full-attention group, prefix caching on) as an
-    AllocatorAdapter with `num_blocks` usable blocks (vLLM gets num_blocks + 1)."""
+    AllocatorAdapter with `num_blocks` usable blocks (vLLM gets num_blocks + 1).
+
+    With `window`, the one group is a `SlidingWindowSpec` (vLLM's SlidingWindowManager:
+    blocks that left the window become its null block, block 0, in the table)."""
 
     name = "vllm"
     traits = AllocatorTraits(
@@ -180,13 +185,16 @@ class VLLMAllocator:
         empty_salt_is_no_salt=True,
     )
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, window: int | None = None) -> None:
         v = load_vllm()
         self._v = v
         self.block_size = block_size
         self.num_usable_blocks = num_blocks
-        spec = v.FullAttentionSpec(
-            block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float16
+        shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 64}
+        spec = (
+            v.FullAttentionSpec(**shape, dtype=torch.float16)
+            if window is None
+            else v.SlidingWindowSpec(**shape, dtype=torch.float16, sliding_window=window)
         )
         config = v.KVCacheConfig(
             num_blocks=num_blocks + 1,

@@ -294,9 +294,12 @@ class VLLMTritonUnified(_VLLMTritonBase):
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
         scale: float,
+        *,
+        window: int | None = None,
     ) -> Callable[[], torch.Tensor]:
         """Causal attention of `query` [tokens, Hq, D] (sequence b's new tokens are rows
-        cu_seqlens_q[b]:cu_seqlens_q[b+1], its last ones) over the cache."""
+        cu_seqlens_q[b]:cu_seqlens_q[b+1], its last ones) over the cache; with `window`,
+        each query reads its last `window` positions (vLLM's window_size (w - 1, 0))."""
         k_cache, v_cache = cache
         hkv = k_cache.shape[2]
         cu = cu_seqlens_q.to(torch.int32).contiguous()
@@ -308,10 +311,11 @@ class VLLMTritonUnified(_VLLMTritonBase):
         extra |= self._segments(query.shape[0], query.shape[1], query.shape[2], query.device)
         out = torch.empty_like(query)
         unified = self._v.unified
+        span = (-1, -1) if window is None else (window - 1, 0)
 
         def run() -> torch.Tensor:
             unified.unified_attention(
-                query, k_cache, v_cache, out, cu, max_q, lens, max_k, scale, True, (-1, -1),
+                query, k_cache, v_cache, out, cu, max_q, lens, max_k, scale, True, span,
                 tables, 0, None, None, None, **extra,
             )  # fmt: skip
             return out
@@ -325,9 +329,11 @@ class VLLMTritonUnified(_VLLMTritonBase):
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
         scale: float,
+        *,
+        window: int | None = None,
     ) -> Callable[[], torch.Tensor]:
         cu = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=query.device)
-        return self.attention_fn(cache, query, cu, block_tables, seq_lens, scale)
+        return self.attention_fn(cache, query, cu, block_tables, seq_lens, scale, window=window)
 
     def uses_3d(self, batch: int, num_kv_heads: int, max_q_len: int = 1) -> bool:
         """Whether vLLM's launcher picks the 3D (segmented) variant."""

@@ -106,7 +106,11 @@ class Engine:
         if cache.request_ids():
             raise ConfigError("the engine needs an empty cache")
         self.traits = cache.serving_traits()
-        self.block_size = self.traits.block_size
+        #: Block boundaries are the only decode events unless appends also release
+        #: blocks (sliding windows): then every event comes from `next_growth` (0 here).
+        self.block_size = 0 if self.traits.releases_blocks else self.traits.block_size
+        #: Live slots one deferred token adds (one per self-attention layer group).
+        self.slots_per_token = self.traits.slots_per_token
         self.event_mode = self.cfg.mode == "event"
         # memory-only caches take token counts directly (no KV to make)
         self.plain_append = None if self.traits.store_kv else cache.append_tokens
@@ -533,7 +537,10 @@ class Engine:
         cache's occupancy (read after retirement)."""
         st = self.st
         occupancy = self.cache.occupancy()
-        live = occupancy[3] + st.agg_a + st.agg_d * (t + 1) - st.agg_sync
+        deferred = st.agg_a + st.agg_d * (t + 1) - st.agg_sync
+        live = occupancy[3] + (
+            deferred if self.slots_per_token == 1 else deferred * self.slots_per_token
+        )
         self._record(t, 1, occupancy, live, live, step_ps)
         return occupancy
 
@@ -642,9 +649,15 @@ class Engine:
         first, k = t + 1, stop - (t + 1)  # quiet steps first .. stop - 1
         sum_t = (first + stop - 1) * k // 2
         cost = span_ps(self.tm, first, k, a, d)
-        base_live = occupancy[3] + a - st.agg_sync
-        live_sum = k * base_live + d * (sum_t + k)
-        self._record(first, k, occupancy, base_live + d * (first + 1), live_sum, cost)
+        m = self.slots_per_token  # live slots per deferred token
+        if m == 1:
+            base_live = occupancy[3] + a - st.agg_sync
+            live_sum = k * base_live + d * (sum_t + k)
+            live_first = base_live + d * (first + 1)
+        else:
+            live_first = occupancy[3] + m * (a - st.agg_sync + d * (first + 1))
+            live_sum = k * occupancy[3] + m * (k * (a - st.agg_sync) + d * (sum_t + k))
+        self._record(first, k, occupancy, live_first, live_sum, cost)
         return stop
 
     # ------------------------------------------------------------------ results, checks

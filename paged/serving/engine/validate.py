@@ -85,8 +85,10 @@ def check_beam(
             f"most {ID_ROOM - 1} per request"
         )
     total = r.prompt_len + r.output_len
-    usable = cache.footprint(total).room
-    need = max_group_blocks(w, total, traits.block_size)
+    fp = cache.footprint(total)
+    usable = fp.room
+    # w beams each holding its history alone (a page per block of every layer group)
+    need = max(max_group_blocks(w, total, traits.block_size), w * fp.need)
     if need > usable:
         raise RequestTooLargeError(
             f"{line} (beam_width={w}) can need {need} blocks (every beam recomputed alone) "

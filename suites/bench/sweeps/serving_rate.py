@@ -14,7 +14,9 @@ Two kinds of case:
   p99, s/token), TTFT (p50, p99), requests and output tokens per second;
 * a knee case (`bound_factor` set, no `rate`) searches the sustained rate: the highest
   rate whose mean normalized latency stays under bound_factor x the set-up's latency
-  floor (one decode step of one sequence; see `paged.serving.rate`).
+  floor (one decode step of one sequence; see `paged.serving.rate`); where even the
+  lowest rate the search tried misses the bound, the row is `sustained_rate_below` = that
+  rate (the answer lies below it; never a sustained rate of 0: `suites.bench.search_rows`).
 
 Every number is modeled (the engine's time model of the named GPUs), never measured.
 The `calibration` parameter says which GPU figures priced the steps: "fitted" (the
@@ -162,6 +164,7 @@ def knee_measurements(
     latency and tokens/s at the rate found."""
     from kvbench.paged.serving.rate import latency_floor, run_at_rate, sustained_rate
     from kvbench.paged.serving.simulation import setup_time_model
+    from kvbench.suites.bench.search_rows import search_rows
 
     floor = latency_floor(setup_time_model(setup))
     bound = bound_factor * floor
@@ -174,7 +177,7 @@ def knee_measurements(
     rate, seen = sustained_rate(latency_at, bound, start_rate, limit=trace.max_rate(duration))
     at = details.get(rate)
     out = [
-        Measurement("sustained_rate", rate, "requests/s"),
+        *search_rows("sustained_rate", rate, seen, "requests/s"),
         Measurement("latency_bound", bound, "s/token"),
         Measurement("latency_floor", floor, "s/token"),
         Measurement("rate_evaluations", len(seen), "count"),

@@ -20,7 +20,8 @@ Three views (case parameter `view`):
   `bench serve --goodput` computes it), TTFT / TPOT / end-to-end p50, p90, p99 (metric
   names `ttft_p50` ... as in serving.rate), throughput, prefix hit rate, utilization;
 * search: the highest time scale whose p99 TTFT and p99 TPOT stay within the SLO
-  (`paged.serving.replay.slo_search`);
+  (`paged.serving.replay.slo_search`; `slo_time_scale_below` = the lowest scale tried
+  where even that misses the SLO, `suites.bench.search_rows`);
 * timeline: one window `t_s` of the run at time scale 0.5: running and waiting
   sequences, KV memory in use, KV utilization and the prefix hit rate of the requests
   admitted in the window (`paged.serving.replay.timeline`);
@@ -136,6 +137,7 @@ def _grid(case: Case) -> list[Measurement]:
 def _search(case: Case) -> list[Measurement]:
     from kvbench.paged.serving.replay import slo_search
     from kvbench.paged.serving.slo import SLO
+    from kvbench.suites.bench.search_rows import search_rows
 
     slo = SLO(case["slo_ttft_s"], case["slo_tpot_s"])
     scale, seen = slo_search(
@@ -146,7 +148,7 @@ def _search(case: Case) -> list[Measurement]:
         max_evals=12,
     )
     return [
-        Measurement("slo_time_scale", scale, "x"),
+        *search_rows("slo_time_scale", scale, seen, "x"),
         Measurement("slo_search_evaluations", len(seen), "count"),
     ]
 

@@ -36,6 +36,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         w.record(
             "capacity.footprint", {"model": "m", "dtype": "float16"}, "bytes_per_token", 2.0, "B"
         )
+        trace = {"setup": "llama-3-70b-8xh100-tp8", "window_s": 300.0}
+        for scale in (0.5, 1.0):
+            case = {**trace, "view": "grid", "time_scale": scale}
+            w.record("trace.serving", case, "goodput", 2.0 * scale, "requests/s")
+        case = {**trace, "view": "replay", "time_scale": 1.0}
+        w.record("trace.serving", case, "replay_wall_time", 3.0, "s", stats)
     build_site([load_run(root / "p.jsonl")], root / "site")
     return root / "site"
 
@@ -110,3 +116,35 @@ def test_every_registered_sweep_names_its_kinds() -> None:
     }
     assert names, "no sweep registered"
     assert not names - set(P.KINDS), f"sweeps without a provenance entry: {names - set(P.KINDS)}"
+
+
+def _captions(page: Path) -> list[str]:
+    return [
+        " ".join(html.unescape(re.sub(r"<[^>]+>", "", c)).split())
+        for c in re.findall(r"<figcaption[^>]*>(.*?)</figcaption>", page.read_text(), re.S)
+    ]
+
+
+def test_each_figure_of_a_mixed_sweep_says_what_it_draws(site: Path) -> None:
+    """trace.serving is modeled + measured; its modeled views' captions say modeled only
+    (with the profile, never the device), its measured replay's says measured only."""
+    captions = _captions(site / "sweep-trace.serving.html")
+    goodput = [c for c in captions if c.startswith("Goodput")]
+    replay = [c for c in captions if c.startswith("Engine replay time")]
+    assert len(goodput) == 1 and len(replay) == 1, captions
+    assert "· modeled (8xh100-tp8)" in goodput[0] and "measured" not in goodput[0]
+    assert "· measured here (CPU)" in replay[0] and "modeled" not in replay[0]
+    assert "Produced by: modeled (8xh100-tp8)" in _text(site / "sweep-trace.serving.html")
+
+
+def test_figure_kinds_are_among_their_sweeps() -> None:
+    """A figure's own kinds are a part of its sweep's (`Produced.only` refuses others),
+    and every figure of trace.serving names exactly one (its views are one kind each)."""
+    from kvbench.reports.figures import SPECS
+
+    for spec in SPECS:
+        assert set(spec.kinds) <= set(P.KINDS.get(spec.suite, ())), spec.title
+        if spec.suite == "trace.serving":
+            assert len(spec.kinds) == 1, spec.title
+    with pytest.raises(ValueError, match="not among the sweep's"):
+        P.Produced((P.MODELED,)).only((P.MEASURED,))

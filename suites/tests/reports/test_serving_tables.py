@@ -94,3 +94,27 @@ def test_no_tolerance_below_or_above_the_published_ranges(
     expect = claims.HOLDS if "inside" in why else claims.FAILS
     assert verdict.verdict == expect, why
     assert "Orca (Oracle)" in verdict.measured and "FasterTransformer" in verdict.measured
+
+
+def test_a_rate_below_the_lowest_tried_is_never_shown_as_0(tmp_path: Path) -> None:
+    """A knee search that missed the bound even at its lowest rate writes
+    `sustained_rate_below` (suites.bench.search_rows); the table says "below X" and the
+    ratio "> paged / X"; an older run's 0 reads "below the lowest rate tried", never 0."""
+    path = _write(tmp_path, {k: v for k, v in KNEES.items() if k != "static"}, BATCH)
+    with ResultWriter("x", tmp_path) as w:  # appends to x.jsonl
+        case = {"setup": SETUP, "workload": "sharegpt", "system": "static", "bound_factor": 10.0}
+        w.record("serving.rate", case, "sustained_rate_below", 0.125, "requests/s")
+    table = serving.sustained_table(to_frame([load_run(path)]))
+    assert table is not None
+    row = dict(zip(table.header, table.rows[0], strict=True))
+    assert row["FasterTransformer-like [requests/s]"] == "below 0.125 (the lowest rate tried)"
+    assert row["vLLM / FasterTransformer-like"] == "> 32.00x"
+    assert row["vLLM / Orca (Max)"] == "4.00x"
+
+    old = _write(tmp_path / "old", {**KNEES, "static": 0.0}, BATCH)
+    table = serving.sustained_table(to_frame([load_run(old)]))
+    assert table is not None
+    row = dict(zip(table.header, table.rows[0], strict=True))
+    assert row["FasterTransformer-like [requests/s]"] == "below the lowest rate tried"
+    assert row["vLLM / FasterTransformer-like"] == "-"
+    assert not any(cell in ("0", "0.0", "0.00x", "infx") for cell in table.rows[0])

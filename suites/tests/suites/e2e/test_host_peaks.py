@@ -36,3 +36,21 @@ def test_real_probes_time_every_repeat() -> None:
         host_peaks.fma_peak(repeats=3, n=64),
     ):
         assert peak.samples == 3 and peak.best >= peak.median > 0
+
+
+def test_llc_copy_fits_the_last_level_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LLC probe copies a buffer of an eighth of the LLC each way (source + destination
+    a quarter of it), and refuses a GPU device."""
+    assert host_peaks.llc_bytes() > 0
+    seen: list[int] = []
+
+    def fake_copy(device, repeats, nbytes):  # type: ignore[no-untyped-def]
+        seen.append(nbytes)
+        return host_peaks.Peak(1.0, 1.0, repeats, "B/s")
+
+    monkeypatch.setattr(host_peaks, "copy_peak", fake_copy)
+    monkeypatch.setattr(host_peaks, "llc_bytes", lambda cpu=0: 32 * 2**20)
+    host_peaks.llc_copy_peak("cpu", repeats=3)
+    assert seen == [4 * 2**20]
+    with pytest.raises(ConfigError, match="last-level cache, not cuda"):
+        host_peaks.llc_copy_peak("cuda")

@@ -1,0 +1,545 @@
+"""A memory-only serving cache of a layer-group model: what the serving engine schedules
+windowed and hybrid models over.
+
+`LayerGroupServingCache` implements the serving accounting of the KV contract
+(`reference.contract.ServingCache`) for a `workloads.kv_spec.ModelKVSpec`: one pool of
+equal pages (one block of one layer group), one block table per self-attention group per
+request, and every operation covering all of a request's groups at once, as
+`paged.layer_groups.LayerGroupsPagedCache` does with tensors. It holds no KV (like
+`PagedKVCache(store_kv=False)`); its bookkeeping is block ids and reference counts in a
+`BlockPool`, so forks share blocks and copy a shared partial last block on write.
+
+Per group (the rules of `workloads.spec_capacity`):
+
+* full attention keeps a block per `block_size` tokens until the request is freed;
+* a sliding window of W releases every block wholly before the first position the
+  newest query reads. A prefill chunk at positions a .. a + n - 1 keeps what its first
+  query reads (from a - W + 1); a decode append of n tokens stands for n one-token steps
+  (the engine defers the appends between events), so it keeps what its last query reads
+  (from a + n - W). Either way the request holds, after the append, exactly the blocks
+  `blocks_in_step` plans for the step that computed its newest token(s);
+* cross-attention takes ceil(encoder_len / block_size) blocks at admission (the encoder
+  output written once), shares them with forks and frees them with the request.
+
+Admission reserves the pages the prompt's prefill can come to hold: every prompt block
+of a full group, and for a windowed group min(prompt blocks, the blocks a span of
+W - 1 + C tokens can touch) when prefill chunks are at most C = `prefill_chunk` tokens
+(None: the prompt in one chunk, so every prompt block). The reservation is a floor on
+the request's self-attention pages until its prompt is complete: pages it does not hold
+yet are kept out of `num_free_blocks` for everyone else (`outstanding`), so a chunk never
+fails, and what a window releases during prefill is not handed to others before the
+prefill ends. A new request is admitted only if free - needed >= the watermark, where
+free already excludes every outstanding reservation; running requests grow into the
+watermark. No prefix caching, no swap space: preemption recomputes.
+
+Slots: a page has `block_size` slots, so a token written to k self-attention groups
+fills k slots (`ServingTraits.slots_per_token`); live slots are the written slots of
+held pages; reserved slots are (used + outstanding) pages x block_size.
+
+With a single full-attention group this cache decides exactly as
+`PagedKVCache(enable_prefix_caching=False, num_cpu_blocks=0, store_kv=False)`; the
+conformance suite checks that the engine's whole timeline is identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from kvbench.paged.block_pool import BlockPool
+from kvbench.reference.contract import (
+    CacheStats,
+    Footprint,
+    Occupancy,
+    RequestId,
+    ServingTraits,
+)
+from kvbench.workloads.capacity import blocks_for_tokens, watermark_blocks
+from kvbench.workloads.errors import (
+    CapacityError,
+    ConfigError,
+    DuplicateRequestError,
+    RequestStateError,
+    UnknownRequestError,
+)
+from kvbench.workloads.geometry import KVGeometry, require_positive
+from kvbench.workloads.kv_spec import ModelKVSpec
+from kvbench.workloads.spec_capacity import request_peak_blocks
+from kvbench.workloads.torch_dtypes import torch_dtype
+
+#: Table entry of a block that left its window (vLLM's null block).
+NULL_BLOCK = -1
+
+
+@dataclass
+class SpecRequest:
+    """One request's tables: a list of block ids per self-attention group (NULL_BLOCK
+    where a block left the window), its cross-attention blocks, and its reservation."""
+
+    prompt_len: int
+    tables: list[list[int]]
+    cross: list[int]
+    seq_len: int = 0
+    #: self-attention pages held (not NULL), summed over groups
+    held: int = 0
+    #: pages the prefill may come to hold (0 once the prompt is complete)
+    floor: int = 0
+    #: per group, the index of the first block still held
+    first: list[int] = field(default_factory=list)
+
+    @property
+    def outstanding(self) -> int:
+        """Reserved pages not held yet (kept out of everyone else's free count)."""
+        return self.floor - self.held if self.floor > self.held else 0
+
+
+class LayerGroupServingCache:
+    """Memory-only paged accounting of a layer-group model (module docstring).
+
+    Args:
+        model: the layer groups (`workloads.kv_spec.ModelKVSpec`).
+        num_blocks: pages in the pool.
+        block_size: tokens per block.
+        max_seq_len: longest a request may grow (default num_blocks * block_size).
+        watermark: fraction of pages admission keeps free, in [0, 1).
+        prefill_chunk: the largest prefill chunk the scheduler appends (its token
+            budget), which bounds a windowed group's prefill reservation; None: whole
+            prompts.
+    """
+
+    def __init__(
+        self,
+        model: ModelKVSpec,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        max_seq_len: int | None = None,
+        watermark: float = 0.0,
+        prefill_chunk: int | None = None,
+    ) -> None:
+        if not isinstance(model, ModelKVSpec):
+            raise ConfigError(f"model must be a ModelKVSpec, got {type(model).__name__}")
+        num_blocks = require_positive("num_blocks", num_blocks)
+        block_size = require_positive("block_size", block_size)
+        if max_seq_len is not None:
+            require_positive("max_seq_len", max_seq_len)
+        if prefill_chunk is not None:
+            require_positive("prefill_chunk", prefill_chunk)
+        keep_free = watermark_blocks(watermark, num_blocks)
+        if not model.self_groups:
+            raise ConfigError(f"model {model.name!r} has no self-attention group to decode")
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_seq_len = max_seq_len if max_seq_len is not None else num_blocks * block_size
+        self.watermark_blocks = keep_free
+        self.prefill_chunk = prefill_chunk
+        self.pool = BlockPool(num_blocks, block_size)
+        #: per self-attention group: its window (None for full attention)
+        self.windows: list[int | None] = [model.groups[g].spec.window for g in model.self_groups]
+        self.encoder_lens: list[int] = [
+            int(model.groups[g].spec.encoder_len or 0) for g in model.cross_groups
+        ]
+        self.cross_blocks = sum(blocks_for_tokens(n, block_size) for n in self.encoder_lens)
+        self.cross_slots = sum(self.encoder_lens)
+        self.outstanding = 0  # sum of the requests' outstanding reservations
+        self._requests: dict[RequestId, SpecRequest] = {}
+        g = model.groups[0]
+        self._geometry = KVGeometry(model.num_layers, g.num_kv_heads, g.head_dim, g.dtype)
+
+    # ------------------------------------------------------------------ KV contract
+    @property
+    def geometry(self) -> KVGeometry:
+        """Every KV-holding layer of the model (all groups) with the groups' KV shape."""
+        return self._geometry
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch_dtype(self._geometry.dtype)
+
+    def request_ids(self) -> list[RequestId]:
+        return list(self._requests)
+
+    def _get(self, request_id: RequestId) -> SpecRequest:
+        try:
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            raise UnknownRequestError(f"unknown request {request_id!r}") from None
+
+    def seq_len(self, request_id: RequestId) -> int:
+        return self._get(request_id).seq_len
+
+    def block_tables(self, request_id: RequestId) -> list[list[int]]:
+        """Copies of the request's self-attention group tables (NULL_BLOCK: released)."""
+        return [list(t) for t in self._get(request_id).tables]
+
+    def pages_held(self, request_id: RequestId) -> int:
+        """Pages the request holds now over all its groups (cross-attention included)."""
+        req = self._get(request_id)
+        return req.held + len(req.cross)
+
+    def append(
+        self,
+        request_id: RequestId,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        token_ids: Sequence[int] | None = None,
+    ) -> None:
+        raise ConfigError("LayerGroupServingCache is memory-only: grow with append_tokens")
+
+    def gather(self, request_id: RequestId) -> tuple[torch.Tensor, torch.Tensor]:
+        raise ConfigError("LayerGroupServingCache is memory-only: it holds no KV to gather")
+
+    def attend(
+        self,
+        request_ids: Sequence[RequestId],
+        query: torch.Tensor,
+        layer: int = 0,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        raise ConfigError("LayerGroupServingCache is memory-only: it holds no KV to attend")
+
+    # ------------------------------------------------------------------ planning
+    def prefill_pages(self, prompt_len: int) -> int:
+        """Self-attention pages a prompt of `prompt_len` tokens may hold during its
+        prefill in chunks of at most `prefill_chunk` tokens (module docstring)."""
+        bs = self.block_size
+        prompt_blocks = blocks_for_tokens(prompt_len, bs)
+        chunk = self.prefill_chunk or prompt_len
+        total = 0
+        for w in self.windows:
+            if w is None:
+                total += prompt_blocks
+            else:
+                span = min(prompt_len, w - 1 + chunk)  # tokens one step's range can cover
+                total += min(prompt_blocks, -(-(span - 1) // bs) + 1)
+        return total
+
+    def blocks_needed_to_admit(self, prompt: Sequence[int], *, salt: str | None = None) -> int:
+        """Pages admitting `prompt` takes from the free count: its prefill reservation
+        plus the cross-attention pages (no prefix caching)."""
+        return self.prefill_pages(len(prompt)) + self.cross_blocks
+
+    def _plan(self, req: SpecRequest, n: int) -> tuple[list[list[int]], int, int, int, int]:
+        """An append of n tokens: (per group the logical blocks it releases, blocks it
+        takes (new + copy-on-write), blocks freed by releases of blocks it does not
+        write, blocks freed by releases of blocks it writes, self pages held after).
+
+        A decode append releases relative to its last query, so a block it writes can
+        leave the window in the same call (n one-token steps would have written it,
+        then dropped it); such blocks are freed after the writes."""
+        bs, ref = self.block_size, self.pool.ref
+        s = req.seq_len
+        query = s + n - 1 if s >= req.prompt_len else s  # the query deciding releases
+        end_blocks = blocks_for_tokens(s + n, bs)
+        written = s // bs  # the first block this append writes
+        releases: list[list[int]] = []
+        take = early = late = 0
+        held = req.held
+        for gi, (w, table) in enumerate(zip(self.windows, req.tables, strict=True)):
+            new = end_blocks - len(table)
+            cow = s % bs != 0 and ref[table[-1]] > 1
+            gone: list[int] = []
+            if w is not None and query - w + 1 >= bs:
+                keep = min((query - w + 1) // bs, end_blocks)  # blocks before lie wholly out
+                gone = list(range(req.first[gi], keep))
+                for j in gone:
+                    if j < written:
+                        early += ref[table[j]] == 1
+                    else:
+                        late += 1  # written now: held by this request alone after the write
+            releases.append(gone)
+            take += new + int(cow)
+            held += new - len(gone)
+        return releases, take, early, late, held
+
+    def blocks_needed_to_grow(self, request_id: RequestId, n: int) -> int:
+        """Blocks appending n tokens takes (new + copy-on-write), before what its
+        releases free (an upper bound of its net need)."""
+        return self._plan(self._get(request_id), n)[1]
+
+    # ------------------------------------------------------------------ mutation
+    def admit(
+        self,
+        request_id: RequestId,
+        prompt: Sequence[int],
+        *,
+        salt: str | None = None,
+        output_len: int | None = None,
+    ) -> int:
+        """Admit a request: reserve its prefill pages and take its cross-attention pages
+        (module docstring). Returns 0 (no prefix caching). CapacityError, nothing
+        changed, when the watermark would be crossed."""
+        if request_id in self._requests:
+            raise DuplicateRequestError(f"request {request_id!r} is already admitted")
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
+            raise ConfigError(f"prompt must be a sequence of token ids, got {prompt!r}")
+        plen = len(prompt)
+        if plen == 0:
+            raise ConfigError(f"request {request_id!r} has an empty prompt")
+        if plen > self.max_seq_len:
+            raise CapacityError(
+                f"request {request_id!r} has {plen} prompt tokens, past "
+                f"max_seq_len={self.max_seq_len}"
+            )
+        floor = self.prefill_pages(plen)
+        need = floor + self.cross_blocks
+        free = self.num_free_blocks
+        if free - need < self.watermark_blocks:
+            raise CapacityError(
+                f"cannot admit request {request_id!r} ({plen} prompt tokens): needs {need} "
+                f"pages, {free} free, watermark keeps {self.watermark_blocks}"
+            )
+        # ---- mutation: nothing below can fail
+        cross = self.pool.allocate_many(self.cross_blocks)
+        start = 0
+        for length in self.encoder_lens:
+            k = blocks_for_tokens(length, self.block_size)
+            self.pool.fill_span(cross[start : start + k], 0, length)
+            start += k
+        groups = len(self.windows)
+        req = SpecRequest(plen, [[] for _ in range(groups)], cross, floor=floor)
+        req.first = [0] * groups
+        self._requests[request_id] = req
+        self.outstanding += req.outstanding
+        return 0
+
+    def append_tokens(
+        self, request_id: RequestId, n: int, token_ids: Sequence[int | None] | None = None
+    ) -> None:
+        """Append n tokens to every self-attention group (releases first, then new
+        blocks and copy-on-write); CapacityError, nothing changed, when the pool cannot
+        supply them without touching another request's reservation."""
+        req = self._get(request_id)
+        n = require_positive("n", n)
+        if req.seq_len + n > self.max_seq_len:
+            raise CapacityError(
+                f"request {request_id!r} would grow to {req.seq_len + n} tokens, past "
+                f"max_seq_len={self.max_seq_len}"
+            )
+        releases, take, early, late, held = self._plan(req, n)
+        floor = req.floor if req.seq_len + n < req.prompt_len else 0
+        out_after = floor - held if floor > held else 0
+        others = self.outstanding - req.outstanding
+        free = self.pool.num_free
+        if take > free + early or free + early + late - take < others + out_after:
+            raise CapacityError(
+                f"cannot append {n} tokens to request {request_id!r}: needs {take} pages "
+                f"({early + late} freed by its windows), {self.num_free_blocks} free"
+            )
+        # ---- mutation: nothing below can fail
+        pool, bs, s = self.pool, self.block_size, req.seq_len
+        self.outstanding -= req.outstanding
+        end_blocks = blocks_for_tokens(s + n, bs)
+        written = s // bs
+        for gi, table in enumerate(req.tables):
+            gone = releases[gi]
+            for j in gone:
+                if j < written:  # blocks this append does not write go first
+                    pool.decref(table[j])
+                    table[j] = NULL_BLOCK
+            if s % bs and pool.ref[table[-1]] > 1:  # copy-on-write of the shared last block
+                old = table[-1]
+                new = pool.allocate()
+                pool.set_fill(new, pool.fill[old])
+                pool.decref(old)
+                table[-1] = new
+            table.extend(pool.allocate_many(end_blocks - len(table)))
+            pool.fill_span(table, s, s + n)
+            for j in gone:
+                if j >= written:
+                    pool.decref(table[j])
+                    table[j] = NULL_BLOCK
+            if gone:
+                req.first[gi] = gone[-1] + 1
+        req.seq_len = s + n
+        req.held = held
+        req.floor = floor
+        self.outstanding += req.outstanding
+
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
+        """The child shares every held block of every group of the parent (its prompt
+        must be complete: the engine forks after prefill)."""
+        parent = self._get(parent_id)
+        if child_id in self._requests:
+            raise DuplicateRequestError(f"request {child_id!r} is already admitted")
+        if parent.floor:
+            raise RequestStateError(
+                f"cannot fork {parent_id!r} into {child_id!r} before its prompt is complete"
+            )
+        pool = self.pool
+        for table in parent.tables:
+            for b in table:
+                if b != NULL_BLOCK:
+                    pool.incref(b)
+        for b in parent.cross:
+            pool.incref(b)
+        self._requests[child_id] = SpecRequest(
+            parent.prompt_len,
+            [list(t) for t in parent.tables],
+            list(parent.cross),
+            parent.seq_len,
+            parent.held,
+            0,
+            list(parent.first),
+        )
+
+    def free(self, request_id: RequestId) -> None:
+        """Release every block of every group of the request and its reservation."""
+        req = self._get(request_id)
+        self.outstanding -= req.outstanding
+        for table in req.tables:
+            self.pool.release([b for b in table if b != NULL_BLOCK])
+        self.pool.release(req.cross)
+        del self._requests[request_id]
+
+    def swap_out_group(self, request_ids: Sequence[RequestId]) -> None:
+        raise CapacityError("LayerGroupServingCache has no swap space (preemption recomputes)")
+
+    def swap_in_group(self, request_ids: Sequence[RequestId]) -> None:
+        raise CapacityError("LayerGroupServingCache has no swap space (preemption recomputes)")
+
+    # ------------------------------------------------------------------ serving accounting
+    def serving_traits(self) -> ServingTraits:
+        return ServingTraits(
+            block_size=self.block_size,
+            store_kv=False,
+            prefix_caching=False,
+            can_swap=False,
+            max_seq_len=self.max_seq_len,
+            watermark_blocks=self.watermark_blocks,
+            releases_blocks=any(w is not None for w in self.windows),
+            slots_per_token=len(self.windows),
+        )
+
+    def footprint(self, tokens: int) -> Footprint:
+        """Most pages one request of `tokens` tokens can hold alone: its prefill
+        reservation (were the whole length its prompt) or its decode peak
+        (`request_peak_blocks`), against all pages but the watermark's."""
+        tokens = require_positive("tokens", tokens)
+        peak = request_peak_blocks(self.model, tokens, self.block_size)
+        need = max(peak, self.prefill_pages(tokens) + self.cross_blocks)
+        return Footprint(need, self.num_blocks - self.watermark_blocks, "blocks")
+
+    def next_growth(self, request_id: RequestId, length: int) -> int:
+        """The smallest length >= `length` at which a one-token append allocates (a
+        block boundary) or releases a block from some window: with the first held block
+        f of a window W, the append at position L drops block f once L - W + 1 >=
+        (f + 1) x block_size (after a prefill that is often at once)."""
+        bs = self.block_size
+        best = -(-length // bs) * bs
+        req = self._requests.get(request_id)
+        for gi, w in enumerate(self.windows):
+            if w is not None:
+                first = req.first[gi] if req is not None else 0
+                best = min(best, max(length, (first + 1) * bs + w - 1))
+        return best
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Pages free for growth: the pool's free pages less every outstanding
+        reservation."""
+        return self.pool.num_free - self.outstanding
+
+    def occupancy(self) -> Occupancy:
+        """(free, used (held + reserved), 0 cached, live slots, reserved slots)."""
+        pool = self.pool
+        used = pool.num_used + self.outstanding
+        return Occupancy(pool.num_free - self.outstanding, used, 0, pool.live_slots,
+                         used * self.block_size)  # fmt: skip
+
+    def blocks_held(self, request_ids: Sequence[RequestId]) -> int:
+        """Distinct pages the requests hold (a shared page counted once)."""
+        held: set[int] = set()
+        for rid in request_ids:
+            req = self._get(rid)
+            held.update(b for t in req.tables for b in t if b != NULL_BLOCK)
+            held.update(req.cross)
+        return len(held)
+
+    def stats(self) -> CacheStats:
+        """A memory snapshot in page slots (a page holds block_size slots)."""
+        pool, bs = self.pool, self.block_size
+        reservation = self.outstanding * bs
+        used_slots = pool.num_used * bs
+        return CacheStats(
+            capacity_slots=pool.num_blocks * bs,
+            live_slots=pool.live_slots,
+            reservation_slots=reservation,
+            internal_fragmentation_slots=used_slots - pool.live_slots,
+            free_slots=(pool.num_free - self.outstanding) * bs,
+            external_fragmentation_slots=0,
+            logical_tokens=sum(r.seq_len for r in self._requests.values()),
+            num_requests=len(self._requests),
+            bytes_per_slot=self.model.page_bytes(1),
+            block_size=bs,
+            total_blocks=pool.num_blocks,
+            free_blocks=pool.num_free - self.outstanding,
+            used_blocks=pool.num_used + self.outstanding,
+            shared_blocks=sum(1 for c in pool.ref if c > 1),
+        )
+
+    # ------------------------------------------------------------------ checks
+    def snapshot(self) -> tuple[object, ...]:
+        """All bookkeeping as plain comparable values (atomicity tests)."""
+        reqs = {
+            rid: ([list(t) for t in r.tables], list(r.cross), r.seq_len, r.held, r.floor,
+                  list(r.first))
+            for rid, r in self._requests.items()
+        }  # fmt: skip
+        return self.pool.snapshot(), reqs, self.outstanding
+
+    def check(self) -> None:
+        """Assert: the pool's invariants; refcounts equal the tables holding each block;
+        each group's table covers its length and holds exactly the blocks its window
+        keeps; held and outstanding counts add up; free pages cover the reservations."""
+        self.pool.check()
+        bs = self.block_size
+        holders: dict[int, int] = {}
+        outstanding = 0
+        for rid, req in self._requests.items():
+            held = 0
+            for gi, table in enumerate(req.tables):
+                assert len(table) == blocks_for_tokens(req.seq_len, bs), (rid, gi)
+                for j, b in enumerate(table):
+                    assert (b == NULL_BLOCK) == (j < req.first[gi]), (rid, gi, j, b)
+                    if b != NULL_BLOCK:
+                        holders[b] = holders.get(b, 0) + 1
+                        held += 1
+            for b in req.cross:
+                holders[b] = holders.get(b, 0) + 1
+            assert held == req.held, (rid, held, req.held)
+            assert not req.floor or req.seq_len < req.prompt_len, (rid, "floor after prefill")
+            assert req.held <= req.floor or not req.floor, (rid, "prefill above its reservation")
+            outstanding += req.outstanding
+        for b, count in enumerate(self.pool.ref):
+            assert count == holders.get(b, 0), (b, count, holders.get(b, 0))
+        assert outstanding == self.outstanding, (outstanding, self.outstanding)
+        assert self.pool.num_free >= self.outstanding, "reservations exceed the free pages"
+
+
+def spec_serving_cache(
+    model: ModelKVSpec,
+    kv_budget: int,
+    block_size: int = 16,
+    *,
+    max_seq_len: int | None = None,
+    watermark: float = 0.01,
+    prefill_chunk: int | None = None,
+) -> LayerGroupServingCache:
+    """A memory-only layer-group cache of `kv_budget` bytes: as many pages as fit
+    (`ModelKVSpec.page_bytes`); ConfigError when not one does."""
+    require_positive("kv_budget", kv_budget)
+    page = model.page_bytes(require_positive("block_size", block_size))
+    if kv_budget < page:
+        raise ConfigError(f"kv_budget={kv_budget} B holds no {page}-byte page of {model.name!r}")
+    return LayerGroupServingCache(
+        model, kv_budget // page, block_size, max_seq_len=max_seq_len, watermark=watermark,
+        prefill_chunk=prefill_chunk,
+    )  # fmt: skip
