@@ -183,16 +183,20 @@ def run(args: argparse.Namespace) -> int:
         start = loads[len(loads) // 2]
         print(f"sustained load (mean normalized latency <= {bound:.4g} s/token):")
         for s in systems:
-            x, seen = sustained_rate(
-                lambda r, s=s: measure(s, r)["normalized_latency_mean"], bound, start, limit=limit
-            )
+
+            def mean_latency(r: float, s: str = s) -> float:
+                return measure(s, r)["normalized_latency_mean"]
+
+            x, seen = sustained_rate(mean_latency, bound, start, limit=limit)
             print(f"  {s:18s} {_load_text(x, unit, limit, seen)}")
         if slo is not None:
             print(f"highest load with p99 within the SLO ({slo.describe()}):")
             for s in systems:
-                x, seen = slo_search(
-                    lambda r, s=s: _latency(measure(s, r)), slo, start, limit=limit
-                )
+
+                def latency(r: float, s: str = s) -> dict[str, dict[str, float]]:
+                    return _latency(measure(s, r))
+
+                x, seen = slo_search(latency, slo, start, limit=limit)
                 print(f"  {s:18s} {_load_text(x, unit, limit, seen)}")
     return 0
 

@@ -83,6 +83,7 @@ class AllocatorModel:
             self.unkeyed_free -= 1
             return _Block(ref=1)
         block = self.lru.pop(0)
+        assert block.key is not None  # only indexed (keyed) blocks are in the LRU
         copies = self.index[block.key]
         copies.remove(block)
         if not copies:

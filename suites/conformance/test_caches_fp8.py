@@ -21,24 +21,49 @@ from kvbench.reference import ContiguousKVCache, oracle
 from kvbench.workloads import fp8
 from kvbench.workloads.errors import CapacityError, ConfigError
 from kvbench.workloads.geometry import KVGeometry
+from kvbench.workloads.kv_quant import KVQuant, ScaleSpec
 
 LAYERS, HEADS, Q_HEADS, HEAD_DIM, BLOCK = 2, 2, 4, 16, 4
 
 
-def _caches(dtype: str, backend: str, **scales: object):
+def _caches(
+    dtype: str,
+    backend: str,
+    *,
+    k_scale: ScaleSpec | None = None,
+    v_scale: ScaleSpec | None = None,
+    scale_granularity: str = "tensor",
+) -> tuple[ContiguousKVCache, PagedKVCache]:
+    """The reference and the paged cache with the same fp8 scales (the caches' defaults
+    where not given: dynamic, per tensor)."""
     g = KVGeometry(LAYERS, HEADS, HEAD_DIM, dtype, Q_HEADS)
     # room for every request OPS can make (at most 14, each under 64 tokens): no capacity
     # error interrupts the comparison
-    ref = ContiguousKVCache(g, capacity_tokens=14 * 64, max_seq_len=64, **scales)  # type: ignore[arg-type]
+    ref = ContiguousKVCache(
+        g,
+        capacity_tokens=14 * 64,
+        max_seq_len=64,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        scale_granularity=scale_granularity,
+    )
     paged = PagedKVCache(
         g,
         num_blocks=14 * 16,
         block_size=BLOCK,
         num_cpu_blocks=14 * 16,
         kernel_backend=backend,
-        **scales,
-    )  # type: ignore[arg-type]
+        k_scale=k_scale,
+        v_scale=v_scale,
+        scale_granularity=scale_granularity,
+    )
     return ref, paged
+
+
+def _quant(cache: ContiguousKVCache | PagedKVCache) -> KVQuant:
+    """The cache's fp8 quantization state (every cache these tests build stores fp8)."""
+    assert cache.kv_quant is not None
+    return cache.kv_quant
 
 
 def _step_bound(x: torch.Tensor, scale: torch.Tensor, fmt: fp8.Fp8Format) -> torch.Tensor:
@@ -134,7 +159,7 @@ def test_fp8_paged_and_reference_store_identical_bytes(
             for c in (ref, paged):
                 c.free(rid)
             del inputs[rid]
-        assert torch.equal(ref.kv_quant.scales()[0], paged.kv_quant.scales()[0])
+        assert torch.equal(_quant(ref).scales()[0], _quant(paged).scales()[0])
         for rid in inputs:
             if paged.is_swapped(rid):
                 continue
@@ -178,13 +203,13 @@ def test_fp8_dynamic_scales_follow_the_first_write_and_then_saturate() -> None:
     for c in (ref, paged):
         c.admit("a", [1, 2, 3])
         c.append("a", k, v)
-        ks, vs = c.kv_quant.scales()
+        ks, vs = _quant(c).scales()
         want = torch.tensor([[8.96 / 448, 1.0], [1.0, 0.5 / 448]], dtype=torch.float64)
         assert torch.equal(ks, want.to(torch.float32))
         assert torch.equal(vs, torch.full((LAYERS, HEADS), 1 / 448, dtype=torch.float64).float())
         big = torch.full((LAYERS, 1, HEADS, HEAD_DIM), 100.0)
         c.append("a", big, big)
-        assert torch.equal(c.kv_quant.scales()[0], ks)  # never changed after the first write
+        assert torch.equal(_quant(c).scales()[0], ks)  # never changed after the first write
         gk, _ = c.gather("a")
         top = fp8.dequantize(gk[0, 2], ks[0], torch.float64)
         assert float(top[0, 0]) == pytest.approx(448 * float(ks[0, 0]), rel=1e-6)  # saturated
@@ -201,7 +226,7 @@ def test_fp8_caches_refuse_non_finite_and_change_nothing(bad: float) -> None:
         with pytest.raises(fp8.NonFiniteError, match=rf"keys holds {bad} at index \(1, 2, 1, 7\)"):
             c.append("a", k, k.abs())
         assert c.stats() == before and c.seq_len("a") == 0
-        assert not c.kv_quant.is_set  # the dynamic scales wait for a write that succeeds
+        assert not _quant(c).is_set  # the dynamic scales wait for a write that succeeds
 
 
 def test_fp8_failed_append_sets_no_dynamic_scale() -> None:
@@ -210,7 +235,7 @@ def test_fp8_failed_append_sets_no_dynamic_scale() -> None:
     paged.admit("a", [1])
     with pytest.raises(CapacityError):
         paged.append("a", torch.ones(1, 9, 1, 8), torch.ones(1, 9, 1, 8))
-    assert not paged.kv_quant.is_set
+    assert not _quant(paged).is_set
 
 
 def test_fp8_cache_options_are_checked() -> None:

@@ -29,6 +29,7 @@ def kv(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def snapshot(cache: ContiguousKVCache) -> dict:
+    assert cache._k is not None and cache._v is not None  # a cache that stores tensors
     return {
         "requests": copy.deepcopy(cache._requests),
         "ranges": list(cache._ranges),
@@ -180,7 +181,11 @@ def _failing_operations(cache: ContiguousKVCache):
         (lambda: cache.fork("a", "b"), DuplicateRequestError, "'b'"),
         (lambda: cache.fork("a", "c"), CapacityError, "'c'"),
         (lambda: cache.free("nope"), UnknownRequestError, "'nope'"),
-        (lambda: cache.seq_len(["unhashable"]), UnknownRequestError, "unhashable"),
+        (
+            lambda: cache.seq_len(["unhashable"]),  # type: ignore[arg-type]  # deliberately bad input
+            UnknownRequestError,
+            "unhashable",
+        ),
         (lambda: cache.attend(["a"], torch.randn(1, 3, 8)), ShapeError, r"\[1, 4, 8\]"),
         (lambda: cache.attend(["a"], torch.randn(1, 4, 8), layer=5), ConfigError, "layer 5"),
     ]

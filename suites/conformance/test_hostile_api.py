@@ -33,7 +33,8 @@ from kvbench.workloads.errors import (
 )
 from kvbench.workloads.geometry import KVGeometry
 
-G = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=4, dtype="float32", num_q_heads=4)
+Q_HEADS = 4
+G = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=4, dtype="float32", num_q_heads=Q_HEADS)
 MAX_LEN = 32
 
 
@@ -139,7 +140,7 @@ def bad_calls(draw: st.DrawFn) -> BadCall:
 def _request_call(draw: st.DrawFn, kind: str) -> BadCall | None:
     """A bad call about ids, prompts and admission hints (None for the other kinds)."""
     if kind.startswith("unhashable id"):
-        rid = draw(UNHASHABLE)
+        rid: object = draw(UNHASHABLE)  # any id, deliberately bad ones included
         if kind.endswith("(admit)"):
             return BadCall(kind, lambda c: c.admit(rid, [1, 2]), ConfigError, repr(rid))
         return BadCall(kind, lambda c: c.fork("a", rid), ConfigError, repr(rid))
@@ -160,14 +161,14 @@ def _request_call(draw: st.DrawFn, kind: str) -> BadCall | None:
             "gather": lambda c: c.gather(rid),
             "seq_len": lambda c: c.seq_len(rid),
             "fork": lambda c: c.fork(rid, "new"),
-            "attend": lambda c: c.attend([rid], torch.zeros(1, G.num_q_heads, G.head_dim)),
+            "attend": lambda c: c.attend([rid], torch.zeros(1, Q_HEADS, G.head_dim)),
         }
         return BadCall(f"{kind} ({op})", calls[op], UnknownRequestError, repr(rid))
     if kind == "empty prompt":
         prompt = draw(st.sampled_from([[], (), range(0)]))
         return BadCall(kind, lambda c: c.admit("n", prompt), ConfigError, "empty")
     if kind == "negative token id (prompt)":
-        bad = draw(st.integers(max_value=-1))
+        bad: object = draw(st.integers(max_value=-1))  # any value, deliberately bad
         return BadCall(kind, lambda c: c.admit("n", [1, bad, 2]), ConfigError, repr(bad))
     if kind == "non-integer token id (prompt)":
         bad = draw(NOT_INT.filter(lambda x: x is not None or True))
@@ -233,7 +234,7 @@ def _tensor_call(draw: st.DrawFn, kind: str) -> BadCall:
     if kind == "query of the wrong shape":
         dims = draw(
             st.lists(st.integers(1, 5), min_size=1, max_size=4).filter(
-                lambda d: d != [1, G.num_q_heads, G.head_dim]
+                lambda d: d != [1, Q_HEADS, G.head_dim]
             )
         )
         q = torch.zeros(dims)
@@ -254,7 +255,7 @@ def _tensor_call(draw: st.DrawFn, kind: str) -> BadCall:
                 st.none(),
             )
         )
-        q = torch.zeros(1, G.num_q_heads, G.head_dim)
+        q = torch.zeros(1, Q_HEADS, G.head_dim)
         return BadCall(kind, lambda c: c.attend(["a"], q, layer=bad), ConfigError, repr(bad))
     assert kind == "too big to admit"
     n = draw(st.integers(1, 3))
@@ -307,8 +308,8 @@ BIG = KVGeometry(num_layers=80, num_kv_heads=8, head_dim=128, dtype="float16", n
 @pytest.mark.parametrize(
     ("build", "error", "names"),
     [
-        (lambda: ContiguousKVCache("g", 64, 16), ConfigError, "'g'"),
-        (lambda: PagedKVCache("g", 8, 4), ConfigError, "'g'"),
+        (lambda: ContiguousKVCache("g", 64, 16), ConfigError, "'g'"),  # type: ignore[arg-type]  # deliberately bad input
+        (lambda: PagedKVCache("g", 8, 4), ConfigError, "'g'"),  # type: ignore[arg-type]  # deliberately bad input
         (lambda: ContiguousKVCache(G, 64, 16, device="warp-drive"), ConfigError, "'warp-drive'"),
         (lambda: PagedKVCache(G, 8, 4, device="warp-drive"), ConfigError, "'warp-drive'"),
         (lambda: ContiguousKVCache(G, 10**30, 16), ConfigError, str(10**30)),

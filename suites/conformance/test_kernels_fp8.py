@@ -20,6 +20,7 @@ import torch
 from kvbench.kernels import cpu_paged, ops, torch_ops
 from kvbench.kernels.validation import check_decode
 from kvbench.reference import oracle
+from kvbench.suites.conformance.fp8_launch import Fp8Launch
 from kvbench.workloads import fp8
 from kvbench.workloads.errors import ConfigError, ShapeError
 
@@ -325,7 +326,12 @@ def test_fp8_launches_are_in_the_aot_table_with_the_compiled_signature(
                 nb = b * -(-ctx // bs)
                 kc = torch.zeros(nb, bs, hkv, d, dtype=kv)
                 s = torch.ones(hkv)
-                kw = {"backend": "triton", "check_indices": False, "k_scale": s, "v_scale": s}
+                kw: Fp8Launch = {
+                    "backend": "triton",
+                    "check_indices": False,
+                    "k_scale": s,
+                    "v_scale": s,
+                }
                 x = torch.zeros(5, hkv, d, dtype=q_dtype)
                 ops.write_kv(kc, kc.clone(), x, x, torch.arange(5), **kw)
                 tables = torch.zeros(b, nb // b, dtype=torch.int32)

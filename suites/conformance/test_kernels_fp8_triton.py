@@ -24,6 +24,7 @@ import torch
 
 from kvbench.kernels import ops
 from kvbench.reference import oracle
+from kvbench.suites.conformance.fp8_launch import Fp8Launch
 from kvbench.suites.conformance.test_kernels_fp8 import (
     COST_BOUND,
     FP8,
@@ -132,7 +133,7 @@ def test_fp8_triton_reads_every_byte_exactly(
     tables = torch.zeros(1, 1, dtype=torch.int32)
     lens = torch.ones(1, dtype=torch.int32)
     q = torch.randn(1, 2, 128, generator=torch.Generator().manual_seed(0)).to(q_dtype)
-    kw = {"backend": "triton", "k_scale": ks, "v_scale": vs}
+    kw: Fp8Launch = {"backend": "triton", "k_scale": ks, "v_scale": vs}
     if op == "decode":
         out = ops.paged_decode_attention(q, kc, vc, tables, lens, **kw)
     else:

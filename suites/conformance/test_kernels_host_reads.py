@@ -21,6 +21,7 @@ from kvbench.kernels import ops, triton_ops
 from kvbench.kernels.host_reads import HostReadRecorder
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import all_sweeps
+from kvbench.suites.conformance.fp8_launch import Fp8Launch
 
 Launch = tuple[str, tuple[int, ...]]
 
@@ -131,7 +132,7 @@ def test_fp8_write_decode_copy_read_nothing(launch: StubLaunch) -> None:
     """fp8 pools: with index checks off the scales are not read on the host either."""
     k, v = (t.to(torch.float8_e4m3fn) for t in _pool(6, 4, 2, 16))
     s = torch.ones(2)
-    fp8 = {"backend": "triton", "check_indices": False, "k_scale": s, "v_scale": s}
+    fp8: Fp8Launch = {"backend": "triton", "check_indices": False, "k_scale": s, "v_scale": s}
     key = torch.randn(3, 2, 16, dtype=torch.float16)
     x = _attention_inputs()
     xk, xv = (x[n].to(torch.float8_e4m3fn) for n in ("k_cache", "v_cache"))

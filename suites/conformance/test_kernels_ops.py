@@ -293,7 +293,11 @@ def test_caller_maxima_are_checked(backend: str) -> None:
         ops.paged_decode_attention(**args, backend=backend, max_seq_len=8)
     for bad in (0, 2.5, True):
         with pytest.raises(ConfigError, match="max_seq_len"):
-            ops.paged_decode_attention(**args, backend=backend, max_seq_len=bad)
+            ops.paged_decode_attention(
+                **args,
+                backend=backend,
+                max_seq_len=bad,  # type: ignore[arg-type]  # deliberately bad input
+            )
     q = torch.randn(5, 4, 16)
     common = (q, args["k_cache"], args["v_cache"], args["block_tables"])
     cu = torch.tensor([0, 3, 5], dtype=torch.int32)

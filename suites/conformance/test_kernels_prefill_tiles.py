@@ -15,6 +15,8 @@ tiles with a sliding window.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -93,7 +95,8 @@ def test_every_prefill_tile_matches_oracle(cfg: configs.KernelConfig) -> None:
     lens, q_lens = [q_len + 9, 5], [q_len, 3]
     seed = cfg.int_constexpr("BLOCK_M") + head_dim
     gen = torch.Generator().manual_seed(seed)
-    scales: dict[str, torch.Tensor] = {}
+    k_scale: torch.Tensor | None = None  # fp8 pools' scales; None: not fp8
+    v_scale: torch.Tensor | None = None
     if kv_dtype is None:
         pb = make_paged(lens, 1, head_dim, 16, dtype, gen)
         k_cache, v_cache, tables, seq_lens = pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens
@@ -102,7 +105,7 @@ def test_every_prefill_tile_matches_oracle(cfg: configs.KernelConfig) -> None:
         k_cache, v_cache, tables, seq_lens, keys, values, ks, vs = _fp8_batch(
             lens, 1, head_dim, 16, kv_dtype, True, seed
         )
-        scales = {"k_scale": ks, "v_scale": vs}
+        k_scale, v_scale = ks, vs
         fmt = fp8.fp8_format(kv_dtype)
         keys = [fp8.dequantize(fp8.quantize(k, ks, fmt), ks, torch.float64) for k in keys]
         values = [fp8.dequantize(fp8.quantize(v, vs, fmt), vs, torch.float64) for v in values]
@@ -112,15 +115,17 @@ def test_every_prefill_tile_matches_oracle(cfg: configs.KernelConfig) -> None:
     used: list[configs.KernelConfig] = []
     real = triton_ops._launch
 
-    def record(c: configs.KernelConfig, *args):  # type: ignore[no-untyped-def]
-        used.append(c)
-        return real(c, *args)
+    def record(
+        cfg: configs.KernelConfig, grid: tuple[int, ...], device: torch.device, *args: Any
+    ) -> Any:
+        used.append(cfg)
+        return real(cfg, grid, device, *args)
 
     triton_ops._launch = record
     try:
         ops.paged_prefill_attention(
             q, k_cache, v_cache, tables, cu, seq_lens, out=out, backend="triton",
-            window=window, **scales,
+            window=window, k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
     finally:
         triton_ops._launch = real

@@ -141,8 +141,10 @@ def test_sliding_window_decode_cuda(dtype: torch.dtype) -> None:
     lens, window, bs = [1, 37, 600, 4097], 300, 16
     kc, vc, tables, tlens, keys, values = _windowed_pool(lens, window, 2, 128, bs, dtype, gen)
     q = torch.randn((len(lens), 8, 128), generator=gen).to(dtype)
-    cuda = [t.cuda() for t in (q, kc, vc, tables, tlens)]
-    out = ops.paged_decode_attention(*cuda, window=window, partition_size=64).cpu()
+    q_d, kc_d, vc_d, tables_d, lens_d = (t.cuda() for t in (q, kc, vc, tables, tlens))
+    out = ops.paged_decode_attention(
+        q_d, kc_d, vc_d, tables_d, lens_d, window=window, partition_size=64
+    ).cpu()
     ref = oracle.batched_decode_attention(q, keys, values, window=window)
     assert oracle.relative_error(out, ref) <= oracle.tolerance(dtype)
 

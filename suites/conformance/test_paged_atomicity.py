@@ -72,11 +72,11 @@ CASES: list[tuple[str, dict, Op, type[KVBenchError], str]] = [
     ("admit swapped id", {}, lambda c: c.admit("sw", [1]), DuplicateRequestError, "'sw'"),
     ("admit empty", {}, lambda c: c.admit("n", []), ConfigError, "empty"),
     ("admit negative id", {}, lambda c: c.admit("n", [1, -1]), ConfigError, "-1"),
-    ("admit float id", {}, lambda c: c.admit("n", [1, 2.5]), ConfigError, "2.5"),
+    ("admit float id", {}, lambda c: c.admit("n", [1, 2.5]), ConfigError, "2.5"),  # type: ignore[list-item]  # deliberately bad input
     ("admit too long", {}, lambda c: c.admit("n", [1] * 41), ConfigError, "41"),
     ("admit output_len", {}, lambda c: c.admit("n", [1], output_len=-2), ConfigError, "-2"),
     ("admit salt type", {}, lambda c: c.admit("n", [1], salt=5), ConfigError, "5"),  # type: ignore[arg-type]
-    ("admit unhashable", {}, lambda c: c.admit(["x"], [1]), ConfigError, "hashable"),
+    ("admit unhashable", {}, lambda c: c.admit(["x"], [1]), ConfigError, "hashable"),  # type: ignore[arg-type]  # deliberately bad input
     ("admit capacity", {}, lambda c: c.admit("n", [1] * 40), CapacityError, "needs 10 blocks"),
     (
         "admit with prefix hits, refused",

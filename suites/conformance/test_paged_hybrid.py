@@ -14,6 +14,8 @@ pool accounting (device and CPU) hold. A refused admission, append or swap chang
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 from hypothesis import settings
@@ -95,7 +97,7 @@ class LayerGroupsMachine(RuleBasedStateMachine):
     def admit(self) -> int:
         rid = self.next_id
         self.next_id += 1
-        enc = [self._kv(self.model.groups[g].spec.encoder_len) for g in self.model.cross_groups]
+        enc = self._encoder_kv()
         before = self.paged.snapshot()
         try:
             self.paged.admit(rid, enc)
@@ -105,6 +107,15 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         self.ref.admit(rid, enc)
         self.last_step[rid] = (0, 0)
         return rid
+
+    def _encoder_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Fresh encoder K/V for each cross-attention group, of its encoder length."""
+        enc = []
+        for g in self.model.cross_groups:
+            encoder_len = self.model.groups[g].spec.encoder_len
+            assert encoder_len is not None  # a cross-attention group has an encoder length
+            enc.append(self._kv(encoder_len))
+        return enc
 
     def _resident(self, rid: int) -> bool:
         return rid in self.last_step and not self.ref.is_swapped(rid)
@@ -135,7 +146,7 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         rid = self.next_id
         self.next_id += 1
         prompt = [*stem[:cut], *tail]
-        enc = [self._kv(self.model.groups[g].spec.encoder_len) for g in self.model.cross_groups]
+        enc = self._encoder_kv()
         before = self.paged.snapshot()
         try:
             hit = self.paged.admit(rid, enc, prompt=prompt, salt=salt)
@@ -212,7 +223,8 @@ class LayerGroupsMachine(RuleBasedStateMachine):
     )
     @rule(data=st.data())
     def attend(self, data: st.DataObject) -> None:
-        live = [r for r in self.ref.request_ids() if self._resident(r) and self.ref.seq_len(r)]
+        ids = cast("list[int]", self.ref.request_ids())  # admit() numbers requests 0, 1, ...
+        live = [r for r in ids if self._resident(r) and self.ref.seq_len(r)]
         rids = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=3, unique=True))
         group = data.draw(st.integers(0, len(self.model.groups) - 1))
         layer = data.draw(st.integers(0, LAYERS - 1))
@@ -226,8 +238,9 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         if not hasattr(self, "paged"):
             return
         self.paged.check()
-        assert sorted(self.paged.request_ids()) == sorted(self.ref.request_ids())
-        for rid in self.ref.request_ids():
+        ids = cast("list[int]", self.ref.request_ids())  # admit() numbers requests 0, 1, ...
+        assert sorted(cast("list[int]", self.paged.request_ids())) == sorted(ids)
+        for rid in ids:
             assert self.paged.is_swapped(rid) == self.ref.is_swapped(rid)
             assert self.paged.seq_len(rid) == self.ref.seq_len(rid)
             if self.ref.is_swapped(rid):

@@ -21,6 +21,9 @@ copy-on-write, swap (through a pinned pool) and attention run the compiled Trito
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 import pytest
 import torch
 from hypothesis import event, settings
@@ -310,6 +313,7 @@ class PagedVsContiguous(RuleBasedStateMachine):
         before = self.cache.snapshot()
         unknown = -1
         expected: type[KVBenchError]
+        call: Callable[[], object]
         if kind == "free":
             expected, call = UnknownRequestError, lambda: self.cache.free(unknown)
         elif kind == "fork" and self.model:
@@ -387,6 +391,7 @@ class PagedVsContiguous(RuleBasedStateMachine):
         if attendable:
             gen = torch.Generator().manual_seed(self.steps)
             g = self.geometry
+            assert g.num_q_heads is not None  # KVGeometry's __post_init__ fills it in
             query = torch.randn(len(attendable), g.num_q_heads, g.head_dim, generator=gen)
             query = query.to(self.tdtype)
             layer = self.steps % g.num_layers
@@ -420,7 +425,7 @@ _STEPS = settings(stateful_step_count=30)
 def _machine(block_size: int, dtype: str, device: str = "cpu") -> type:
     name = f"PagedVsContiguous_bs{block_size}_{dtype}_{device}"
     attrs = {"block_size": block_size, "dtype": dtype, "device": device}
-    machine = type(name, (PagedVsContiguous,), attrs)
+    machine = cast("type[PagedVsContiguous]", type(name, (PagedVsContiguous,), attrs))
     test_case = _STEPS(machine).TestCase
     return pytest.mark.gpu(test_case) if device == "cuda" else test_case
 

@@ -90,7 +90,7 @@ def run_ops(alloc, ops, bs: int, on_step=None):
     trace of (op, result) for differential comparison."""
     live: dict[str, tuple[object, list[int]]] = {}
     history: list[tuple[object, list[int]]] = []
-    trace = []
+    trace: list[tuple[object, ...]] = []
     next_id = 0
     for op in ops:
         if op[0] == "admit":
@@ -278,7 +278,7 @@ _evict_op = st.one_of(
 
 #: Eviction traces are cheap (~30 ms); the rules part peers in a few percent of them, so
 #: the ci profile draws more of these than its default.
-_EVICT_SETTINGS = settings(max_examples=max(150, settings.default.max_examples))
+_EVICT_SETTINGS = settings(max_examples=max(150, settings().max_examples))
 
 
 def drive(alloc, ops, max_len: int, refused=(CapacityError,)) -> list[tuple]:

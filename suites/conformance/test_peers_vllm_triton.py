@@ -30,7 +30,7 @@ from kvbench.suites.peers.base import PeerUnavailableError
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 KINDS = ("unified", "decode")
 #: Interpreted vLLM kernels cost ~1-3 s a call: fewer examples than kvbench's own tests.
-_FEW = settings(max_examples=max(8, settings.default.max_examples // 3))
+_FEW = settings(max_examples=max(8, settings().max_examples // 3))
 
 
 def _adapter(kind: str, splits: int | None = None):

@@ -18,6 +18,8 @@ check holds the engine's forks, prunes, copy-on-writes, swaps and recomputes to 
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import pytest
 import torch
 from hypothesis import assume, given
@@ -34,6 +36,22 @@ from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.profiles import get_profile
 from kvbench.workloads.trace import SYNTH_BASE, Trace, TraceRequest
 
+
+class Pool(TypedDict):
+    """PagedKVCache's pool sizes, as keyword arguments shared by two caches of a test."""
+
+    num_blocks: int
+    block_size: int
+    num_cpu_blocks: int
+
+
+class PoolOptions(Pool, total=False):
+    """...and its allocator options."""
+
+    watermark: float
+    enable_prefix_caching: bool
+
+
 GEOM = KVGeometry(2, 2, 4, "float32", 4)
 TM = TimeModel(get_profile("a100-80gb"), GEOM, weight_bytes=10**9, params=5e8, block_size=4)
 
@@ -42,7 +60,8 @@ TM = TimeModel(get_profile("a100-80gb"), GEOM, weight_bytes=10**9, params=5e8, b
 def traces(draw: st.DrawFn, allow_n: bool = True, allow_beams: bool = True) -> Trace:
     count = draw(st.integers(1, 10))
     shared = draw(st.lists(st.integers(0, 50), min_size=4, max_size=16))
-    reqs, t = [], 0.0
+    reqs: list[TraceRequest] = []
+    t = 0.0
     for i in range(count):
         if draw(st.booleans()):
             t += draw(st.sampled_from([0.0, 0.0005, 0.002, 0.01]))
@@ -60,7 +79,12 @@ def traces(draw: st.DrawFn, allow_n: bool = True, allow_beams: bool = True) -> T
         if prompt is not None and draw(st.booleans()):
             # multi-turn: generated ids are given, and may continue the previous turn
             out_ids = tuple(draw(st.lists(st.integers(0, 50), min_size=out, max_size=out)))
-            if prev is not None and prev.output_tokens is not None and draw(st.booleans()):
+            if (
+                prev is not None
+                and prev.prompt is not None  # always so: output ids come with a prompt
+                and prev.output_tokens is not None
+                and draw(st.booleans())
+            ):
                 prompt = prev.prompt + prev.output_tokens + prompt[-2:]
                 plen, salt = len(prompt), prev.salt
                 if plen + out > 44:
@@ -281,13 +305,13 @@ class CheckedPaged(WatchedPaged):
 @given(st.data(), traces(), configs())
 def test_preempted_sequences_keep_exact_kv(data, trace: Trace, cfg: SchedulerConfig) -> None:
     """...and the memory-only cache makes the same decisions as the one with tensors."""
-    params = dict(
-        num_blocks=data.draw(st.integers(8, 24)),
-        block_size=data.draw(st.sampled_from([2, 4])),
-        watermark=0.0,
-        num_cpu_blocks=data.draw(st.sampled_from([0, 64])),
-        enable_prefix_caching=data.draw(st.booleans()),
-    )
+    params: PoolOptions = {
+        "num_blocks": data.draw(st.integers(8, 24)),
+        "block_size": data.draw(st.sampled_from([2, 4])),
+        "watermark": 0.0,
+        "num_cpu_blocks": data.draw(st.sampled_from([0, 64])),
+        "enable_prefix_caching": data.draw(st.booleans()),
+    }
     cache = CheckedPaged(GEOM, store_kv=True, kernel_backend="torch", **params)
     cache.trace = trace
     mode = data.draw(st.sampled_from(["token", "event"]))
@@ -369,9 +393,15 @@ def test_preempted_groups_and_families_keep_exact_kv(sharing: str, policy: str) 
     resume exactly where they were (for beams: where the selection model says they are):
     every sequence's KV is checked when freed, and the memory-only cache decides the
     same."""
-    option = {sharing: 3}
-    trace = Trace(tuple(TraceRequest(f"b{i}", 0.0, 9 + i, 14, **option) for i in range(4)))
-    params = dict(num_blocks=30, block_size=4, num_cpu_blocks=64 if policy == "swap" else 0)
+    n, beam_width = (3, 1) if sharing == "n" else (1, 3)
+    trace = Trace(
+        tuple(TraceRequest(f"b{i}", 0.0, 9 + i, 14, n=n, beam_width=beam_width) for i in range(4))
+    )
+    params: Pool = {
+        "num_blocks": 30,
+        "block_size": 4,
+        "num_cpu_blocks": 64 if policy == "swap" else 0,
+    }
     cache = CheckedPaged(GEOM, store_kv=True, kernel_backend="torch", **params)
     cache.trace = trace
     cfg = SchedulerConfig(max_num_seqs=12, preemption=policy)

@@ -25,7 +25,7 @@ TRUE_FIXED, TRUE_BW, TRUE_FLOPS = 4e-3, 12e9, 30e9
 
 
 def _tm() -> TimeModel:
-    return TimeModel(get_profile("cpu"), GEOM, 4 * PARAMS, PARAMS, 16)
+    return TimeModel(get_profile("cpu"), GEOM, int(4 * PARAMS), PARAMS, 16)
 
 
 def _truth(steps_spec: list[tuple[int, int, tuple[tuple[int, int], ...]]]) -> list[StepWork]:

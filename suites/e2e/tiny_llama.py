@@ -71,13 +71,16 @@ def random_llama(spec, *, seed: int, device="cpu", config_overrides=None):  # ty
         eos_token_id=None,
         pad_token_id=None,
         tie_word_embeddings=False,
-        attn_implementation="eager",
+        # taken at run time (LlamaConfig passes it on to PretrainedConfig), though its typed
+        # signature omits it
+        attn_implementation="eager",  # type: ignore[call-arg]
         **(config_overrides or {}),
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    model = model.to(device=device, dtype=torch.float32).eval()
+    # transformers types its decorated `to` as unbound (asks for `self`)
+    model = model.to(device=device, dtype=torch.float32).eval()  # type: ignore[call-arg]
     model.requires_grad_(False)
     return model
 

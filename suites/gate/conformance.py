@@ -18,7 +18,9 @@ property-based coverage lives in the conformance suite; this is the gate's fast 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -173,25 +175,25 @@ def run_checks(device: torch.device | None = None) -> list[CheckResult]:
     error is infinite (logged), so a crashing kernel cannot become a baseline."""
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results: list[CheckResult] = []
-    jobs = []
+    jobs: list[tuple[dict[str, str], Callable[[], Iterable[CheckResult]]]] = []
     for backend in ("torch", "triton"):
         for dtype in (torch.float32, torch.float16):
             jobs.append(
                 (
                     {"check": "paged_decode", "backend": backend},
-                    lambda b=backend, d=dtype: check_decode(b, d, device),
+                    partial(check_decode, backend, dtype, device),
                 )
             )
             jobs.append(
                 (
                     {"check": "paged_prefill", "backend": backend},
-                    lambda b=backend, d=dtype: check_prefill(b, d, device),
+                    partial(check_prefill, backend, dtype, device),
                 )
             )
         jobs.append(
             (
                 {"check": "cache_writes", "backend": backend},
-                lambda b=backend: check_cache_writes(b, device),
+                partial(check_cache_writes, backend, device),
             )
         )
     for case, job in jobs:

@@ -127,12 +127,12 @@ def decode_fp8(case: Case, ctx: BenchContext) -> list[Measurement]:
         kc, vc, tab = pools[name]
         q = query.to(dev, q_dtype)
         out = torch.empty_like(q)
-        extra = {"k_scale": kd, "v_scale": vd} if name == "fp8" else {}
+        k_scale, v_scale = (kd, vd) if name == "fp8" else (None, None)  # None: not fp8
 
         def run() -> torch.Tensor:
             return ops.paged_decode_attention(
                 q, kc, vc, tab, seq_lens, scale, out=out, check_indices=False,
-                backend=backend, max_seq_len=length, **extra,
+                backend=backend, max_seq_len=length, k_scale=k_scale, v_scale=v_scale,
             )  # fmt: skip
 
         return run

@@ -23,20 +23,26 @@ prefill = FLOPs / peak; see workloads.profiles).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 
-_TRACES: dict[tuple, object] = {}
+if TYPE_CHECKING:
+    from kvbench.workloads.trace import Trace
+
+_TRACES: dict[tuple[str, int, int, str, int], Trace] = {}
 
 
-def _trace(workload: str, requests: int, seed: int, **sharing: object):  # type: ignore[no-untyped-def]
-    """A generated trace, made once per process for every case that replays it."""
+def _trace(workload: str, requests: int, seed: int, sharing: str = "none", n: int = 4) -> Trace:
+    """A generated trace, made once per process for every case that replays it (`sharing`
+    and `n` as `generate` takes them, with its defaults)."""
     from kvbench.workloads.sharing import generate
 
-    key = (workload, requests, seed, *sorted(sharing.items()))
+    key = (workload, requests, seed, sharing, n)
     if key not in _TRACES:
-        _TRACES[key] = generate(workload, requests, seed=seed, **sharing)
+        _TRACES[key] = generate(workload, requests, seed=seed, sharing=sharing, n=n)
     return _TRACES[key]
 
 

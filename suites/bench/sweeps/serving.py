@@ -167,7 +167,7 @@ def _run_beams(
         serial[0] += 1
         return (r, serial[0])
 
-    beams: dict[int, list[object]] = {}
+    beams: dict[int, list[tuple[int, int]]] = {}  # request -> its live beams' ids
     for r, prompt in enumerate(prompts):
         if share:
             first = new_id(r)
@@ -195,7 +195,7 @@ def _run_beams(
             if steps_left[r] == 0:
                 continue
             parents = sorted(rng.integers(0, width, size=width).tolist())
-            nxt: list[object] = []
+            nxt: list[tuple[int, int]] = []
             for p in sorted(set(parents)):
                 nxt.append(current[p])
                 for _ in range(parents.count(p) - 1):

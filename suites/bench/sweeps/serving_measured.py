@@ -105,6 +105,7 @@ def _run(ctx: BenchContext, system: str, trace, max_num_seqs: int, tm=None):  # 
     env = _setup(ctx)
     geom = env["spec"].geometry()
     backend = "triton" if ctx.is_gpu else "torch"
+    cache: PagedKVCache | ContiguousKVCache
     if system == "paged":
         cache = PagedKVCache(
             geom,
