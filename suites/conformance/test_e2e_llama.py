@@ -551,8 +551,8 @@ class WrongBlockPrefixCache(PagedKVCache):
     """A paged cache whose prefix hits serve the first hit block twice: the second block
     of a shared prefix is read from the first one's KV."""
 
-    def _match(self, prompt, extra):
-        keys, hits = super()._match(prompt, extra)
+    def _match(self, prompt, extra, chain=None):
+        keys, hits = super()._match(prompt, extra, chain)
         if len(hits) >= 2:
             hits = [hits[0], hits[0], *hits[2:]]
         return keys, hits
