@@ -122,26 +122,38 @@ def ceiling_hit_tokens(acc: BlockAccesses) -> int:
     return int(hit.sum()) * acc.block_size
 
 
-def _next_uses(acc: BlockAccesses) -> np.ndarray:
-    """For every access, the next request that may hit the same block (a hittable
-    position), or a number past every request."""
+def _next_uses(acc: BlockAccesses, cap_blocks: int) -> np.ndarray:
+    """For every access, the request whose access of the same block comes next, if that
+    access may hit (a hittable position within the capacity), else a number past every
+    request.
+
+    A request caches every full block it holds, so a block whose next access cannot hit
+    is computed and cached again there for free: keeping it until then saves nothing,
+    and its eviction must rank with blocks never used again (otherwise Belady's rule
+    keeps a block that is recomputed anyway in place of one that would hit)."""
     n = len(acc.keys)
     never = acc.num_requests + 1
     if not n:
         return np.zeros(0, dtype=np.int64)
     req_of = np.repeat(np.arange(acc.num_requests), np.diff(acc.starts))
     pos = np.arange(n) - acc.starts[req_of]
-    usable = pos < acc.hittable[req_of]
-    if not usable.any():
-        return np.full(n, never, dtype=np.int64)  # no block can ever hit
+    use = np.minimum(acc.prompt_lens, cap_blocks * acc.block_size)
+    held = pos < (use // acc.block_size)[req_of]  # blocks the request holds (recaches)
+    limit = np.minimum(acc.hittable, (use - 1) // acc.block_size)
+    usable = pos < limit[req_of]  # held blocks that may hit
+    if not held.any():
+        return np.full(n, never, dtype=np.int64)
     span = acc.num_requests + 2
-    uses = np.sort(acc.keys[usable] * span + req_of[usable])
+    order = np.argsort(acc.keys[held] * span + req_of[held], kind="stable")
+    uses = (acc.keys[held] * span + req_of[held])[order]
+    may_hit = usable[held][order]
     query = acc.keys * span + req_of
     at = np.searchsorted(uses, query, side="right")
     found = at < len(uses)
     nxt = np.full(n, never, dtype=np.int64)
-    cand = uses[np.minimum(at, len(uses) - 1)]
-    same = found & (cand // span == acc.keys)
+    idx = np.minimum(at, len(uses) - 1)
+    cand = uses[idx]
+    same = found & (cand // span == acc.keys) & may_hit[idx]
     nxt[same] = cand[same] % span
     return nxt
 
@@ -156,7 +168,7 @@ def belady_hit_tokens(acc: BlockAccesses, capacity_tokens: int) -> int:
         raise ConfigError(
             f"capacity {capacity_tokens} tokens holds no block of {acc.block_size} tokens"
         )
-    nxt = _next_uses(acc)
+    nxt = _next_uses(acc, cap)
     keys = acc.keys.tolist()
     nxt_l = nxt.tolist()
     starts = acc.starts.tolist()
