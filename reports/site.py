@@ -41,6 +41,7 @@ from kvbench.reports import (
     table_columns,
     tables,
 )
+from kvbench.reports import kv_specs as kv_specs_page
 from kvbench.reports import provenance as produced_by
 from kvbench.reports import serving as serving_tables
 from kvbench.reports.site_common import slug as _slug
@@ -73,6 +74,8 @@ class SweepPage:
     produced: str = ""
     produced_sentence: str = ""
     derived: list[serving_tables.DerivedTable] = field(default_factory=list)
+    #: case parameters every case shares, stated once above the table ("name = value")
+    fixed: list[str] = field(default_factory=list)
     outcomes: SweepOutcomes = field(default_factory=SweepOutcomes)
 
     @property
@@ -124,11 +127,16 @@ def _sweep_page(
     page = SweepPage(name, href, description, len(rows))
     main = [j for j, m in enumerate(metrics) if not table_columns.is_detail(m, name)]
     detail = [j for j, m in enumerate(metrics) if table_columns.is_detail(m, name)]
-    page.header = [table_columns.header(k) for k in keys] + [metrics[j] for j in main]
-    page.detail_header = [table_columns.header(k) for k in keys] + [metrics[j] for j in detail]
-    page.n_keys = len(keys)
+    shown, page.fixed = _fixed_keys(name, keys, rows)
+    page.header = [table_columns.header(keys[i]) for i in shown] + [metrics[j] for j in main]
+    page.detail_header = [table_columns.header(keys[i]) for i in shown]
+    page.detail_header += [metrics[j] for j in detail]
+    page.n_keys = len(shown)
     for row, row_spread in zip(rows, spread, strict=True):
-        keys_cells = [_cell(tables.format_value(v)) for v in row[: len(keys)]]
+        keys_cells = [
+            _cell(tables.format_value(row[i], table_columns.param_cell_unit(keys[i])))
+            for i in shown
+        ]
         cells = []
         for v, m, sp in zip(row[len(keys) :], metrics, row_spread, strict=True):
             u = unit.get(m, "")
@@ -153,7 +161,8 @@ def _sweep_page(
                 "produced": made.only(spec.kinds).tag(),
             }
         )
-    for title, svg in figures_serving.extra_figures(name, frame):
+    extra = figures_serving.extra_figures(name, frame) + kv_specs_page.extra_figures(name, frame)
+    for title, svg in extra:
         fname = f"{_slug(name)}-x{len(page.figure_files)}.svg"
         (fig_dir / fname).write_text(svg, encoding="utf-8")
         page.figure_files.append(
@@ -167,9 +176,26 @@ def _sweep_page(
         page.figure_files.append({"src": f"figures/{fname}", "title": title, "spread": ""})
     page.derived = serving_tables.derived_tables(name, frame)
     page.derived += fp8_tables.derived_tables(name, frame)
+    page.derived += kv_specs_page.derived_tables(name, frame)
     if name == calibration_page.SUITE:
         page.derived += calibration_page.error_tables(frame)
     return page
+
+
+def _fixed_keys(name: str, keys: list[str], rows: list[list[Any]]) -> tuple[list[int], list[str]]:
+    """(indices of the key columns the table shows, "param value" texts of those the page
+    states once instead: `table_columns.SUITE_FIXED_KEYS` that take one value)."""
+    fixed_names = table_columns.SUITE_FIXED_KEYS.get(name, ())
+    shown: list[int] = []
+    fixed: list[str] = []
+    for i, k in enumerate(keys):
+        values = {tables.format_value(r[i]) for r in rows}
+        if k in fixed_names and len(values) == 1 and rows:
+            text = tables.format_value(rows[0][i], table_columns.param_cell_unit(k))
+            fixed.append(f"{table_columns.header(k)} = {text}")
+        else:
+            shown.append(i)
+    return shown, fixed
 
 
 def backends(frame: pd.DataFrame) -> list[str]:

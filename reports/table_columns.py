@@ -22,6 +22,7 @@ _DETAIL_SUFFIXES = ("wall_time", "build_time", "first_call_time", "_evaluations"
 PARAM_UNITS: dict[str, str] = {
     "rate": "requests/s",
     "duration": "s",
+    "duration_s": "s",
     "ctx_len": "tokens",
     "context": "tokens",
     "seq_len": "tokens",
@@ -32,6 +33,16 @@ PARAM_UNITS: dict[str, str] = {
     "requests": "requests",
 }
 
+
+#: Case parameters whose cells carry their own unit (formatted by
+#: `workloads.units.format_quantity`: 42949672960 B reads "40 GiB"), so the header has none.
+PARAM_CELL_UNITS: dict[str, str] = {"kv_budget": "B"}
+
+#: Per sweep, case parameters that the page states once above its table instead of in a
+#: column, when every case has the same value (the table stays narrow enough to read).
+SUITE_FIXED_KEYS: dict[str, tuple[str, ...]] = {
+    "serving.kv_specs": ("kv_budget", "block_size", "profile"),
+}
 
 #: Per sweep, metrics that are its diagnostics rather than its results (kept in the
 #: details table): serving.measured's calibration case has its own table of coefficients
@@ -63,6 +74,19 @@ SUITE_DETAILS: dict[str, tuple[str, ...]] = {
         "normalized_latency_p99",
         "ttft_p99",
     ),
+    # the summary table (`reports.kv_specs`) sets windowed and full side by side; the
+    # main table keeps what it shows, the rest are how it was computed
+    "serving.kv_specs": (
+        "mean_running",
+        "peak_pages_used",
+        "pool_pages",
+        "page_bytes",
+        "latency_bound",
+        "rate_limit",
+        "windowed_layers",
+        "peak_pool_fraction",
+        "preemptions",
+    ),
 }
 
 
@@ -74,7 +98,13 @@ def is_detail(metric: str, suite: str = "") -> bool:
     return metric.startswith(_DETAIL_PREFIXES) or metric.endswith(_DETAIL_SUFFIXES)
 
 
+def param_cell_unit(param: str) -> str:
+    """The unit a case parameter's cells carry themselves ("" when they carry none)."""
+    return PARAM_CELL_UNITS.get(param, "")
+
+
 def header(param: str) -> str:
-    """A case parameter's column header, with its unit where it has one."""
+    """A case parameter's column header, with its unit where it has one (and its cells
+    do not carry it)."""
     unit = PARAM_UNITS.get(param)
     return f"{param} [{unit}]" if unit else param

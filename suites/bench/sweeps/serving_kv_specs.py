@@ -38,6 +38,8 @@ from dataclasses import replace
 
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.kv_spec import ModelKVSpec
 
 #: Parameter counts [model cards: Mistral-7B-v0.1 7.24B, Gemma-2-9B 9.24B]; fp16 weights.
 PARAMS = {"mistral-7b": 7.24e9, "gemma-2-9b": 9.24e9}
@@ -59,6 +61,33 @@ BOUND_FACTOR = 10.0
 _TRACES: dict[tuple, object] = {}
 
 
+def layout_label(model: ModelKVSpec) -> str:
+    """The attention layout of a model in words, e.g. "sliding window 4096 on all 32
+    layers" or "sliding window 4096 on 21 of 42 layers, full attention on 21"."""
+    total = model.num_layers
+    parts: dict[str, int] = {}
+    for g in model.groups:
+        label = g.spec.describe()
+        parts[label] = parts.get(label, 0) + g.num_layers
+    if len(parts) == 1:
+        return f"{next(iter(parts))} on all {total} layers"
+    first, *rest = parts.items()
+    return f"{first[0]} on {first[1]} of {total} layers, " + ", ".join(
+        f"{label} on {n}" for label, n in rest
+    )
+
+
+def _layouts(name: str) -> dict[str, ModelKVSpec]:
+    """The model's published layout and its full-attention twin, by their labels
+    (published first)."""
+    from kvbench.workloads.spec_capacity import as_full_attention
+    from kvbench.workloads.spec_presets import get_spec_preset
+
+    model = get_spec_preset(name)
+    full = as_full_attention(model)
+    return {layout_label(model): model, layout_label(full): full}
+
+
 def _cases(full: bool) -> list[Case]:
     return [
         {
@@ -73,7 +102,7 @@ def _cases(full: bool) -> list[Case]:
         }
         for t in ("sharegpt", "mooncake")
         for m in PARAMS
-        for a in ("spec", "full")
+        for a in _layouts(m)
     ]
 
 
@@ -100,12 +129,14 @@ def _setup(case: Case):  # type: ignore[no-untyped-def]
     from kvbench.paged.spec_serving import spec_serving_cache
     from kvbench.workloads.geometry import KVGeometry
     from kvbench.workloads.profiles import get_profile
-    from kvbench.workloads.spec_capacity import as_full_attention
-    from kvbench.workloads.spec_presets import get_spec_preset
 
-    model = get_spec_preset(case["model"])
-    if case["attention"] == "full":
-        model = as_full_attention(model)
+    layouts = _layouts(case["model"])
+    if case["attention"] not in layouts:
+        raise ConfigError(
+            f"attention layout {case['attention']!r} is not one of {case['model']!r}'s: "
+            f"{sorted(layouts)}"
+        )
+    model = layouts[case["attention"]]
     cfg = SchedulerConfig(preemption="recompute")
     g = model.groups[0]
     params = PARAMS[case["model"]]
@@ -157,6 +188,8 @@ def serving_kv_specs(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("pool_pages", pool.num_blocks, "pages"),
         Measurement("pages_per_running_request", page_steps / seq_steps, "pages"),
         Measurement("page_bytes", pool.model.page_bytes(case["block_size"]), "B"),
+        Measurement("windowed_layers", sum(
+            g.num_layers for g in pool.model.groups if g.spec.window is not None), "layers"),
         Measurement("preemptions", burst.preemptions, "count"),
         Measurement("burst_tokens_per_second", served_throughput(burst)["tokens_per_second"],
                     "tokens/s"),
