@@ -152,7 +152,9 @@ def summary_table(frame: pd.DataFrame) -> DerivedTable | None:
         "Summary: windowed vs full attention, per trace and model",
         "Modeled (nothing measured): the serving engine simulates the trace over one KV "
         "pool and prices its steps with its time model of an A100-80GB at the fitted "
-        "profile; pages and requests are counted in that simulation. 'windowed': the "
+        "profile (runs since the time model took attention layouts: a windowed layer's "
+        "query reads at most its window of KV); pages and requests are counted in that "
+        "simulation. 'windowed': the "
         "model's published attention layout ("
         + "; ".join(f"{m}: {w}" for m, (w, _) in layouts.items())
         + "); 'full': the same model with every window widened to full attention. KV per "

@@ -15,6 +15,13 @@ priced one by one (the event-driven and token-stepping engines must agree exactl
                / interconnect)
     swap     = round(blocks * block_bytes / tp * 1e12 / host link) per direction
 
+With an attention layout (`attention_layout.AttentionLayout`: windowed, hybrid and
+encoder-decoder models) KV reads and attention FLOPs are priced per layer instead: a
+windowed layer's query reads min(c + 1, window) tokens, a cross-attention layer's the
+encoder's length, a full layer's c + 1 (`kv_ps_per_layer_token`,
+`attn_ps_per_layer_kv_token`; each decoder's excess over each window comes from the
+engine). Without one every layer reads the whole context, as before.
+
 Bandwidth and FLOP/s are the profile's effective figures (datasheet x fitted fraction,
 `DeviceProfile.efficiency`), and `fixed` includes the fitted per-kernel floor of the
 4 linear kernels of every layer. The per-kernel fit combines memory and compute in
@@ -35,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
+from kvbench.paged.serving.attention_layout import AttentionLayout
 from kvbench.paged.serving.latency import flat
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, require_positive
@@ -138,6 +146,8 @@ class TimeModel:
         tp: tensor-parallel ranks: weights, KV and FLOPs divide over them; each layer
             adds two all-reduces of the step's activations.
         hidden_size: model width (all-reduce message size); defaults to q heads x head dim.
+        layout: which KV each layer reads (None: every layer the whole context); its
+            layers must add up to the geometry's.
     """
 
     profile: DeviceProfile
@@ -147,9 +157,15 @@ class TimeModel:
     block_size: int = 16
     tp: int = 1
     hidden_size: int = 0
+    layout: AttentionLayout | None = None
 
     def __post_init__(self) -> None:
         require_positive("tp", self.tp)
+        if self.layout is not None and self.layout.num_layers != self.geometry.num_layers:
+            raise ConfigError(
+                f"the attention layout has {self.layout.num_layers} layers, the geometry "
+                f"{self.geometry.num_layers}"
+            )
         if not (self.params > 0 and self.weight_bytes >= 0):
             raise ConfigError(
                 f"params must be > 0 and weight_bytes >= 0, got {self.params!r}, "
@@ -201,6 +217,24 @@ class TimeModel:
         return self._ps(self._attn_flops_per_pair / self.profile.effective_peak_flops)
 
     @cached_property
+    def windows(self) -> tuple[int, ...]:
+        """The layout's distinct windows, ascending (() without a layout)."""
+        return () if self.layout is None else self.layout.windows
+
+    @cached_property
+    def kv_ps_per_layer_token(self) -> int:
+        """Reading one token's KV of one layer (one rank's share of the heads)."""
+        g = self.geometry
+        per_layer = g.bytes_per_token / g.num_layers
+        return self._ps(per_layer / self.tp / self.profile.effective_hbm_bandwidth)
+
+    @cached_property
+    def attn_ps_per_layer_kv_token(self) -> int:
+        """Decode attention compute per cached token one layer's query reads."""
+        per_layer = self._attn_flops_per_pair / self.geometry.num_layers
+        return self._ps(per_layer / self.profile.effective_peak_flops)
+
+    @cached_property
     def allreduce_fixed_ps(self) -> int:
         """Latency of a step's all-reduces (two per layer; 0 without tensor parallelism)."""
         if self.tp == 1:
@@ -218,7 +252,13 @@ class TimeModel:
         return self._ps(2 * g.num_layers * nbytes / self.profile.interconnect_bandwidth)
 
     # -- steps --------------------------------------------------------------------------
-    def step_ps(self, decoders: int, kv_read: int, chunks: Sequence[tuple[int, int]] = ()) -> int:
+    def step_ps(
+        self,
+        decoders: int,
+        kv_read: int,
+        chunks: Sequence[tuple[int, int]] = (),
+        excess: Sequence[int] = (),
+    ) -> int:
         """One step running `decoders` decoding sequences that read `kv_read` KV tokens
         in all, plus prefill `chunks` (tokens cached before the chunk, chunk length):
 
@@ -226,7 +266,12 @@ class TimeModel:
             memory  = weights + KV tokens read (decoders' + each chunk's context and itself)
             compute = dense x tokens + attention (decode pairs + each chunk's pairs)
 
+        With a layout, KV and pairs are counted per layer (`attention_layout`), and
+        `excess[i]` is the decoders' sum of max(0, c + 1 - W_i) for each of `windows`
+        (omitted: as if each decoder read kv_read / decoders).
         0 for a step that runs no token (it only swaps or waits)."""
+        if self.layout is not None:
+            return self._layout_step_ps(decoders, kv_read, chunks, excess)
         tokens = decoders
         kv = kv_read
         pairs = 0.0
@@ -247,22 +292,69 @@ class TimeModel:
             + max(mem, comp)
         )
 
+    def _layout_step_ps(
+        self,
+        decoders: int,
+        kv_read: int,
+        chunks: Sequence[tuple[int, int]],
+        excess: Sequence[int],
+    ) -> int:
+        """`step_ps` priced per layer group (a layout is set)."""
+        layout = self.layout
+        assert layout is not None
+        tokens = decoders
+        dec = layout.decode_layer_tokens(decoders, kv_read, excess) if decoders else 0
+        kv = dec
+        pairs = 0
+        for ctx, n in chunks:
+            tokens += n
+            kv += layout.chunk_layer_tokens(ctx, n)
+            pairs += layout.chunk_pairs(ctx, n)
+        if tokens == 0:
+            return 0
+        mem = self.weight_ps + self.kv_ps_per_layer_token * kv
+        comp = self.dense_ps_per_token * tokens + self.attn_ps_per_layer_kv_token * dec
+        if pairs:
+            per_pair = self._attn_flops_per_pair / self.geometry.num_layers
+            comp += self._ps(pairs * per_pair / self.profile.effective_peak_flops)
+        return (
+            self.fixed_ps
+            + self.allreduce_fixed_ps
+            + self.allreduce_ps_per_token * tokens
+            + max(mem, comp)
+        )
+
     def decode_ps(self, kv_tokens: int, decoders: int = 1) -> int:
         """One decode step of `decoders` sequences reading `kv_tokens` KV tokens in all."""
         return self.step_ps(decoders, kv_tokens)
 
-    def decode_span_ps(self, decoders: int, kv_first: int, steps: int) -> int:
+    def decode_span_ps(
+        self,
+        decoders: int,
+        kv_first: int,
+        steps: int,
+        excess_first: Sequence[int] = (),
+        above: Sequence[int] = (),
+    ) -> int:
         """`steps` consecutive decode-only steps of `decoders` sequences whose first step
         reads `kv_first` KV tokens (each later step reads `decoders` more): exactly the
         sum of their `step_ps`, in closed form (memory minus compute is linear in the
-        step, so the max switches side at most once)."""
+        step, so the max switches side at most once). With a layout, `excess_first` is
+        the first step's `excess` and `above[i]` the decoders past window W_i, none
+        crossing a window within the span (the engine makes the crossing an event)."""
         if steps <= 0 or decoders <= 0:
             return 0
         d = decoders
         base = self.fixed_ps + self.allreduce_fixed_ps + self.allreduce_ps_per_token * d
-        m0, m1 = self.weight_ps + self.kv_ps_per_token * kv_first, self.kv_ps_per_token * d
-        c0 = self.dense_ps_per_token * d + self.attn_ps_per_kv_token * kv_first
-        c1 = self.attn_ps_per_kv_token * d
+        if self.layout is None:
+            kv_ps, attn_ps, x0, x1 = self.kv_ps_per_token, self.attn_ps_per_kv_token, kv_first, d
+        else:
+            kv_ps, attn_ps = self.kv_ps_per_layer_token, self.attn_ps_per_layer_kv_token
+            x0 = self.layout.decode_layer_tokens(d, kv_first, excess_first)
+            x1 = self.layout.decode_slope(d, above)
+        m0, m1 = self.weight_ps + kv_ps * x0, kv_ps * x1
+        c0 = self.dense_ps_per_token * d + attn_ps * x0
+        c1 = attn_ps * x1
         a, b = m0 - c0, m1 - c1
         if b >= 0:  # memory gains on compute: compute first, memory from step j on
             j = _first_nonneg(a, b, steps)

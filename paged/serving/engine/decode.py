@@ -9,6 +9,11 @@ fork), fills a block whose ids are indexed (prefix caching of given outputs), or
 generates its last token. Appends in between allocate nothing and no decision can
 observe them, so they are deferred and flushed with the event's append in one cache
 call.
+
+Windowed layouts (a time model with sliding windows): a decoder whose context reaches a
+window W (c >= W from the next step on) moves into that window's aggregates
+(`EngineState.win_a`, `win_d`), so a step's KV read per window is known in closed form;
+the step at which c = W - 1 is an event, so no quiet stretch crosses a window.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ class DecoderLines:
 
     def __init__(
         self, st: EngineState, cache: ServingCache, *, store_kv: bool, block_size: int,
-        event_mode: bool,
+        event_mode: bool, windows: tuple[int, ...] = (),
     ) -> None:  # fmt: skip
         self.st = st
         self.cache = cache
@@ -35,6 +40,10 @@ class DecoderLines:
         self.block_size = block_size
         #: Event mode (deferred appends, a calendar of events) or token mode (every step).
         self.event_mode = event_mode
+        #: The time model's windows, ascending (() for none: nothing is tracked).
+        self.windows: tuple[int, ...] = windows
+        st.win_a = [0] * len(windows)
+        st.win_d = [0] * len(windows)
 
     def start(self, seq: Seq, t: int, c: int, synced: int) -> None:
         """Make the sequence a decoder at step t with KV length c (synced in the cache)."""
@@ -44,7 +53,21 @@ class DecoderLines:
         st.agg_a += c - t
         st.agg_d += 1
         st.agg_sync += synced
+        seq.nabove = 0
+        if self.windows:
+            self.classify(seq, c - t, c)
         self.schedule(seq, t)
+
+    def classify(self, seq: Seq, offset: int, c: int) -> None:
+        """Move a decoder whose line (base_c - base_step = `offset`) now has context c
+        into the aggregates of every window it reached (c >= W) and was not in."""
+        windows, st = self.windows, self.st
+        k = seq.nabove
+        while k < len(windows) and c >= windows[k]:
+            st.win_a[k] += offset
+            st.win_d[k] += 1
+            k += 1
+        seq.nabove = k
 
     def stop(self, seq: Seq) -> None:
         """Take the sequence out of the aggregates; its queued event goes stale."""
@@ -53,6 +76,10 @@ class DecoderLines:
             st.agg_a -= seq.base_c - seq.base_step
             st.agg_d -= 1
             st.agg_sync -= seq.synced
+            for k in range(seq.nabove):
+                st.win_a[k] -= seq.base_c - seq.base_step
+                st.win_d[k] -= 1
+            seq.nabove = 0
             seq.decoding = False
             seq.version += 1
 
@@ -80,6 +107,8 @@ class DecoderLines:
                     gap = min(gap, (bs - 1 - c) % bs)
             else:
                 gap = self.growth_point(seq, c) - c
+            if seq.nabove < len(self.windows):  # the step before it reaches a window
+                gap = min(gap, self.windows[seq.nabove] - 1 - c)
             if gap < nxt - t:
                 nxt = t + gap
         seq.event_step = nxt

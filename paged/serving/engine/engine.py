@@ -127,7 +127,7 @@ class Engine:
         traits = self.traits
         self.lines = DecoderLines(
             st, self.cache, store_kv=traits.store_kv, block_size=self.block_size,
-            event_mode=self.event_mode,
+            event_mode=self.event_mode, windows=self.tm.windows if self.tm else (),
         )  # fmt: skip
         self.preemption = Preemption(
             st, self.cache, self.cfg, self.tm, self.lines, can_swap=traits.can_swap
@@ -214,6 +214,9 @@ class Engine:
         d = st.agg_d
         st.dec = d
         st.kv_read = st.agg_a + d * t + d  # each decoder reads its c + 1 tokens
+        if st.win_d:  # each decoder past W reads c + 1 - W tokens less on its layers
+            wins = zip(st.win_a, st.win_d, self.lines.windows, strict=True)
+            st.kv_excess = [a + n * (t + 1 - w) for a, n, w in wins]
         due = self.decode(t)
         decoders, kv_read = st.dec, st.kv_read
         chunks, budget = self.continue_prefills(self.cfg.max_batched_tokens - decoders)
@@ -320,6 +323,8 @@ class Engine:
                 st.decoded.append((seq, c))
             # the decoder's line c - t is unchanged, so the aggregates are too
             seq.base_step, seq.base_c, seq.base_g = t + 1, c + 1, g + 1
+            if lines.windows:
+                lines.classify(seq, c - t, c + 1)
             if g + 1 >= seq.req.output_len:
                 seq.version += 1  # no further events
                 finished_now.append(seq)
@@ -501,7 +506,7 @@ class Engine:
         tm = self.tm
         if tm is None:
             return 0
-        return tm.step_ps(decoders, kv_read, prefill_cost) + self.st.swap_ps
+        return tm.step_ps(decoders, kv_read, prefill_cost, self.st.kv_excess) + self.st.swap_ps
 
     def _run_hook(self, t: int, chunks: list[tuple[str, int, int]], model_ps: int) -> int:
         """Hand the step to the step hook: the sequences that decoded in it and still
@@ -643,12 +648,12 @@ class Engine:
         stop = horizon
         if not st.waiting and st.next_arrival < len(self.reqs) and not self.capped():
             arrival = self.arrivals_ps[st.next_arrival]
-            stop = arrival_step(t + 1, st.now_ps, arrival, a, d, self.tm, horizon)
+            stop = arrival_step(t + 1, st.now_ps, arrival, a, d, self.tm, horizon, self._wins())
         if stop <= t + 1:
             return t + 1
         first, k = t + 1, stop - (t + 1)  # quiet steps first .. stop - 1
         sum_t = (first + stop - 1) * k // 2
-        cost = span_ps(self.tm, first, k, a, d)
+        cost = span_ps(self.tm, first, k, a, d, self._wins())
         m = self.slots_per_token  # live slots per deferred token
         if m == 1:
             base_live = occupancy[3] + a - st.agg_sync
@@ -659,6 +664,11 @@ class Engine:
             live_sum = k * occupancy[3] + m * (k * (a - st.agg_sync) + d * (sum_t + k))
         self._record(first, k, occupancy, live_first, live_sum, cost)
         return stop
+
+    def _wins(self) -> tuple[tuple[int, int, int], ...]:
+        """(window, win_a, win_d) per window of the time model (`clock.span_ps`)."""
+        st = self.st
+        return tuple(zip(self.lines.windows, st.win_a, st.win_d, strict=True))
 
     # ------------------------------------------------------------------ results, checks
     def _result(self, t_wall: float, t_cpu: float) -> SimulationResult:

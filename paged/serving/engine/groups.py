@@ -134,6 +134,8 @@ class Groups:
                 st.decoded.append((b, c))
             b.history().append(group.new_token())
             b.base_step, b.base_c, b.base_g = t + 1, c + 1, g + 1
+            if self.lines.windows:
+                self.lines.classify(b, c - t, c + 1)
         st.epoch += 1
         if g + 1 >= beams[0].req.output_len:
             for b in beams:

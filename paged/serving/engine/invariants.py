@@ -64,3 +64,8 @@ def check_state(engine: Engine) -> None:
     assert st.agg_d == len(decoders), "decoder count"
     assert st.agg_a == sum(s.base_c - s.base_step for s in decoders), "decoder aggregate A"
     assert st.agg_sync == sum(s.synced for s in decoders), "decoder synced sum"
+    for k, w in enumerate(engine.lines.windows):  # decoders past window w at step t
+        past = [s for s in decoders if s.base_c + (t - s.base_step) >= w]
+        assert all(s.nabove > k for s in past), f"a decoder past window {w} not counted"
+        assert st.win_d[k] == len(past), f"decoders past window {w}"
+        assert st.win_a[k] == sum(s.base_c - s.base_step for s in past), f"window {w} A"

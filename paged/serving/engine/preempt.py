@@ -95,6 +95,8 @@ class Preemption:
             if not appended:  # it will not decode in this step after all
                 st.dec -= 1
                 st.kv_read -= c + 1
+                for k in range(victim.nabove):  # it was past these windows at step t
+                    st.kv_excess[k] -= c + 1 - self.lines.windows[k]
             self.lines.sync(victim, c)
             self.lines.stop(victim)
         else:

@@ -65,6 +65,7 @@ class Seq:
         "group",
         "hashed",
         "index",
+        "nabove",
         "order",
         "out_base",
         "out_tokens",
@@ -100,6 +101,9 @@ class Seq:
         #: the decoder's line: (KV length, generated) = (base_c, base_g) at base_step
         self.base_step = self.base_c = self.base_g = 0
         self.synced = 0  # KV tokens the cache holds while decoding (<= the line's c)
+        #: windows of the time model's layout its context has passed (c >= W), a prefix
+        #: of the ascending windows (kept while decoding: `DecoderLines.classify`)
+        self.nabove = 0
         self.event_step = NEVER
         self.version = 0  # bumped when a queued event becomes stale
         self.cow = False  # its last block may be shared (the next append copies it)

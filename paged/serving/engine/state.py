@@ -41,6 +41,10 @@ class EngineState:
     agg_a: int = 0
     agg_d: int = 0
     agg_sync: int = 0
+    #: per window W_i of the time model's layout (ascending): the decoders whose context
+    #: passed it (c >= W_i; their seq.nabove > i): sum of base_c - base_step, and count
+    win_a: list[int] = field(default_factory=list)
+    win_d: list[int] = field(default_factory=list)
     #: bumped by every cache change an admission could observe
     epoch: int = 0
     #: (epoch, queue head, running, budget) of the last failed admission (event mode
@@ -63,6 +67,8 @@ class EngineState:
     swap_ps: int = 0  # modeled swap time of this step
     dec: int = 0  # sequences decoding a token this step
     kv_read: int = 0  # KV tokens this step's decodes read
+    #: per window W_i: sum over this step's decoders of max(0, c + 1 - W_i)
+    kv_excess: list[int] = field(default_factory=list)
     #: (sequence, KV length before its token) of this step's decodes (step hook only)
     decoded: list[tuple[Seq, int]] = field(default_factory=list)
     finished_now: list[Seq] = field(default_factory=list)

@@ -15,8 +15,9 @@ decoding passes them, recompute preemption) with one KV budget:
   (their prompt and output lengths; mean prompt of the default 200 is about 14k tokens).
 
 Per (trace, model, attention) two kinds of figure, all modeled (the engine's time model
-of an A100-80GB at the fitted profile; attention priced as if every layer read the whole
-context, so the window's speed-up of attention itself is not credited, only its memory):
+of an A100-80GB at the fitted profile, attention priced per layer group
+(`paged.serving.attention_layout`): a windowed layer reads at most its window of KV per
+query, so a window saves step time as well as memory):
 
 * burst: every request arrives at t = 0: KV utilization (live / reserved slots, over
   steps), peak and mean concurrency (requests running), peak pages in use and its
@@ -125,6 +126,7 @@ def _trace(name: str, n: int, seed: int):  # type: ignore[no-untyped-def]
 
 def _setup(case: Case):  # type: ignore[no-untyped-def]
     """(model spec, a fresh cache, the time model, the scheduler config) of a case."""
+    from kvbench.paged.serving.attention_layout import AttentionLayout
     from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
     from kvbench.paged.spec_serving import spec_serving_cache
     from kvbench.workloads.geometry import KVGeometry
@@ -141,7 +143,10 @@ def _setup(case: Case):  # type: ignore[no-untyped-def]
     g = model.groups[0]
     params = PARAMS[case["model"]]
     geometry = KVGeometry(model.num_layers, g.num_kv_heads, g.head_dim, g.dtype)
-    tm = TimeModel(get_profile(case["profile"]), geometry, int(2 * params), params, BLOCK_SIZE)
+    tm = TimeModel(
+        get_profile(case["profile"]), geometry, int(2 * params), params, BLOCK_SIZE,
+        layout=AttentionLayout.from_spec(model),
+    )  # fmt: skip
 
     def cache():  # type: ignore[no-untyped-def]
         return spec_serving_cache(
