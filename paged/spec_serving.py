@@ -30,7 +30,16 @@ yet are kept out of `num_free_blocks` for everyone else (`outstanding`), so a ch
 fails, and what a window releases during prefill is not handed to others before the
 prefill ends. A new request is admitted only if free - needed >= the watermark, where
 free already excludes every outstanding reservation; running requests grow into the
-watermark. No prefix caching, no swap space: preemption recomputes.
+watermark. No prefix caching.
+
+Swap (with `num_cpu_blocks` > 0): a group of requests whose prompts are complete moves
+together, every group's table and the cross-attention pages at once: each distinct
+held page (shared ones once) is copied into one CPU page that carries one reference per
+table entry holding it, so sharing among the group survives; released entries stay
+NULL_BLOCK. Swapping in is admission-like (free - distinct pages >= the watermark) and
+restores the same pattern of sharing and each page's fill. A swapped request can only be
+swapped in or freed. Without swap space, swapping raises CapacityError (the engine then
+recomputes).
 
 Slots: a page has `block_size` slots, so a token written to k self-attention groups
 fills k slots (`ServingTraits.slots_per_token`); live slots are the written slots of
@@ -88,6 +97,8 @@ class SpecRequest:
     floor: int = 0
     #: per group, the index of the first block still held
     first: list[int] = field(default_factory=list)
+    #: its tables and cross pages hold CPU page ids (swap space) instead of device ones
+    swapped: bool = False
 
     @property
     def outstanding(self) -> int:
@@ -107,6 +118,7 @@ class LayerGroupServingCache:
         prefill_chunk: the largest prefill chunk the scheduler appends (its token
             budget), which bounds a windowed group's prefill reservation; None: whole
             prompts.
+        num_cpu_blocks: pages of CPU swap space (0: none; preemption recomputes).
     """
 
     def __init__(
@@ -118,6 +130,7 @@ class LayerGroupServingCache:
         max_seq_len: int | None = None,
         watermark: float = 0.0,
         prefill_chunk: int | None = None,
+        num_cpu_blocks: int = 0,
     ) -> None:
         if not isinstance(model, ModelKVSpec):
             raise ConfigError(f"model must be a ModelKVSpec, got {type(model).__name__}")
@@ -128,6 +141,12 @@ class LayerGroupServingCache:
         if prefill_chunk is not None:
             require_positive("prefill_chunk", prefill_chunk)
         keep_free = watermark_blocks(watermark, num_blocks)
+        if (
+            isinstance(num_cpu_blocks, bool)
+            or not isinstance(num_cpu_blocks, int)
+            or (num_cpu_blocks < 0)
+        ):
+            raise ConfigError(f"num_cpu_blocks must be an integer >= 0, got {num_cpu_blocks!r}")
         if not model.self_groups:
             raise ConfigError(f"model {model.name!r} has no self-attention group to decode")
         self.model = model
@@ -137,6 +156,8 @@ class LayerGroupServingCache:
         self.watermark_blocks = keep_free
         self.prefill_chunk = prefill_chunk
         self.pool = BlockPool(num_blocks, block_size)
+        #: CPU swap space (None: none)
+        self.cpu = BlockPool(num_cpu_blocks, block_size) if num_cpu_blocks else None
         #: per self-attention group: its window (None for full attention)
         self.windows: list[int | None] = [model.groups[g].spec.window for g in model.self_groups]
         self.encoder_lens: list[int] = [
@@ -171,6 +192,14 @@ class LayerGroupServingCache:
             return self._requests[request_id]
         except (KeyError, TypeError):
             raise UnknownRequestError(f"unknown request {request_id!r}") from None
+
+    def _resident(self, request_id: RequestId, action: str) -> SpecRequest:
+        """The request, which must not be swapped out (RequestStateError naming the
+        action otherwise)."""
+        req = self._get(request_id)
+        if req.swapped:
+            raise RequestStateError(f"cannot {action} request {request_id!r}: it is swapped out")
+        return req
 
     def seq_len(self, request_id: RequestId) -> int:
         return self._get(request_id).seq_len
@@ -262,7 +291,7 @@ class LayerGroupServingCache:
     def blocks_needed_to_grow(self, request_id: RequestId, n: int) -> int:
         """Blocks appending n tokens takes (new + copy-on-write), before what its
         releases free (an upper bound of its net need)."""
-        return self._plan(self._get(request_id), n)[1]
+        return self._plan(self._resident(request_id, "grow"), n)[1]
 
     # ------------------------------------------------------------------ mutation
     def admit(
@@ -316,7 +345,7 @@ class LayerGroupServingCache:
         """Append n tokens to every self-attention group (releases first, then new
         blocks and copy-on-write); CapacityError, nothing changed, when the pool cannot
         supply them without touching another request's reservation."""
-        req = self._get(request_id)
+        req = self._resident(request_id, "append to")
         n = require_positive("n", n)
         if req.seq_len + n > self.max_seq_len:
             raise CapacityError(
@@ -366,7 +395,7 @@ class LayerGroupServingCache:
     def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
         """The child shares every held block of every group of the parent (its prompt
         must be complete: the engine forks after prefill)."""
-        parent = self._get(parent_id)
+        parent = self._resident(parent_id, "fork")
         if child_id in self._requests:
             raise DuplicateRequestError(f"request {child_id!r} is already admitted")
         if parent.floor:
@@ -394,16 +423,91 @@ class LayerGroupServingCache:
         """Release every block of every group of the request and its reservation."""
         req = self._get(request_id)
         self.outstanding -= req.outstanding
+        pool = self.cpu if req.swapped else self.pool
+        assert pool is not None
         for table in req.tables:
-            self.pool.release([b for b in table if b != NULL_BLOCK])
-        self.pool.release(req.cross)
+            pool.release([b for b in table if b != NULL_BLOCK])
+        pool.release(req.cross)
         del self._requests[request_id]
 
+    def _group(self, request_ids: Sequence[RequestId], swapped: bool) -> list[SpecRequest]:
+        """The requests of a swap, each once, all in the state the swap moves them from
+        (RequestStateError, UnknownRequestError or ConfigError otherwise)."""
+        if isinstance(request_ids, (str, bytes)) or not request_ids:
+            raise ConfigError(f"a swap needs a non-empty list of request ids, got {request_ids!r}")
+        if len(set(request_ids)) != len(request_ids):
+            raise ConfigError(f"request ids repeat in {list(request_ids)!r}")
+        reqs = [self._get(rid) for rid in request_ids]
+        for rid, req in zip(request_ids, reqs, strict=True):
+            if req.swapped != swapped:
+                state = "swapped out" if req.swapped else "resident"
+                raise RequestStateError(f"request {rid!r} is {state}")
+            if req.floor:
+                raise RequestStateError(
+                    f"cannot swap request {rid!r} before its prompt is complete"
+                )
+        return reqs
+
+    @staticmethod
+    def _entries(req: SpecRequest) -> list[int]:
+        """Every page id the request's tables and cross pages hold (with repeats)."""
+        return [b for t in req.tables for b in t if b != NULL_BLOCK] + req.cross
+
+    def _move(self, reqs: list[SpecRequest], src: BlockPool, dst: BlockPool) -> None:
+        """Copy each distinct page of `reqs` from `src` into one new `dst` page (its fill
+        kept), one reference per table entry, and release the `src` entries."""
+        distinct = list(dict.fromkeys(b for req in reqs for b in self._entries(req)))
+        to = dict(zip(distinct, dst.allocate_many(len(distinct)), strict=True))
+        for old, new in to.items():
+            dst.set_fill(new, src.fill[old])
+        taken: set[int] = set()
+        for req in reqs:
+            src.release(self._entries(req))
+            for table in req.tables:
+                for j, b in enumerate(table):
+                    if b != NULL_BLOCK:
+                        table[j] = to[b]
+            req.cross = [to[b] for b in req.cross]
+            for b in self._entries(req):
+                if b in taken:
+                    dst.incref(b)
+                taken.add(b)
+
     def swap_out_group(self, request_ids: Sequence[RequestId]) -> None:
-        raise CapacityError("LayerGroupServingCache has no swap space (preemption recomputes)")
+        """Move resident requests to swap space together (module docstring); all or
+        nothing: CapacityError (no swap space, or too little for the distinct pages) or a
+        bad id or state changes nothing."""
+        reqs = self._group(request_ids, swapped=False)
+        if self.cpu is None:
+            raise CapacityError(
+                "LayerGroupServingCache has no swap space (num_cpu_blocks=0): preemption recomputes"
+            )
+        need = len({b for req in reqs for b in self._entries(req)})
+        if need > self.cpu.num_free:
+            raise CapacityError(
+                f"cannot swap out request(s) {list(request_ids)!r}: needs {need} pages of "
+                f"swap space, {self.cpu.num_free} free"
+            )
+        self._move(reqs, self.pool, self.cpu)
+        for req in reqs:
+            req.swapped = True
 
     def swap_in_group(self, request_ids: Sequence[RequestId]) -> None:
-        raise CapacityError("LayerGroupServingCache has no swap space (preemption recomputes)")
+        """Bring swapped requests back together, their sharing and fills restored;
+        admission-like: CapacityError, nothing changed, unless free - distinct pages >=
+        the watermark."""
+        reqs = self._group(request_ids, swapped=True)
+        assert self.cpu is not None  # only a cache with swap space swaps out
+        need = len({b for req in reqs for b in self._entries(req)})
+        free = self.num_free_blocks
+        if free - need < self.watermark_blocks:
+            raise CapacityError(
+                f"cannot swap in request(s) {list(request_ids)!r}: needs {need} pages, {free} "
+                f"free, watermark keeps {self.watermark_blocks}"
+            )
+        self._move(reqs, self.cpu, self.pool)
+        for req in reqs:
+            req.swapped = False
 
     # ------------------------------------------------------------------ serving accounting
     def serving_traits(self) -> ServingTraits:
@@ -411,7 +515,7 @@ class LayerGroupServingCache:
             block_size=self.block_size,
             store_kv=False,
             prefix_caching=False,
-            can_swap=False,
+            can_swap=self.cpu is not None,
             max_seq_len=self.max_seq_len,
             watermark_blocks=self.watermark_blocks,
             releases_blocks=any(w is not None for w in self.windows),
@@ -455,12 +559,12 @@ class LayerGroupServingCache:
                          used * self.block_size)  # fmt: skip
 
     def blocks_held(self, request_ids: Sequence[RequestId]) -> int:
-        """Distinct pages the requests hold (a shared page counted once)."""
-        held: set[int] = set()
+        """Distinct pages the requests hold, on the device or in swap space (a shared
+        page counted once)."""
+        held: set[tuple[bool, int]] = set()
         for rid in request_ids:
             req = self._get(rid)
-            held.update(b for t in req.tables for b in t if b != NULL_BLOCK)
-            held.update(req.cross)
+            held.update((req.swapped, b) for b in self._entries(req))
         return len(held)
 
     def stats(self) -> CacheStats:
@@ -490,36 +594,44 @@ class LayerGroupServingCache:
         """All bookkeeping as plain comparable values (atomicity tests)."""
         reqs = {
             rid: ([list(t) for t in r.tables], list(r.cross), r.seq_len, r.held, r.floor,
-                  list(r.first))
+                  list(r.first), r.swapped)
             for rid, r in self._requests.items()
         }  # fmt: skip
-        return self.pool.snapshot(), reqs, self.outstanding
+        cpu = None if self.cpu is None else self.cpu.snapshot()
+        return self.pool.snapshot(), cpu, reqs, self.outstanding
 
     def check(self) -> None:
         """Assert: the pool's invariants; refcounts equal the tables holding each block;
         each group's table covers its length and holds exactly the blocks its window
         keeps; held and outstanding counts add up; free pages cover the reservations."""
         self.pool.check()
+        if self.cpu is not None:
+            self.cpu.check()
         bs = self.block_size
         holders: dict[int, int] = {}
+        cpu_holders: dict[int, int] = {}
         outstanding = 0
         for rid, req in self._requests.items():
             held = 0
+            count = cpu_holders if req.swapped else holders
+            assert not (req.swapped and req.floor), (rid, "swapped during its prefill")
             for gi, table in enumerate(req.tables):
                 assert len(table) == blocks_for_tokens(req.seq_len, bs), (rid, gi)
                 for j, b in enumerate(table):
                     assert (b == NULL_BLOCK) == (j < req.first[gi]), (rid, gi, j, b)
                     if b != NULL_BLOCK:
-                        holders[b] = holders.get(b, 0) + 1
+                        count[b] = count.get(b, 0) + 1
                         held += 1
             for b in req.cross:
-                holders[b] = holders.get(b, 0) + 1
+                count[b] = count.get(b, 0) + 1
             assert held == req.held, (rid, held, req.held)
             assert not req.floor or req.seq_len < req.prompt_len, (rid, "floor after prefill")
             assert req.held <= req.floor or not req.floor, (rid, "prefill above its reservation")
             outstanding += req.outstanding
-        for b, count in enumerate(self.pool.ref):
-            assert count == holders.get(b, 0), (b, count, holders.get(b, 0))
+        for b, n in enumerate(self.pool.ref):
+            assert n == holders.get(b, 0), (b, n, holders.get(b, 0))
+        for b, n in enumerate(self.cpu.ref if self.cpu is not None else ()):
+            assert n == cpu_holders.get(b, 0), ("cpu", b, n, cpu_holders.get(b, 0))
         assert outstanding == self.outstanding, (outstanding, self.outstanding)
         assert self.pool.num_free >= self.outstanding, "reservations exceed the free pages"
 
@@ -532,14 +644,18 @@ def spec_serving_cache(
     max_seq_len: int | None = None,
     watermark: float = 0.01,
     prefill_chunk: int | None = None,
+    swap_bytes: int = 0,
 ) -> LayerGroupServingCache:
     """A memory-only layer-group cache of `kv_budget` bytes: as many pages as fit
-    (`ModelKVSpec.page_bytes`); ConfigError when not one does."""
+    (`ModelKVSpec.page_bytes`), and `swap_bytes` of CPU swap space (as many pages as fit;
+    0: none); ConfigError when not one device page fits."""
     require_positive("kv_budget", kv_budget)
     page = model.page_bytes(require_positive("block_size", block_size))
     if kv_budget < page:
         raise ConfigError(f"kv_budget={kv_budget} B holds no {page}-byte page of {model.name!r}")
+    if isinstance(swap_bytes, bool) or not isinstance(swap_bytes, int) or swap_bytes < 0:
+        raise ConfigError(f"swap_bytes must be an integer >= 0, got {swap_bytes!r}")
     return LayerGroupServingCache(
         model, kv_budget // page, block_size, max_seq_len=max_seq_len, watermark=watermark,
-        prefill_chunk=prefill_chunk,
+        prefill_chunk=prefill_chunk, num_cpu_blocks=swap_bytes // page,
     )  # fmt: skip

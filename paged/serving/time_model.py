@@ -148,6 +148,9 @@ class TimeModel:
         hidden_size: model width (all-reduce message size); defaults to q heads x head dim.
         layout: which KV each layer reads (None: every layer the whole context); its
             layers must add up to the geometry's.
+        swap_block_bytes: bytes of one block the cache swaps (0: a block of every layer,
+            `geometry.bytes_per_block`); a layer-group cache swaps pages of one group
+            (`ModelKVSpec.page_bytes`).
     """
 
     profile: DeviceProfile
@@ -158,6 +161,7 @@ class TimeModel:
     tp: int = 1
     hidden_size: int = 0
     layout: AttentionLayout | None = None
+    swap_block_bytes: int = 0
 
     def __post_init__(self) -> None:
         require_positive("tp", self.tp)
@@ -371,7 +375,8 @@ class TimeModel:
     def swap_ps(self, blocks: int) -> int:
         """One direction of copying `blocks` blocks over the host link (each rank copies
         its share over its own link, in parallel)."""
-        nbytes = blocks * self.geometry.bytes_per_block(self.block_size) / self.tp
+        block = self.swap_block_bytes or self.geometry.bytes_per_block(self.block_size)
+        nbytes = blocks * block / self.tp
         return round(nbytes * 1e12 / self.profile.host_link_bandwidth)
 
     def recompute_ps(self, tokens: int) -> int:
