@@ -25,6 +25,11 @@ requests be in flight (the rest wait outside; their latency counts from when the
 let in). With `--slo-ttft` / `--slo-tpot` (seconds) a third table gives each kind's
 goodput (requests/s meeting both bounds, DistServe's definition as vLLM computes it)
 and SLO attainment (the fraction that does; `paged.serving.slo`). Modeled, like every time here.
+
+Layer-group models (`--model mistral-7b` or `gemma-2-9b`: sliding windows, hybrid) run
+over the layer-group serving cache, optionally tensor parallel with `--tp N`
+(`suites.cli.simulate_spec`, which also names what it refuses); `--tp` > 1 for the
+full-attention presets is refused (their tensor-parallel set-ups: `kvbench rate --setup`).
 """
 
 from __future__ import annotations
@@ -203,6 +208,16 @@ def _slo_rows(rows: list[dict], slo: SLO) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvbench.suites.cli import simulate_spec
+
+    if simulate_spec.is_spec_model(args.model):
+        return _run_spec(args)
+    if args.tp != 1:
+        raise ConfigError(
+            f"--tp {args.tp} with --model {args.model!r}: simulate runs tensor parallelism "
+            "for the layer-group models (mistral-7b, gemma-2-9b) only; full-attention "
+            "set-ups with tensor parallelism: kvbench rate --setup (--list)"
+        )
     base = spec_from_args(args)
     time_model = validate_args(args, _kinds(args.cache), base)
     _arrivals_with_burstiness(args)
@@ -274,12 +289,46 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_spec(args: argparse.Namespace) -> int:
+    """A layer-group model (`simulate_spec`): the same trace and scheduler arguments."""
+    from kvbench.suites.cli import simulate_spec
+
+    kinds = _kinds(args.cache)
+    simulate_spec.check_spec_args(args, kinds)  # refuse before the trace is made
+    if args.out is not None:
+        raise ConfigError("--out is not written for layer-group models yet: drop --out")
+    if args.mode not in ("event", "token"):
+        raise ConfigError(f"unknown --mode {args.mode!r}; known: event, token")
+    _arrivals_with_burstiness(args)
+    if args.slo_ttft is not None or args.slo_tpot is not None:
+        raise ConfigError(
+            "--slo-ttft / --slo-tpot: goodput of layer-group models is not reported yet"
+        )
+    trace = Trace.read(args.trace) if args.trace else trace_from_args(args)
+    if args.time_scale is not None:
+        trace = time_scaled(trace, args.time_scale)
+    config = SchedulerConfig(
+        max_batched_tokens=args.max_batched_tokens, max_num_seqs=args.max_num_seqs,
+        chunked_prefill=not args.no_chunked_prefill, preemption=args.policy,
+        max_preemptions=args.max_preemptions, batching=args.batching,
+        static_batch_size=args.static_batch_size, mode=args.mode,
+        sample_preemption=args.sample_preemption, max_concurrency=args.max_concurrency or 0,
+    )  # fmt: skip
+    return simulate_spec.run_spec(args, kinds, config, trace)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("simulate", help="replay a workload through the serving engine")
     add_generator_args(p)
     p.add_argument("--trace", default=None, help="replay this trace file instead of generating")
     p.add_argument("--cache", default="paged", help=f"{', '.join(CACHE_KINDS)}, or all")
     p.add_argument("--model", default="llama-2-70b")
+    p.add_argument(
+        "--tp",
+        type=int_range(1, 64),
+        default=1,
+        help="tensor-parallel ranks (layer-group models: mistral-7b, gemma-2-9b)",
+    )
     p.add_argument("--kv-budget", default="42GB")
     p.add_argument("--block-size", type=int_range(1, 1 << 16), default=16)
     p.add_argument("--max-seq-len", type=int_range(1, 1 << 24), default=2048)

@@ -1,0 +1,124 @@
+"""`kvbench simulate --model mistral-7b|gemma-2-9b`: the serving engine over a layer-group
+model (sliding windows, hybrid), optionally tensor parallel (`--tp`).
+
+The cache is `paged.spec_serving.LayerGroupServingCache` (one pool of pages, a block table
+per layer group, windows releasing blocks) holding `--kv-budget` bytes of pages over all
+ranks, with swap space as large as the pool (as `--cache paged` has); the time model
+prices attention per layer group (`paged.serving.attention_layout`) on `--profile`, with
+weights, KV heads and FLOPs divided over `--tp` ranks and two all-reduces per layer.
+
+Refused by name: other cache kinds (contiguous and static caches of layer-group models
+are not modeled), prefix caching (the layer-group cache has none: pass
+--no-prefix-caching), a --tp that does not divide the KV heads, and encoder-decoder
+presets (the encoder's own pass is not priced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from kvbench.paged.serving.attention_layout import AttentionLayout
+from kvbench.paged.serving.engine import Engine
+from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
+from kvbench.paged.spec_serving import LayerGroupServingCache, spec_serving_cache
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.geometry import KVGeometry, parse_bytes
+from kvbench.workloads.kv_spec import ModelKVSpec
+from kvbench.workloads.profiles import get_profile
+from kvbench.workloads.spec_presets import get_spec_preset, spec_preset_names
+from kvbench.workloads.trace import Trace
+
+
+@dataclass(frozen=True)
+class SpecModelFacts:
+    """What the time model needs beyond the KV spec [model cards / config.json]."""
+
+    params: float  # parameters (fp16 weights: 2 bytes each)
+    hidden_size: int  # model width (all-reduce messages)
+    q_heads: int  # query heads per layer (attention FLOPs)
+
+
+#: Mistral-7B-v0.1: 7.24B parameters, hidden 4096, 32 query heads; Gemma-2-9B: 9.24B,
+#: hidden 3584, 16 query heads (their model cards and config.json).
+FACTS = {
+    "mistral-7b": SpecModelFacts(7.24e9, 4096, 32),
+    "gemma-2-9b": SpecModelFacts(9.24e9, 3584, 16),
+}
+
+
+def is_spec_model(name: str) -> bool:
+    """Whether `--model` names a layer-group preset (`workloads.spec_presets`)."""
+    return name.lower() in spec_preset_names()
+
+
+def check_spec_args(args: argparse.Namespace, kinds: tuple[str, ...]) -> ModelKVSpec:
+    """The preset, after refusing by name what this path does not model."""
+    name = args.model.lower()
+    if name not in FACTS:
+        raise ConfigError(
+            f"--model {args.model!r} is an encoder-decoder preset: serving it is not modeled "
+            f"here (the encoder's own pass is not priced); layer-group models served: "
+            f"{', '.join(FACTS)}"
+        )
+    if kinds != ("paged",):
+        raise ConfigError(
+            f"--cache {','.join(kinds)!r}: a layer-group model ({args.model}) is served by the "
+            "paged layer-group cache only (--cache paged); contiguous and static caches of "
+            "windowed models are not modeled"
+        )
+    if not args.no_prefix_caching:
+        raise ConfigError(
+            f"prefix caching of a layer-group model ({args.model}) is not modeled by the "
+            "serving cache: pass --no-prefix-caching"
+        )
+    model = get_spec_preset(name)
+    heads = {g.num_kv_heads for g in model.groups}
+    if any(h % args.tp for h in heads):
+        raise ConfigError(
+            f"--tp {args.tp} does not divide {args.model}'s {sorted(heads)} KV heads per layer"
+        )
+    return model
+
+
+def spec_time_model(model: ModelKVSpec, facts: SpecModelFacts, profile: str, block_size: int,
+                    tp: int) -> TimeModel:  # fmt: skip
+    """The model's step pricing on `profile` over `tp` ranks (module docstring)."""
+    g = model.groups[0]
+    geometry = KVGeometry(model.num_layers, g.num_kv_heads, g.head_dim, g.dtype, facts.q_heads)
+    return TimeModel(
+        get_profile(profile), geometry, int(2 * facts.params), facts.params, block_size,
+        tp=tp, hidden_size=facts.hidden_size, layout=AttentionLayout.from_spec(model),
+        swap_block_bytes=model.page_bytes(block_size),
+    )  # fmt: skip
+
+
+def spec_cache(model: ModelKVSpec, args: argparse.Namespace, prefill_chunk: int) -> LayerGroupServingCache:  # fmt: skip
+    """`--kv-budget` bytes of pages (over all ranks) and as much swap space."""
+    budget = parse_bytes(args.kv_budget, decimal_gb_as_mib=True)
+    return spec_serving_cache(
+        model, budget, args.block_size, max_seq_len=args.max_seq_len, watermark=args.watermark,
+        prefill_chunk=prefill_chunk, swap_bytes=budget,
+    )  # fmt: skip
+
+
+def run_spec(args: argparse.Namespace, kinds: tuple[str, ...], config: SchedulerConfig,
+             trace: Trace) -> int:  # fmt: skip
+    """Simulate `trace` for a layer-group model and print the tables `simulate` prints."""
+    from kvbench.suites.cli.simulate import format_latency, format_table
+
+    model = check_spec_args(args, kinds)
+    tm = spec_time_model(model, FACTS[args.model.lower()], args.profile, args.block_size, args.tp)
+    cache = spec_cache(model, args, config.max_batched_tokens)
+    result = Engine(cache, config, tm).run(trace)
+    result.info.update(cache="paged", policy=config.preemption, profile=args.profile)
+    row = result.summary()
+    sys.stdout.write(
+        f"{len(trace)} requests, model {args.model} ({model.source}), tp {args.tp}, KV budget "
+        f"{args.kv_budget} ({cache.num_blocks:,} pages of {args.block_size} tokens of one "
+        f"layer group), policy {args.policy}, profile {args.profile}; modeled\n"
+    )
+    sys.stdout.write(format_table([row]) + "\n")
+    sys.stdout.write(format_latency([row]) + "\n")
+    return 0
