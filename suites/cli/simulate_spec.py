@@ -17,35 +17,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 
-from kvbench.paged.serving.attention_layout import AttentionLayout
 from kvbench.paged.serving.engine import Engine
-from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
+from kvbench.paged.serving.spec_time import FACTS, spec_time_model
+from kvbench.paged.serving.time_model import SchedulerConfig
 from kvbench.paged.spec_serving import LayerGroupServingCache, spec_serving_cache
 from kvbench.workloads.errors import ConfigError
-from kvbench.workloads.geometry import KVGeometry, parse_bytes
+from kvbench.workloads.geometry import parse_bytes
 from kvbench.workloads.kv_spec import ModelKVSpec
-from kvbench.workloads.profiles import get_profile
 from kvbench.workloads.spec_presets import get_spec_preset, spec_preset_names
 from kvbench.workloads.trace import Trace
-
-
-@dataclass(frozen=True)
-class SpecModelFacts:
-    """What the time model needs beyond the KV spec [model cards / config.json]."""
-
-    params: float  # parameters (fp16 weights: 2 bytes each)
-    hidden_size: int  # model width (all-reduce messages)
-    q_heads: int  # query heads per layer (attention FLOPs)
-
-
-#: Mistral-7B-v0.1: 7.24B parameters, hidden 4096, 32 query heads; Gemma-2-9B: 9.24B,
-#: hidden 3584, 16 query heads (their model cards and config.json).
-FACTS = {
-    "mistral-7b": SpecModelFacts(7.24e9, 4096, 32),
-    "gemma-2-9b": SpecModelFacts(9.24e9, 3584, 16),
-}
 
 
 def is_spec_model(name: str) -> bool:
@@ -80,18 +61,6 @@ def check_spec_args(args: argparse.Namespace, kinds: tuple[str, ...]) -> ModelKV
             f"--tp {args.tp} does not divide {args.model}'s {sorted(heads)} KV heads per layer"
         )
     return model
-
-
-def spec_time_model(model: ModelKVSpec, facts: SpecModelFacts, profile: str, block_size: int,
-                    tp: int) -> TimeModel:  # fmt: skip
-    """The model's step pricing on `profile` over `tp` ranks (module docstring)."""
-    g = model.groups[0]
-    geometry = KVGeometry(model.num_layers, g.num_kv_heads, g.head_dim, g.dtype, facts.q_heads)
-    return TimeModel(
-        get_profile(profile), geometry, int(2 * facts.params), facts.params, block_size,
-        tp=tp, hidden_size=facts.hidden_size, layout=AttentionLayout.from_spec(model),
-        swap_block_bytes=model.page_bytes(block_size),
-    )  # fmt: skip
 
 
 def spec_cache(model: ModelKVSpec, args: argparse.Namespace, prefill_chunk: int) -> LayerGroupServingCache:  # fmt: skip

@@ -42,8 +42,8 @@ from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.kv_spec import ModelKVSpec
 
-#: Parameter counts [model cards: Mistral-7B-v0.1 7.24B, Gemma-2-9B 9.24B]; fp16 weights.
-PARAMS = {"mistral-7b": 7.24e9, "gemma-2-9b": 9.24e9}
+#: The models (parameters, width, query heads: `paged.serving.spec_time.FACTS`).
+MODELS = ("mistral-7b", "gemma-2-9b")
 #: KV budget: what an A100-80GB leaves after the weights, rounded down (both models).
 KV_BUDGET = 40 * 2**30
 PROFILE = "a100-80gb"
@@ -102,7 +102,7 @@ def _cases(full: bool) -> list[Case]:
             "duration_s": DURATION[t],
         }
         for t in ("sharegpt", "mooncake")
-        for m in PARAMS
+        for m in MODELS
         for a in _layouts(m)
     ]
 
@@ -126,11 +126,9 @@ def _trace(name: str, n: int, seed: int):  # type: ignore[no-untyped-def]
 
 def _setup(case: Case):  # type: ignore[no-untyped-def]
     """(model spec, a fresh cache, the time model, the scheduler config) of a case."""
-    from kvbench.paged.serving.attention_layout import AttentionLayout
-    from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
+    from kvbench.paged.serving.spec_time import FACTS, spec_time_model
+    from kvbench.paged.serving.time_model import SchedulerConfig
     from kvbench.paged.spec_serving import spec_serving_cache
-    from kvbench.workloads.geometry import KVGeometry
-    from kvbench.workloads.profiles import get_profile
 
     layouts = _layouts(case["model"])
     if case["attention"] not in layouts:
@@ -140,13 +138,7 @@ def _setup(case: Case):  # type: ignore[no-untyped-def]
         )
     model = layouts[case["attention"]]
     cfg = SchedulerConfig(preemption="recompute")
-    g = model.groups[0]
-    params = PARAMS[case["model"]]
-    geometry = KVGeometry(model.num_layers, g.num_kv_heads, g.head_dim, g.dtype)
-    tm = TimeModel(
-        get_profile(case["profile"]), geometry, int(2 * params), params, BLOCK_SIZE,
-        layout=AttentionLayout.from_spec(model),
-    )  # fmt: skip
+    tm = spec_time_model(model, FACTS[case["model"]], case["profile"], BLOCK_SIZE, 1)
 
     def cache():  # type: ignore[no-untyped-def]
         return spec_serving_cache(

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
+from kvbench.paged.serving.spec_time import FACTS, spec_time_model
 from kvbench.suites.cli import main
-from kvbench.suites.cli.simulate_spec import FACTS, spec_time_model
 from kvbench.workloads.spec_presets import get_spec_preset
 
 ARGS = ["simulate", "--workload", "sharegpt", "--requests", "60", "--quiet",
