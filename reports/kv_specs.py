@@ -162,7 +162,8 @@ def summary_table(frame: pd.DataFrame) -> DerivedTable | None:
         "steps, x the page's bytes (a page: 16 tokens of one layer group); saved = 1 - "
         "windowed / full. Peak concurrency and burst throughput: every request arriving "
         "at t = 0. Sustained rate: the highest Poisson rate whose mean normalized latency "
-        "stays under 10 x the model's one-token decode step; '≥': the search reached the "
+        "stays under 10 x the model's one-token decode step, found by geometric bisection "
+        "to 10% (rates closer than that are not told apart); '≥': the search reached the "
         "most the trace slice offers (requests / arrival window), a lower bound.",
         [
             "trace [requests]",
