@@ -201,3 +201,23 @@ def test_sliding_window_step_without_excess_prices_one_decoder_exactly() -> None
     tm = _time_model(MODELS["hybrid_two_windows"])  # windows 37 and 200
     for c1 in (1, 37, 38, 150, 500):
         assert tm.decode_ps(c1) == tm.step_ps(1, c1, (), [max(0, c1 - 37), max(0, c1 - 200)])
+
+
+@pytest.mark.parametrize("sharing", ["parallel", "beam"])
+def test_sliding_window_hybrid_forks_and_beams_time_event_as_token(sharing: str) -> None:
+    """n-sample forks and beam groups (which advance their lines outside the decode
+    phase) keep the per-window aggregates right: event mode times as token mode, with
+    the invariants checked after every step."""
+    model = MODELS["hybrid_two_windows"]  # windows 37 and 200 and a full layer
+    tm = _time_model(model)
+    base = generate("sharegpt", 30, seed=9, sharing=sharing, n=3, beam_width=3)
+    reqs = tuple(
+        dataclasses.replace(r, arrival=i * 0.001, prompt_len=min(r.prompt_len, 200),
+                            output_len=min(r.output_len, 120))
+        for i, r in enumerate(base.requests)
+    )  # fmt: skip
+    trace = Trace(reqs, base.meta)
+    event = _engine(model, tm, "event", 700).run(trace)
+    token = _engine(model, tm, "token", 700).run(trace)
+    assert event.decisions() == token.decisions()
+    assert event.modeled_seconds == token.modeled_seconds
