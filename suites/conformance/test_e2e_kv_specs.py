@@ -182,6 +182,8 @@ def test_shared_prefix_hits_match_hf(label: str, model, block_size: int) -> None
     assert first["aligned"] < len(run.expect["aligned"][0]), "the last token was not recomputed"
     if "other-encoder" in first:
         assert first["other-encoder"] == 0, "a request with another encoder input hit"
+    if label in WINDOWED:  # a hit past the window: its table starts with released entries
+        assert run.runner.adapter.hits_past_window > 0
     check_paged(cache)
 
 
@@ -376,3 +378,29 @@ def test_runner_rejects_bad_configuration(label: str, model) -> None:
     with pytest.raises(ConfigError, match="encoder"):
         runner.submit(wrong)
     assert not runner.has_work() and cache.request_ids() == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_triton_kernels_hybrid_gemma2_match_hf(monkeypatch) -> None:
+    """The smallest hybrid case with Triton kernels under the interpreter everywhere: the
+    cache's writes and copy-on-write, the windowed and full prefill of the write pass, the
+    windowed and full decode of the read pass (a fork; prompts past the window)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from kvbench.suites.e2e.llama_runner import GenerationRequest
+    from kvbench.suites.e2e.spec_runner import SpecCacheRunner
+
+    model = build_spec_model(sc.spec_of("hybrid-gemma2"))
+    cache = sc.make_cache(model, 4, 64)
+    ps = sc.prompts(41, [5, 11], model.config.vocab_size)
+    top = torch.topk(sc.hf(model, ps[0], None)[-1], 2).indices.tolist()
+    reqs = [
+        GenerationRequest("a", ps[0], 3, branch_tokens=tuple(top)),
+        GenerationRequest("b", ps[1], 3),
+    ]
+    runner = SpecCacheRunner(model, cache, kernel_backend="triton")
+    results = runner.run(reqs)
+    expect: sc.Expect = {("a", j): (ps[0], t, None) for j, t in enumerate(top)}
+    expect["b"] = (ps[1], None, None)
+    assert_matches_hf(model, sc.Run(results, expect, runner))
+    assert runner.adapter.max_released > 0
+    check_paged(cache)

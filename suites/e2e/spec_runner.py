@@ -77,6 +77,8 @@ class GroupCacheAdapter:
         self.max_released = 0
         #: Admissions that wrote cross-attention blocks.
         self.cross_admissions = 0
+        #: Admissions whose prefix hit left released (-1) entries before a window.
+        self.hits_past_window = 0
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -109,7 +111,19 @@ class GroupCacheAdapter:
         hit = self.inner.admit(request_id, encoder_kv, prompt=list(tokens), salt=salt)
         if encoder_kv:
             self.cross_admissions += 1
+        if hit and self._released(request_id):
+            self.hits_past_window += 1
         return hit
+
+    def _released(self, request_id: Hashable) -> int:
+        """Released (-1) entries in the request's self-attention tables (paged only)."""
+        if not hasattr(self.inner, "block_table"):
+            return 0
+        return sum(
+            b == NULL_BLOCK
+            for g in self._self_groups
+            for b in self.inner.block_table(request_id, g)
+        )
 
     def append(
         self,
@@ -123,13 +137,7 @@ class GroupCacheAdapter:
             idx = self._index[g].to(keys.device)
             kv.append((keys.index_select(0, idx), values.index_select(0, idx)))
         self.inner.append(request_id, kv, token_ids)
-        if hasattr(self.inner, "block_table"):
-            released = sum(
-                b == NULL_BLOCK
-                for g in self._self_groups
-                for b in self.inner.block_table(request_id, g)
-            )
-            self.max_released = max(self.max_released, released)
+        self.max_released = max(self.max_released, self._released(request_id))
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         self.inner.fork(parent_id, child_id)
