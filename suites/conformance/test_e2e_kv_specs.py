@@ -33,7 +33,8 @@ import importlib.util
 import pytest
 import torch
 
-from kvbench.paged.layer_groups import LayerGroupsPagedCache
+from kvbench.kernels.validation import IndexRangeError
+from kvbench.paged.layer_groups import NULL_BLOCK, LayerGroupsPagedCache
 from kvbench.reference.oracle import relative_error
 from kvbench.suites.e2e import spec_checks as sc
 from kvbench.suites.e2e.llama_forward import pack
@@ -41,6 +42,7 @@ from kvbench.suites.e2e.spec_attention import GroupNativeAttention, GroupOracleA
 from kvbench.suites.e2e.spec_forward import LayerMap, spec_forward
 from kvbench.suites.e2e.spec_models import build_spec_model, model_kv_spec
 from kvbench.workloads.kv_spec import KVCacheSpec, LayerGroup, ModelKVSpec
+from kvbench.workloads.spec_capacity import first_kept_position
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None,
@@ -288,6 +290,29 @@ def test_broken_setup_is_caught(broken_label: str, name: str) -> None:
     run = BROKEN[broken_label][name](model)
     result = sc.compare(model, run.results, run.expect)
     assert result.problems, f"the broken setup {name!r} went unnoticed"
+
+
+class EarlyReleaseCache(LayerGroupsPagedCache):
+    """A windowed group that releases blocks one position too early (the release rule's
+    off-by-one): the block holding the newest query's first window position is dropped."""
+
+    def _plan(self, group, table, n):  # type: ignore[no-untyped-def]
+        release, cow, new = super()._plan(group, table, n)
+        spec = self.model.groups[group].spec
+        if spec.window is None:
+            return release, cow, new
+        keep = first_kept_position(spec, table.seq_len) + 1
+        bs = self.block_size
+        early = [j for j, b in enumerate(table.blocks) if b != NULL_BLOCK and (j + 1) * bs <= keep]
+        return early, cow, new
+
+
+def test_sliding_window_release_one_position_early_is_caught() -> None:
+    """The kernels' index check names the released block a window still reads."""
+    model = build_spec_model(sc.spec_of("sliding_window-mistral"))
+    cache = sc.make_cache(model, 4, 512, paged_cls=EarlyReleaseCache)
+    with pytest.raises(IndexRangeError, match="block -1"):
+        sc.ragged(model, cache)
 
 
 def test_every_model_kind_has_a_broken_setup() -> None:
