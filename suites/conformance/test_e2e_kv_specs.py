@@ -213,6 +213,22 @@ def test_preemption_mid_decode_matches_hf(label: str, model, mode: str) -> None:
     check_paged(cache)
 
 
+def test_hybrid_qwen2_max_window_layers_matches_hf() -> None:
+    """Qwen2 with `max_window_layers`: layers 0-1 full, 2-3 windowed (window 6), served as
+    two groups; a ragged batch and chunked prefill at block size 4."""
+    from kvbench.suites.e2e.spec_models import TinySpecModel
+
+    model = build_spec_model(TinySpecModel("qwen2", num_layers=4, window=6, seed=3))
+    spec = model_kv_spec(model)
+    assert [(g.spec.window, g.layer_ids) for g in spec.groups] == [(None, (0, 1)), (6, (2, 3))]
+    for chunk in (None, 5):
+        cache = sc.make_cache(model, 4, 512)
+        run = sc.ragged(model, cache, prefill_chunk=chunk)
+        assert_matches_hf(model, run)
+        assert run.runner.adapter.max_released > 0
+        check_paged(cache)
+
+
 # --------------------------------------------------------------------------- broken setups
 def _regroup(spec: ModelKVSpec, groups: list[LayerGroup]) -> ModelKVSpec:
     return ModelKVSpec(spec.name + " (broken)", tuple(groups), spec.source)

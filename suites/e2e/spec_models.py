@@ -11,6 +11,8 @@ downloaded), float32, CPU, eager attention, fixed seeds:
   head_dim fails) and a tanh soft-cap of the final logits; attention-score soft-capping
   is off (`attn_logit_softcapping=None`): the paged kernels cannot apply it, so the
   runner refuses a model that sets it (see `spec_forward.check_spec_supported`);
+* Qwen2 with `use_sliding_window` and `max_window_layers` (the first layers full, the
+  rest windowed: a hybrid read from a config without `layer_types`' own spelling);
 * Whisper (encoder-decoder): a log-mel encoder whose output the decoder's
   cross-attention reads; the decoder's self-attention is paged, the cross-attention KV is
   written once at admission.
@@ -34,7 +36,7 @@ from kvbench.workloads.hf_spec import model_spec_from_hf_config
 from kvbench.workloads.kv_spec import ModelKVSpec
 
 #: The architectures built here (keys of `build_spec_model`).
-KINDS = ("mistral", "gemma2", "whisper")
+KINDS = ("mistral", "gemma2", "whisper", "qwen2")
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,16 @@ def make_config(spec: TinySpecModel, **overrides):  # -> transformers.Pretrained
         return transformers.MistralConfig(
             **{**_common(spec), "sliding_window": spec.window, **overrides}
         )
+    if spec.kind == "qwen2":  # the first half of the layers full, the rest windowed
+        return transformers.Qwen2Config(
+            **{
+                **_common(spec),
+                "use_sliding_window": True,
+                "sliding_window": spec.window,
+                "max_window_layers": spec.num_layers // 2,
+                **overrides,
+            }
+        )
     if spec.kind == "gemma2":
         return transformers.Gemma2Config(
             **{
@@ -136,6 +148,7 @@ def random_model(config, seed: int):  # -> transformers.PreTrainedModel
 
     cls = {
         "mistral": transformers.MistralForCausalLM,
+        "qwen2": transformers.Qwen2ForCausalLM,
         "gemma2": transformers.Gemma2ForCausalLM,
         "whisper": transformers.WhisperForConditionalGeneration,
     }.get(config.model_type)
