@@ -109,6 +109,22 @@ def test_kv_spec_read_from_the_hf_config(label: str, model) -> None:
         ]
 
 
+@pytest.mark.parametrize("windowed", WINDOWED)
+def test_the_oracle_agrees_with_hf_generate(windowed: str) -> None:
+    """The oracle (HF's forward over the whole sequence, its masks) decodes what HF's own
+    `generate` does with its own KV cache (its sliding-window layers keep only the window):
+    the same greedy tokens past the window, logits within the tolerance. (Whisper's
+    generate adds task and timestamp logic of its own, so it is not used as an oracle.)"""
+    from kvbench.suites.e2e.tiny_llama import hf_greedy
+
+    model = build_spec_model(sc.spec_of(windowed))
+    prompt = sc.prompts(7, [9], model.config.vocab_size)[0]
+    gen = hf_greedy(model, prompt, 12)
+    full = sc.hf(model, (*prompt, *gen.tokens[:-1]), None)[len(prompt) - 1 :]
+    assert tuple(int(t) for t in full.argmax(-1)) == gen.tokens
+    assert relative_error(full, gen.logits) <= sc.LOGIT_TOL
+
+
 @pytest.mark.parametrize("engine", ["oracle", "native"])
 def test_forward_matches_hf_forward_on_every_position(label: str, model, engine: str) -> None:
     """The packed forward (HF modules, layer-group attention) equals HF's forward at every
