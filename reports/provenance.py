@@ -56,6 +56,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "serving.rate": (MODELED,),
     "serving.kv_dtype": (MODELED, CLOSED_FORM),
     "e2e.llama_fp8": (MEASURED,),
+    "e2e.kv_specs": (MEASURED,),
     "serving.measured": (MEASURED, MODELED),
     "cow.parallel_sampling": (COUNTED,),
     "cow.beam_search": (COUNTED,),

@@ -5,6 +5,7 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     calibration,
     capacity,
     e2e_fp8,
+    e2e_kv_specs,
     kernels,
     kernels_fp8,
     kv_specs,

@@ -210,6 +210,58 @@ class _NativePlan:
         )
 
 
+def native_plan(
+    batch: PackedBatch, tables: list[list[int]], block_size: int, pool_blocks: int
+) -> _NativePlan:
+    """The block tables and slots of one step of `batch` over a pool of `pool_blocks`
+    blocks whose requests hold `tables` (one list per request, logical -> physical; a
+    released entry, -1, may precede a sliding window and is passed on as is): tokens past
+    a request's blocks go to scratch blocks numbered from `pool_blocks` on, and a partial
+    block shared by several writers of the batch gets a private scratch copy per writer.
+    `tables` is modified."""
+    bs, pool = block_size, pool_blocks
+    totals = [c + n for c, n in zip(batch.cached, batch.lengths, strict=True)]
+    scratch = 0
+    copies: list[tuple[int, int]] = []
+    writers: dict[int, int] = {}
+    for b, table in enumerate(tables):
+        first = batch.cached[b]
+        for i in range(first // bs, -(-totals[b] // bs)):
+            if i < len(table):
+                writers[table[i]] = writers.get(table[i], 0) + 1
+    for b, table in enumerate(tables):
+        first = batch.cached[b]
+        need = -(-totals[b] // bs)
+        idx = first // bs
+        if first % bs and idx < len(table) and writers[table[idx]] > 1:
+            copies.append((table[idx], pool + scratch))  # copy-on-write, engine side
+            table[idx] = pool + scratch
+            scratch += 1
+        while len(table) < need:
+            table.append(pool + scratch)
+            scratch += 1
+        del table[need:]
+    slots = [
+        tables[b][p // bs] * bs + p % bs
+        for b in range(len(tables))
+        for p in range(batch.cached[b], totals[b])
+    ]
+    width = max(len(t) for t in tables)
+    tt = torch.zeros((len(tables), width), dtype=torch.int32)
+    for b, t in enumerate(tables):
+        tt[b, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    return _NativePlan(
+        tt,
+        torch.tensor(totals, dtype=torch.int32),
+        torch.tensor([0, *batch.starts[1:], sum(batch.lengths)], dtype=torch.int32),
+        torch.tensor(slots, dtype=torch.int64),
+        max(totals),
+        max(batch.lengths),
+        scratch,
+        copies,
+    )
+
+
 class PagedNativeAttention:
     """kvbench's paged kernels reading a paged cache's own pool and block tables.
 
@@ -245,48 +297,8 @@ class PagedNativeAttention:
         self._plan: tuple[PackedBatch, _NativePlan] | None = None
 
     def _make_plan(self, batch: PackedBatch) -> _NativePlan:
-        bs, pool = int(self.cache.block_size), int(self.cache.num_blocks)
         tables = [list(self.cache.block_table(rid)) for rid in batch.request_ids]
-        totals = [c + n for c, n in zip(batch.cached, batch.lengths, strict=True)]
-        scratch = 0
-        copies: list[tuple[int, int]] = []
-        writers: dict[int, int] = {}
-        for b, table in enumerate(tables):
-            first = batch.cached[b]
-            for i in range(first // bs, -(-totals[b] // bs)):
-                if i < len(table):
-                    writers[table[i]] = writers.get(table[i], 0) + 1
-        for b, table in enumerate(tables):
-            first = batch.cached[b]
-            need = -(-totals[b] // bs)
-            idx = first // bs
-            if first % bs and idx < len(table) and writers[table[idx]] > 1:
-                copies.append((table[idx], pool + scratch))  # copy-on-write, engine side
-                table[idx] = pool + scratch
-                scratch += 1
-            while len(table) < need:
-                table.append(pool + scratch)
-                scratch += 1
-            del table[need:]
-        slots = [
-            tables[b][p // bs] * bs + p % bs
-            for b in range(len(tables))
-            for p in range(batch.cached[b], totals[b])
-        ]
-        width = max(len(t) for t in tables)
-        tt = torch.zeros((len(tables), width), dtype=torch.int32)
-        for b, t in enumerate(tables):
-            tt[b, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        return _NativePlan(
-            tt,
-            torch.tensor(totals, dtype=torch.int32),
-            torch.tensor([0, *batch.starts[1:], sum(batch.lengths)], dtype=torch.int32),
-            torch.tensor(slots, dtype=torch.int64),
-            max(totals),
-            max(batch.lengths),
-            scratch,
-            copies,
-        )
+        return native_plan(batch, tables, int(self.cache.block_size), int(self.cache.num_blocks))
 
     def __call__(
         self, batch: PackedBatch, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -374,10 +386,12 @@ _UNMODELED_CONFIG = (
 )
 
 
-def check_supported(model) -> None:
+def check_supported(model, *, allow_sliding_window: bool = False) -> None:
     """Refuse (ConfigError, naming it) a model this forward would decode wrongly: an
-    unsupported model type, a submodule it does not run, a sliding attention window, or
-    a config field that changes attention or the logits."""
+    unsupported model type, a submodule it does not run, a sliding attention window
+    (unless `allow_sliding_window`: the layer-group runner's attention applies each
+    group's window, `suites/e2e/spec_runner.py`), or a config field that changes
+    attention or the logits."""
     cfg = model.config
     model_type = getattr(cfg, "model_type", None)
     inner = model.model
@@ -396,8 +410,9 @@ def check_supported(model) -> None:
     window = getattr(cfg, "sliding_window", None)
     uses_window = getattr(cfg, "use_sliding_window", True)
     layer_types = getattr(cfg, "layer_types", None) or []
-    if (window is not None and uses_window is not False) or any(
-        t != "full_attention" for t in layer_types
+    if not allow_sliding_window and (
+        (window is not None and uses_window is not False)
+        or any(t != "full_attention" for t in layer_types)
     ):
         raise ConfigError(
             f"{model_type} model: sliding-window attention (sliding_window={window!r}, "
@@ -421,13 +436,14 @@ def check_supported(model) -> None:
 class LlamaForward:
     """The HF Llama's layers run on a packed ragged batch with kvbench attention.
 
-    Refuses (ConfigError) a model it would decode wrongly: see `check_supported`.
+    Refuses (ConfigError) a model it would decode wrongly: see `check_supported`
+    (`allow_sliding_window`: the attention engine applies the windows).
     """
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, *, allow_sliding_window: bool = False) -> None:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        check_supported(model)
+        check_supported(model, allow_sliding_window=allow_sliding_window)
         self.model = model
         self._rotary = apply_rotary_pos_emb
         cfg = model.config

@@ -75,6 +75,7 @@ class GenerationRequest:
     salt: str | None = None
     branch_tokens: tuple[int, ...] | None = None
     forced_tokens: tuple[int, ...] | None = None
+    encoder_input: torch.Tensor | None = None
 
 
 @dataclass
@@ -174,27 +175,15 @@ class LlamaCacheRunner:
             raise ConfigError(f"prefill_chunk must be >= 1 or None, got {prefill_chunk!r}")
         if preemption not in PREEMPTION_MODES:
             raise ConfigError(f"unknown preemption {preemption!r}; known: {PREEMPTION_MODES}")
-        self.forward = LlamaForward(model)
+        self.forward = self._make_forward(model)
         self.cache = cache
-        g = cache.geometry
-        if (g.num_layers, g.num_kv_heads, g.head_dim) != (
-            len(model.model.layers),
-            self.forward.num_kv_heads,
-            self.forward.head_dim,
-        ):
-            raise ConfigError(f"cache geometry {g} does not match the model")
+        self._check_cache(model, cache)
         if isinstance(write_attention, str):
-            if write_attention == "oracle":
-                write_attention = OracleAttention(self.forward.scale)
-            elif write_attention == "native":
-                write_attention = PagedNativeAttention(cache, self.forward.scale, kernel_backend)
-            elif write_attention == "kernels":
-                bs = block_size or int(getattr(cache, "block_size", 16))
-                write_attention = KernelAttention(bs, self.forward.scale, kernel_backend)
-            else:
-                raise ConfigError(f"unknown write attention {write_attention!r}")
+            write_attention = self._make_write_attention(
+                write_attention, block_size, kernel_backend
+            )
         self.write_attention = write_attention
-        self.read_attention = CacheAttention(cache, self.forward.scale)
+        self.read_attention = self._make_read_attention(kernel_backend)
         self.preemption = preemption
         self.read_via_cache = read_via_cache
         self.prefill_chunk = prefill_chunk
@@ -205,6 +194,40 @@ class LlamaCacheRunner:
         self._swapped: deque[_Seq] = deque()
         self._running: list[_Seq] = []
         self._finished: dict[RequestId, _Seq] = {}
+
+    # ------------------------------------------------------------------ construction hooks
+    # (the layer-group runner, suites/e2e/spec_runner.py, overrides these four)
+    def _make_forward(self, model) -> LlamaForward:
+        """The model's forward on a packed batch."""
+        return LlamaForward(model)
+
+    def _check_cache(self, model, cache: KVCache) -> None:
+        """ConfigError unless the cache's KV geometry is the model's."""
+        g = cache.geometry
+        if (g.num_layers, g.num_kv_heads, g.head_dim) != (
+            len(model.model.layers),
+            self.forward.num_kv_heads,
+            self.forward.head_dim,
+        ):
+            raise ConfigError(f"cache geometry {g} does not match the model")
+
+    def _make_write_attention(
+        self, name: str, block_size: int | None, kernel_backend: str | None
+    ) -> Attention:
+        """The write pass's attention engine named `name` (see the class docstring)."""
+        cache = self.cache
+        if name == "oracle":
+            return OracleAttention(self.forward.scale)
+        if name == "native":
+            return PagedNativeAttention(cache, self.forward.scale, kernel_backend)
+        if name == "kernels":
+            bs = block_size or int(getattr(cache, "block_size", 16))
+            return KernelAttention(bs, self.forward.scale, kernel_backend)
+        raise ConfigError(f"unknown write attention {name!r}")
+
+    def _make_read_attention(self, kernel_backend: str | None) -> Attention:
+        """The read pass's attention: decode through the cache under test."""
+        return CacheAttention(self.cache, self.forward.scale)
 
     # ------------------------------------------------------------------ submission
     def submit(self, request: GenerationRequest) -> None:
