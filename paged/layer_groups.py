@@ -10,7 +10,8 @@ request's groups at once (all or nothing), as vLLM's hybrid KV cache manager doe
   entry becomes `NULL_BLOCK`);
 * cross-attention: ceil(encoder_len / block_size) blocks allocated and written once at
   admission from the encoder's K/V, read-only, shared by forks, freed with the request,
-  never prefix-cached.
+  never prefix-cached; the self-attention blocks of such a model are prefix-cached under
+  keys that include a digest of the encoder K/V (`_prefix_salt`).
 
 Storage: the groups share one K and one V tensor `[layers_per_group, num_blocks,
 block_size, num_kv_heads, head_dim]` (a page is one block of one group: every group has
@@ -29,6 +30,7 @@ This class implements `reference.contract.LayerGroupsKVCache`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -184,6 +186,7 @@ class LayerGroupsPagedCache:
             self._check_kv(kv, f"encoder K/V of group {gi}", length)
             need += blocks_for_tokens(length or 0, self.block_size)
         hit = None
+        salt = self._prefix_salt(salt, encoder_kv)
         if self.index is not None and prompt is not None:
             hit = self.index.lookup(prompt, salt)
             revived = {b for t in hit.tables.values() for b in t if b != NULL_BLOCK}
@@ -211,6 +214,19 @@ class LayerGroupsPagedCache:
             self._write(tables[gi], kv, n)
         self._requests[request_id] = tables
         return hit.tokens if hit is not None else 0
+
+    def _prefix_salt(self, salt: str | None, encoder_kv: Sequence[KV]) -> str | None:
+        """The salt prefix-cache keys use: `salt`, plus for a model with cross-attention a
+        sha-256 digest of the request's encoder K/V. From the second decoder layer on, a
+        token's self-attention K/V depend on the encoder output, so two requests with one
+        decoder prompt but different encoder outputs must never share blocks."""
+        if not encoder_kv or self.index is None:
+            return salt
+        digest = hashlib.sha256()
+        for k, v in encoder_kv:
+            for t in (k, v):
+                digest.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        return f"{salt or ''}|encoder-kv {digest.hexdigest()}"
 
     def _plan(self, group: int, table: GroupTable, n: int) -> tuple[list[int], bool, int]:
         """(logical blocks to release, copy-on-write of the last block?, new blocks)."""

@@ -293,10 +293,19 @@ def _wrong_cross_block(model) -> sc.Run:
     return sc.ragged(model, cache)
 
 
+class TokensOnlyKeysCache(LayerGroupsPagedCache):
+    """Broken on purpose: prefix-cache keys from decoder tokens and salt only, without
+    the digest of the encoder K/V the real cache adds."""
+
+    def _prefix_salt(self, salt, encoder_kv):
+        return salt
+
+
 def _encoder_not_keyed(model) -> sc.Run:
-    """Prefix caching keyed by decoder tokens only: `other-encoder` hits the first
-    request's self-attention blocks, computed under another encoder output."""
-    cache = sc.make_cache(model, 4, 512)
+    """Prefix caching keyed by decoder tokens only (neither the cache nor the runner adds
+    the encoder's digest): `other-encoder` hits the first request's self-attention
+    blocks, computed under another encoder output."""
+    cache = sc.make_cache(model, 4, 512, paged_cls=TokensOnlyKeysCache)
     run = sc.prefix(model, cache, 4, key_encoder=False)
     assert run.runner.stats.hits["other-encoder"][0] > 0
     return run

@@ -317,6 +317,30 @@ def test_cross_attention_blocks_are_written_once_and_shared_by_forks() -> None:
     assert cache.num_free_blocks == 10
 
 
+def test_cross_attention_prefix_hits_need_the_same_encoder_output() -> None:
+    """From the second decoder layer on, self-attention K/V depend on the encoder
+    output: one decoder prompt under another encoder output must not hit; under the
+    same encoder output (and salt) it hits its whole blocks."""
+    model = _model([KVCacheSpec.full(), KVCacheSpec.cross_attention(3)])
+    cache = LayerGroupsPagedCache(model, num_blocks=40, block_size=2, enable_prefix_caching=True)
+    prompt = [5, 6, 7, 8, 9]
+    enc = torch.randn((LAYERS, 3, HEADS, DIM))
+    other = enc.clone()
+    other[0, 0, 0, 0] += 1.0  # one element differs
+
+    def run(rid: str, encoder: torch.Tensor, salt: str | None = None) -> int:
+        hit = cache.admit(rid, [(encoder, encoder)], prompt=prompt, salt=salt)
+        k = torch.randn((LAYERS, len(prompt) - hit, HEADS, DIM))
+        cache.append(rid, [(k, k)])
+        return hit
+
+    assert run("a", enc) == 0  # cold
+    assert run("other-encoder", other) == 0
+    assert run("same-encoder", enc) == 4  # two whole blocks of 2 (the last token is computed)
+    assert run("same-encoder-other-salt", enc, salt="x") == 0
+    cache.check()
+
+
 def test_groups_of_different_shapes_are_refused() -> None:
     groups = (
         LayerGroup(KVCacheSpec.full(), 2, 2, 8, "float32"),

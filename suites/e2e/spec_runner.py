@@ -19,9 +19,10 @@ Prefix caching of an encoder-decoder: a decoder token's self-attention K/V depen
 the encoder output from the second decoder layer on (layer 1 reads the hidden state
 after layer 0's cross-attention), so two requests with the same decoder prompt and
 different encoder inputs must not share self-attention blocks. The layer-group cache
-keys blocks by token ids and salt only, so the adapter adds a digest of the encoder
-input (sha-256 of its bytes) to the salt (`key_encoder=True`, the default; False exists
-to show the e2e check catches the wrong hits).
+adds a digest of the encoder K/V to its prefix-cache keys itself; the adapter also adds
+a digest of the encoder input (sha-256 of its bytes) to the salt (`key_encoder=True`, the
+default; False together with a cache that keys by tokens only shows the e2e check
+catches the wrong hits).
 """
 
 from __future__ import annotations
