@@ -28,14 +28,15 @@ ROWS: tuple[tuple[str, str, str, float, str], ...] = (
     ("fitted_bandwidth", "bandwidth", "GB/s", 1e-9,
      "fitted to the fit runs' steps, bounded by the copy peak below"),
     ("copy_peak_measured", "copy peak (64 MiB, beyond the LLC)", "GB/s", 1e-9,
-     "measured here, same process (fastest of 9; bytes read + written)"),
+     "measured here, same process (fastest of 45: five bursts of 9, before the fit runs "
+     "and after each; bytes read + written)"),
     ("llc_copy_peak_measured", "copy peak (buffer within the LLC)", "GB/s", 1e-9,
      "measured here, same process (fastest of 21): shown, not a bound (the steps' "
      "working set, weights + KV, exceeds what streams at this rate on a shared LLC)"),
     ("fitted_flops", "FLOP/s", "GFLOP/s", 1e-9,
      "fitted to the fit runs' steps, bounded by the FMA peak below"),
     ("fma_peak_measured", "FMA peak (512^3 float32 matmul)", "GFLOP/s", 1e-9,
-     "measured here, same process (fastest of 9)"),
+     "measured here, same process (fastest of 45, in the same bursts as the copy peak)"),
     ("fit_step_error_mean", "fit-set mean |per-step error|", "%", 1e2,
      "the fitted model on the steps it was fitted to"),
     ("fit_steps", "fit steps", "steps", 1.0, "counted"),
@@ -59,10 +60,10 @@ def calibration_table(frame: pd.DataFrame) -> DerivedTable | None:
         return None
     table = DerivedTable(
         "CPU calibration: the step-time model's coefficients and their sources",
-        "step seconds = fixed + max(bytes read / bandwidth, FLOPs / FLOP/s), bytes = the "
+        "step seconds = h x (fixed + max(bytes read / bandwidth, FLOPs / FLOP/s)), bytes = the "
         "weights once + each sequence's own KV tokens (paged and contiguous alike, read in "
-        "place), scaled per step by the host speed measured beside it (the step's two "
-        "bracketing empty calls over their fit-set median); fitted on separate runs (paged, "
+        "place), h = the host speed measured beside each step (the mean of its two "
+        "bracketing empty calls over their fit-set median; measured, never fitted); fitted on separate runs (paged, "
         "batches 1 / 6 / 24 and Poisson 8 req/s), judged on every other case's steps (held "
         "out: their step_error_mean; without the empty calls: step_error_mean_constant).",
         ["quantity", "value", "unit", "source"],
