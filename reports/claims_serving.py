@@ -107,10 +107,24 @@ def _calibration(frame: pd.DataFrame) -> Verdict:
         "step-time model with the CPU coefficients fitted to separate measured runs, priced "
         "on every step of the serving.measured cases (measured here); worst case "
         f"{_pct(float(worst['value']))}; bandwidth and FLOP/s bounded by the copy and FMA "
-        "peaks measured in the same run. Modeled GPU figures use coefficients fitted to "
+        "peaks measured in the same run; each step priced at the host speed measured beside "
+        "it (its bracketing empty calls over their fit-set median; runs since the empty "
+        f"calls){_constant_text(frame)}. Modeled GPU figures use coefficients fitted to "
         "measured GPU operator profiles (`kvbench calibrate gpu`), not these: this bounds "
         "the model's form, not the GPU figures' inputs.",
     )
+
+
+def _constant_text(frame: pd.DataFrame) -> str:
+    """The held-out error without the empty calls (the constant fit, paired on the same
+    steps), step-weighted as the claim's; '' for runs before it existed."""
+    err = _rows(frame, "serving.measured", "step_error_mean_constant")
+    steps = _rows(frame, "serving.measured", "steps_timed")
+    if err.empty or steps.empty:
+        return ""
+    both = err.merge(steps[["case_key", "value"]], on="case_key", suffixes=("", "_steps"))
+    held = float((both["value"] * both["value_steps"]).sum() / both["value_steps"].sum())
+    return f"; without them (constant fit, same steps) {_pct(held)}"
 
 
 def _ratio_text(ratios: pd.DataFrame, column: str) -> str:

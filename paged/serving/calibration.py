@@ -12,6 +12,24 @@ absolute relative per-step error, by Nelder-Mead on their logarithms from a star
 fits a plain least-squares line; `step_errors` reports the error of any profile on any
 steps, so a fit can be judged on steps it never saw (held-out runs).
 
+Host speed, measured beside the steps: on a shared host the same step's time drifts by
+10-20% over seconds (other jobs contend for the caches, the memory and the core). Where
+every step carries the time of an empty call measured beside it (`StepWork.empty_s`: the
+mean of the two empty calls that bracket it, `suites.e2e.serving_run.ModelStep
+.probe_every`), a step is priced at the host's speed of that moment:
+
+    (empty_s / empty_ref) x (fixed + max(bytes / bandwidth, FLOPs / peak))
+
+with `empty_ref` the median empty call over the fit steps (`Fit.empty_ref`): the three
+coefficients describe the host at its typical speed, and the ratio (`host_factor`),
+measured and paired with the step, never fitted, scales the whole step. Why a factor and
+not the empty call as an additive fixed term (the first try, issue 27): contention slows
+a step's memory reads and arithmetic too, not only its fixed part; and with an additive
+term the fit traded the empty call's own weight read against the fixed cost (bandwidth
+fitted at 1.7 GB/s, 20x under the copy peak, the memory term then carrying per-token
+host costs). On the same recorded steps (load ~9): constant 10.6%, additive 10.1%,
+factor 9.0% held-out error.
+
 Physical bounds: given `max_bandwidth` (a copy peak measured in the same run) and
 `max_flops` (a measured multiply-add peak), the fit searches only bandwidth <= the copy
 peak and FLOP/s <= the FMA peak, so a coefficient cannot buy accuracy with a machine that
@@ -45,8 +63,8 @@ class StepWork:
     kv_read: int
     chunks: tuple[tuple[int, int], ...]
     seconds: float
-    #: seconds of an empty call measured beside this step (one token, no context:
-    #: `suites.e2e.serving_run.ModelStep.probe_every`), 0 where none was measured
+    #: seconds of the empty calls (one token, no context) that bracket this step, their
+    #: mean (`suites.e2e.serving_run.ModelStep.probe_every`); 0 where none was measured
     empty_s: float = 0.0
 
 
@@ -69,27 +87,37 @@ def _features(tm: TimeModel, steps: Sequence[StepWork]) -> tuple[np.ndarray, np.
     return np.asarray(nbytes), np.asarray(flops)
 
 
-def predict_seconds(
-    tm: TimeModel, steps: Sequence[StepWork], fixed: float, bandwidth: float, peak: float
-) -> np.ndarray:
-    """Modeled seconds per step: `fixed` + max(bytes / bandwidth, FLOPs / peak); a step
-    with a measured empty call (`empty_s` > 0) takes, instead of `fixed`, that call's
-    seconds less the model's price of the call's own work (`measured_fixed`)."""
-    nbytes, flops = _features(tm, steps)
+def host_factor(steps: Sequence[StepWork], empty_ref: float) -> np.ndarray:
+    """Each step's host speed relative to the reference (module docstring): its empty
+    call's seconds over `empty_ref`; 1 where either is not measured (0)."""
     empty = np.array([s.empty_s for s in steps], dtype=float)
-    fixed_each = np.where(empty > 0, measured_fixed(tm, empty, bandwidth, peak), fixed)
-    return fixed_each + np.maximum(nbytes / bandwidth, flops / peak)
+    if not empty_ref > 0:
+        return np.ones(len(empty))
+    out: np.ndarray = np.where(empty > 0, empty / empty_ref, 1.0)
+    return out
 
 
-def measured_fixed(
-    tm: TimeModel, empty_s: np.ndarray | float, bandwidth: float, peak: float
+def predict_seconds(
+    tm: TimeModel,
+    steps: Sequence[StepWork],
+    fixed: float,
+    bandwidth: float,
+    peak: float,
+    empty_ref: float = 0.0,
 ) -> np.ndarray:
-    """The fixed per-step seconds an empty call measures: its seconds less the price of its
-    own work (`EMPTY_CALL`: the weights read once, one token's FLOPs) at `bandwidth` and
-    `peak`, so the weights are not counted twice; never below 0."""
-    nbytes, flops = _features(tm, [EMPTY_CALL])
-    own = float(max(nbytes[0] / bandwidth, flops[0] / peak))
-    return np.maximum(np.asarray(empty_s, dtype=float) - own, 0.0)
+    """Modeled seconds per step: `fixed` + max(bytes / bandwidth, FLOPs / peak), scaled by
+    the step's host speed (`host_factor`: its empty call over `empty_ref`; 1 without)."""
+    nbytes, flops = _features(tm, steps)
+    base = fixed + np.maximum(nbytes / bandwidth, flops / peak)
+    out: np.ndarray = host_factor(steps, empty_ref) * base
+    return out
+
+
+def empty_call_seconds(tm: TimeModel, fixed: float, bandwidth: float, peak: float) -> float:
+    """The model's price of the empty call (`EMPTY_CALL`: the weights read once, one
+    token's FLOPs) at the reference speed: beside the measured `Fit.empty_ref`, a check
+    that the fitted fixed term and the measured empty call agree."""
+    return float(predict_seconds(tm, [EMPTY_CALL], fixed, bandwidth, peak)[0])
 
 
 @dataclass(frozen=True)
@@ -99,6 +127,9 @@ class Fit:
     profile: DeviceProfile
     error: float
     steps: int
+    #: median seconds of the fit steps' empty calls: the host speed the profile describes
+    #: (`host_factor`); 0 where the steps carry none (every step priced at factor 1)
+    empty_ref: float = 0.0
 
 
 def fit_profile(
@@ -112,10 +143,9 @@ def fit_profile(
     """The profile (fixed, bandwidth, peak) that best prices `steps` (module docstring),
     with bandwidth <= `max_bandwidth` (B/s) and FLOP/s <= `max_flops` where given.
 
-    Where every step carries an empty call measured beside it (`StepWork.empty_s`), the
-    fixed term is not fitted: each step's is its empty call less the call's own work
-    (`measured_fixed`), and only bandwidth and FLOP/s are fitted; the profile's constant
-    `step_overhead_s` (for the engine's simulations) is the median of those."""
+    Where every step carries an empty call measured beside it (`StepWork.empty_s`), each
+    step is priced at its host speed (`host_factor`, reference: the median empty call,
+    returned as `Fit.empty_ref`); the three coefficients are fitted either way."""
     from scipy.optimize import minimize
 
     for label, cap in (("max_bandwidth", max_bandwidth), ("max_flops", max_flops)):
@@ -126,73 +156,73 @@ def fit_profile(
         raise ConfigError(f"need at least 3 measured steps to fit, got {len(work)}")
     meas = np.array([s.seconds for s in work])
     nbytes, flops = _features(tm, work)
-    # start: time ~ a + b * FLOPs (least squares), memory term small
-    slope, icpt = np.polyfit(flops, meas, 1)
-    slope = slope if slope > 0 else float(np.median(meas / flops))
+    empty = np.array([s.empty_s for s in work])
+    probed = bool((empty > 0).all())  # every step carries its host speed
+    empty_ref = float(np.median(empty)) if probed else 0.0
+    factor = host_factor(work, empty_ref)
+    # start: time ~ a + b * FLOPs (least squares, at the reference speed), memory small
+    slope, icpt = np.polyfit(flops, meas / factor, 1)
+    slope = slope if slope > 0 else float(np.median(meas / factor / flops))
     icpt = max(float(icpt), 1e-6)
     start = np.log([icpt, float(np.median(nbytes)) / icpt, 1.0 / slope])
     upper = [0.0, _log_cap(max_bandwidth), _log_cap(max_flops)]  # fixed <= 1 s
     start = np.minimum(start, np.asarray(upper) - 1e-9)
     bounds = [(None, hi if math.isfinite(hi) else None) for hi in upper]
 
-    empty = np.array([s.empty_s for s in work])
-    probed = bool((empty > 0).all())  # the fixed term is measured: fit bandwidth, FLOP/s
-
     def loss(x: np.ndarray) -> float:
-        if probed:
-            bw, peak = np.exp(x)
-            fixed = measured_fixed(tm, empty, bw, peak)
-        else:
-            fixed, bw, peak = np.exp(x)
-        pred = fixed + np.maximum(nbytes / bw, flops / peak)
+        fixed, bw, peak = np.exp(x)
+        pred = factor * (fixed + np.maximum(nbytes / bw, flops / peak))
         return float(np.mean(np.abs(pred - meas) / meas))
 
     best = minimize(
-        loss,
-        start[1:] if probed else start,
-        method="Nelder-Mead",
-        bounds=bounds[1:] if probed else bounds,
-        options={"maxiter": 4000, "xatol": 1e-4},
+        loss, start, method="Nelder-Mead", bounds=bounds, options={"maxiter": 4000, "xatol": 1e-4}
     )
-    if probed:
-        bw, peak = (float(v) for v in np.exp(best.x))
-        fixed = float(np.median(measured_fixed(tm, empty, bw, peak)))
-    else:
-        fixed, bw, peak = (float(v) for v in np.exp(best.x))
+    fixed, bw, peak = (float(v) for v in np.exp(best.x))
     bw = min(bw, max_bandwidth) if max_bandwidth is not None else bw  # exp(log) rounding
     peak = min(peak, max_flops) if max_flops is not None else peak
     caps = "".join(
         f", {what} <= {cap:.3g} measured" for what, cap in
         (("bandwidth", max_bandwidth), ("FLOP/s", max_flops)) if cap is not None
     )  # fmt: skip
+    speed = (
+        f"; each step at its host speed, empty call / median {empty_ref * 1e3:.3g} ms"
+        if probed
+        else ""
+    )
     profile = DeviceProfile(
         name,
         bw,
         peak,
         tm.profile.host_link_bandwidth,
-        f"fitted to {len(work)} measured steps (mean |error| {best.fun:.1%}{caps}"
-        + ("; fixed = median of the empty calls measured beside them)" if probed else ")"),
+        f"fitted to {len(work)} measured steps (mean |error| {best.fun:.1%}{caps}{speed})",
         step_overhead_s=fixed,
         interconnect_bandwidth=tm.profile.interconnect_bandwidth,
     )
-    return Fit(profile, float(best.fun), len(work))
+    return Fit(profile, float(best.fun), len(work), empty_ref)
 
 
 def _log_cap(cap: float | None) -> float:
     return math.log(cap) if cap is not None else math.inf
 
 
-def step_errors(tm: TimeModel, steps: Sequence[StepWork]) -> np.ndarray:
+def step_errors(tm: TimeModel, steps: Sequence[StepWork], empty_ref: float = 0.0) -> np.ndarray:
     """|modeled - measured| / measured per step, priced by `tm`'s own profile (the same
-    formula as `TimeModel.step_ps`, unrounded)."""
+    formula as `TimeModel.step_ps`, unrounded), each step at its host speed where
+    `empty_ref` > 0 and it carries an empty call (`host_factor`; pass the fit's)."""
     work = [s for s in steps if s.seconds > 0 and (s.decoders or s.chunks)]
     if not work:
         return np.zeros(0)
     p = tm.profile
-    pred = predict_seconds(tm, work, p.step_overhead_s, p.hbm_bandwidth, p.peak_flops)
+    pred = predict_seconds(tm, work, p.step_overhead_s, p.hbm_bandwidth, p.peak_flops, empty_ref)
     meas = np.array([s.seconds for s in work])
     errors: np.ndarray = np.abs(pred - meas) / meas
     return errors
+
+
+def without_empty_calls(steps: Sequence[StepWork]) -> list[StepWork]:
+    """`steps` with their empty calls dropped (every step at factor 1): the constant
+    model's fit and error on the same steps, a paired diagnostic."""
+    return [replace(s, empty_s=0.0) for s in steps]
 
 
 def with_profile(tm: TimeModel, profile: DeviceProfile) -> TimeModel:

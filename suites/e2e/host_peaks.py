@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +44,23 @@ class Peak:
     median: float
     samples: int
     unit: str
+
+
+def best_of(peaks: Sequence[Peak]) -> Peak:
+    """One peak from several bursts of the same probe (measured at different moments of a
+    run, so one busy moment of a shared host does not set the bound): the fastest sample
+    of any burst, the median of the bursts' medians, the samples counted together."""
+    if not peaks:
+        raise ConfigError("best_of needs at least one measured peak, got none")
+    units = {p.unit for p in peaks}
+    if len(units) != 1:
+        raise ConfigError(f"best_of merges one probe's peaks, got units {sorted(units)}")
+    return Peak(
+        max(p.best for p in peaks),
+        statistics.median(p.median for p in peaks),
+        sum(p.samples for p in peaks),
+        peaks[0].unit,
+    )
 
 
 def _timed(fn: Callable[[], object], device: torch.device, repeats: int) -> list[float]:

@@ -215,8 +215,8 @@ class _ScratchPools:
 class StepSample:
     """One executed step: its work (decoders, their KV tokens read, prefill chunks as
     (tokens cached before, length)), measured and modeled seconds, and `empty_s`: the
-    latest empty call's seconds where the hook measures them (`ModelStep.probe_every`),
-    else 0."""
+    mean of the two empty calls that bracket the step where the hook measures them
+    (`ModelStep.probe_every`), else 0."""
 
     step: int
     decoders: int
@@ -243,10 +243,13 @@ class ModelStep:
     keep_logits: bool = False
     logits: list[dict[str, tuple[int, torch.Tensor]]] = field(default_factory=list)
     #: time an empty call (one token, no context, in a scratch one-block pool: the step's
-    #: fixed cost plus one read of the weights) before the first step and every
-    #: `probe_every` steps after it, each sample carrying the mean of the latest two
-    #: (`StepSample.empty_s`): the host's per-step cost at that moment, measured beside
-    #: the steps (a shared host's speed drifts over seconds). 0: no empty calls.
+    #: fixed cost plus one read of the weights) before the first step and after every
+    #: `probe_every`-th step: the host's per-step cost at that moment, measured beside the
+    #: steps (a shared host's speed drifts over seconds). Each sample's `empty_s` is the
+    #: mean of the empty calls that bracket it, the latest before it and the first after
+    #: it (the latest before it alone until that one runs), so a drift during the steps
+    #: between two calls cancels to first order. 1: every step bracketed by its own pair
+    #: (the pair's second call is the next step's first). 0: no empty calls.
     probe_every: int = 0
 
     def __post_init__(self) -> None:
@@ -323,11 +326,9 @@ class ModelStep:
         batch = pack(ids, tokens, cached, [None] * len(ids))
         empty = 0.0
         if self.probe_every:
-            if not self._empty or self._since_probe >= self.probe_every:
+            if not self._empty:
                 self._probe()
-                self._since_probe = 0
-            self._since_probe += 1
-            empty = sum(self._empty[-2:]) / len(self._empty[-2:])
+            empty = self._empty[-1]
         self.attention.make_plan(batch)
         seconds = min(self._timed(batch) for _ in range(max(1, self.repeats)))
         if self.keep_logits:
@@ -350,4 +351,17 @@ class ModelStep:
                 empty,
             )
         )
+        if self.probe_every:
+            self._since_probe += 1
+            if self._since_probe >= self.probe_every:
+                self._bracket()
         return round(seconds * 1e12)
+
+    def _bracket(self) -> None:
+        """Time the empty call that closes the open bracket: every sample since the
+        previous empty call gets the mean of that call and this one."""
+        before = self._empty[-1]
+        after = self._probe()
+        for sample in self.samples[len(self.samples) - self._since_probe :]:
+            sample.empty_s = 0.5 * (before + after)
+        self._since_probe = 0

@@ -118,3 +118,24 @@ def test_a_rate_below_the_lowest_tried_is_never_shown_as_0(tmp_path: Path) -> No
     assert row["FasterTransformer-like [requests/s]"] == "below the lowest rate tried"
     assert row["vLLM / FasterTransformer-like"] == "-"
     assert not any(cell in ("0", "0.0", "0.00x", "infx") for cell in table.rows[0])
+
+
+@pytest.mark.parametrize(("with_constant"), [True, False])
+def test_calibration_claim_weights_cases_by_steps_and_shows_both_errors(
+    tmp_path: Path, with_constant: bool
+) -> None:
+    """Held-out error = the cases' errors weighted by their steps (0.10 x 300 + 0.25 x 100
+    over 400 = 13.75%: holds; the plain mean 17.5% would fail); the error without the
+    empty calls is shown beside it, weighted the same way (0.20 x 300 + 0.30 x 100 over
+    400 = 22.5%), and left out for runs that lack it."""
+    with ResultWriter("c", tmp_path) as w:
+        for batch, err, const, steps in ((4, 0.10, 0.20, 300), (8, 0.25, 0.30, 100)):
+            case = {"system": "paged", "batch": batch, "requests": 32}
+            w.record("serving.measured", case, "step_error_mean", err, "fraction")
+            w.record("serving.measured", case, "steps_timed", steps, "count")
+            if with_constant:
+                w.record("serving.measured", case, "step_error_mean_constant", const, "fraction")
+    v = _verdicts(tmp_path / "c.jsonl")["calibration-cpu"]
+    assert v.verdict == claims.HOLDS
+    assert "13.8%" in v.measured and "400 steps" in v.measured
+    assert ("without them (constant fit, same steps) 22.5%" in v.note) == with_constant

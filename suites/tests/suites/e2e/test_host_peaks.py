@@ -54,3 +54,18 @@ def test_llc_copy_fits_the_last_level_cache(monkeypatch: pytest.MonkeyPatch) -> 
     assert seen == [4 * 2**20]
     with pytest.raises(ConfigError, match="last-level cache, not cuda"):
         host_peaks.llc_copy_peak("cuda")
+
+
+def test_best_of_takes_the_fastest_burst_and_refuses_mixed_or_no_peaks() -> None:
+    """Bursts at 10 / 30 / 20 GB/s best (medians 8 / 25 / 15): the bound is 30, the
+    median the bursts' median 15, the samples 9 + 9 + 5."""
+    bursts = [
+        host_peaks.Peak(10e9, 8e9, 9, "B/s"),
+        host_peaks.Peak(30e9, 25e9, 9, "B/s"),
+        host_peaks.Peak(20e9, 15e9, 5, "B/s"),
+    ]
+    assert host_peaks.best_of(bursts) == host_peaks.Peak(30e9, 15e9, 23, "B/s")
+    with pytest.raises(ConfigError, match="got none"):
+        host_peaks.best_of([])
+    with pytest.raises(ConfigError, match="units"):
+        host_peaks.best_of([bursts[0], host_peaks.Peak(1.0, 1.0, 1, "FLOP/s")])
