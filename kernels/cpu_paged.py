@@ -73,8 +73,10 @@ _CFLAGS = ("-O3", "-march=native", "-fopenmp")
 #: Tokens per block the C++ score rows hold; larger blocks use the torch version.
 MAX_BLOCK_SIZE = 256
 #: Query rows (tokens x the query heads of one KV head group) a prefill task aims for:
-#: each chunk of K/V rows the task reads then feeds this many rows' FMAs.
-PREFILL_ROWS = 64
+#: each chunk of K/V rows the task reads (and packs) then feeds this many rows' FMAs. 128
+#: rather than 64 halves the packing per FMA: 0.87-0.94 of the time at context 2048, paired
+#: (docs/cpu-kernel.md).
+PREFILL_ROWS = 128
 #: Fewest blocks in a decode KV partition (the split that gives small batches work).
 MIN_PARTITION_BLOCKS = 8
 #: Longest wait (s) for another process's build before falling back (a cold build takes
@@ -290,9 +292,10 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
 
 
 def _tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: AttentionDims,  # type: ignore[no-untyped-def]
-            window: int | None = None):  # fmt: skip
+            window: int | None = None, cu_seqlens_q: torch.Tensor | None = None):  # fmt: skip
     """int32 tables (row-contiguous) and lens; IndexRangeError on an entry outside the pool
-    (with a sliding `window`, only entries from a sequence's first window block on)."""
+    (with a sliding `window`, only entries from a sequence's first window block on: for a
+    prefill, given `cu_seqlens_q` (int32), the block of its first new token's first key)."""
     mod = _module()
     assert mod is not None
     tables = _int32(block_tables)
@@ -306,8 +309,12 @@ def _tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: AttentionD
             f"seq_lens holds {worst}, outside [1, {capacity}] (max_blocks="
             f"{tables.shape[1]} x block_size={dims.cache.block_size}); the C++ kernel refuses it"
         )
-    bad = int(mod.first_bad_entry_windowed(tables, lens, dims.cache.block_size,
-                                           dims.cache.num_blocks, window or 0))  # fmt: skip
+    if cu_seqlens_q is None:
+        bad = int(mod.first_bad_entry_windowed(tables, lens, dims.cache.block_size,
+                                               dims.cache.num_blocks, window or 0))  # fmt: skip
+    else:
+        bad = int(mod.first_bad_entry_prefill(tables, cu_seqlens_q, lens, dims.cache.block_size,
+                                              dims.cache.num_blocks, window or 0))  # fmt: skip
     if bad >= 0:
         b, j = divmod(bad, tables.shape[1])
         raise IndexRangeError(
@@ -388,17 +395,23 @@ def prefill(
     scale: float,
     out: torch.Tensor,
     dims: AttentionDims,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Paged prefill/extend attention into `out` ([total_q, Hq, D]); see kernels.ops."""
+    """Paged prefill/extend attention into `out` ([total_q, Hq, D]); see kernels.ops.
+    With a sliding `window` a task's key loop starts at its first row's first key (row p
+    sees keys p - window + 1 .. p): blocks wholly before it are never read, and their
+    table entries are not checked (a windowed cache may hold -1 there)."""
     if dims.batch == 0 or query.shape[0] == 0:
         return out
-    tables, lens = _tables(block_tables, seq_lens, dims)
+    cu = _int32(cu_seqlens_q).contiguous()
+    tables, lens = _tables(block_tables, seq_lens, dims, window, cu)
     mod = _module()
     assert mod is not None
-    cu = _int32(cu_seqlens_q).contiguous()
     tile = prefill_tile(dims.group, int(query.shape[0]), dims.cache.num_kv_heads,
                         torch.get_num_threads())  # fmt: skip
-    mod.paged_prefill(query, k_cache, v_cache, tables, cu, lens, float(scale), out, tile)
+    mod.paged_prefill_windowed(query, k_cache, v_cache, tables, cu, lens, float(scale), out,
+                               tile, window or 0)  # fmt: skip
     return out
 
 

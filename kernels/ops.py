@@ -284,8 +284,8 @@ def paged_prefill_attention(
         window: sliding window: row i, at position p = seq_lens[b] - n_b + i, sees keys
             max(0, p - window + 1) .. p only. Blocks wholly before the first new token's
             window are never read (their table entries may be -1). None (default): full
-            causal attention, unchanged. Triton and torch (on a CPU the torch path, not
-            the C++ kernel).
+            causal attention, unchanged. Every path: Triton, the C++ CPU kernel (16-bit
+            and fp32 K/V) and gather + SDPA (fp8 on a CPU).
 
     Returns:
         [total_q, num_q_heads, head_dim] in the query dtype (`out` when given).
@@ -312,12 +312,14 @@ def paged_prefill_attention(
     args = (query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims)
     if choose_backend(query.device, backend) == "triton":
         return _triton().paged_prefill_attention(*args, kv_scales, window=window)
-    if kv_scales is not None or window is not None:
+    if kv_scales is not None:
         return torch_ops.paged_prefill_attention(*args, kv_scales, window=window)
     if query.device.type == "cpu" and cpu_paged.supports(dims):
         return cpu_paged.prefill(
-            query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims
-        )
+            query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims,
+            window=window,
+        )  # fmt: skip
     return torch_ops.paged_prefill_attention(
-        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims
-    )
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims,
+        window=window,
+    )  # fmt: skip

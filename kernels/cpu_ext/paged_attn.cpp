@@ -713,15 +713,35 @@ struct PrefillScratch {
   std::vector<const float*> kp;
 };
 
-// O^T += V^T P^T for the row panels from r0 (a multiple of PF_ROWS) to nrp over a chunk of
-// nt keys whose V rows lie packed in v (vs floats apart): panel groups outer, PF_MT head-dim
-// elements at a time, so a panel group's probabilities stay in L1 while its columns pass.
+// Packs (converts to fp32) the K and V rows of keys cb .. cb + nt - 1 of one sequence (its
+// block table) and KV head (hoff: the head's offset in a token row of tok elements) into
+// contiguous scratch k[t * D] and v[t * D], and points kp[t] at each K row.
+template <typename T>
+inline void pf_pack_chunk(const T* kc, const T* vc, const int32_t* table, int64_t bs, int64_t tok,
+                          int64_t hoff, int D, int64_t cb, int nt, float* k, float* v,
+                          const float** kp) {
+  for (int t = 0; t < nt; ++t) {
+    const int64_t pos = cb + t;
+    const int64_t row = int64_t(table[pos / bs]) * bs + pos % bs;
+    to_f32<T>(kc + row * tok + hoff, k + size_t(t) * D, D);
+    kp[t] = k + size_t(t) * D;
+  }
+  for (int t = 0; t < nt; ++t) {
+    const int64_t pos = cb + t;
+    const int64_t row = int64_t(table[pos / bs]) * bs + pos % bs;
+    to_f32<T>(vc + row * tok + hoff, v + size_t(t) * D, D);
+  }
+}
+
+// O^T += V^T P^T for the row panels [r0, r1) (multiples of PF_ROWS) over a chunk of nt keys
+// whose V rows lie packed in v (vs floats apart): panel groups outer, PF_MT head-dim elements
+// at a time, so a panel group's probabilities stay in L1 while its columns pass.
 template <int DC>
-inline void pf_pv_rows(PrefillScratch& w, int r0, int nrp, int D, const float* v, int64_t vs,
+inline void pf_pv_rows(PrefillScratch& w, int r0, int r1, int D, const float* v, int64_t vs,
                        int nt) {
   const int Dn = DC > 0 ? DC : D;
   const int64_t spanel = int64_t(PF_CHUNK) * VW, opanel = int64_t(Dn) * VW;
-  for (int r = r0; r < nrp; r += PF_ROWS) {
+  for (int r = r0; r < r1; r += PF_ROWS) {
     float* ot = w.o.data() + (r / VW) * opanel;
     const float* c = w.corr.data() + r;
     const float* p = w.st.data() + (r / VW) * spanel;
@@ -741,23 +761,29 @@ inline void pf_pv_rows(PrefillScratch& w, int r0, int nrp, int D, const float* v
 
 // The online-softmax step of panel rows [0, VW) at st (keys [0, nt) of the chunk whose first
 // key sits at position cb): row lanes whose position limit lim (position + 1) is at most
-// cb + t see key t as zero probability. Scores become probabilities in place; m, l and corr
-// (the factor the row's accumulators take) are updated.
+// cb + t see key t as zero probability, and with a sliding window (> 0) so do those whose
+// lim - window exceeds cb + t (the key lies before the row's window). Scores become
+// probabilities in place; m, l and corr (the factor the row's accumulators take) are updated.
 inline void pf_softmax_panel(float* st, int nt, int cb, const int32_t* limp, float* mp,
-                             float* lp, float* cp) {
+                             float* lp, float* cp, int window) {
   vf mo, lo;
   vi lim;
   std::memcpy(&mo, mp, sizeof(vf));
   std::memcpy(&lo, lp, sizeof(vf));
   std::memcpy(&lim, limp, sizeof(vi));
   const vf ninf = vf{} + NEG_INF;
-  const bool masked = limp[0] < cb + nt;  // rows are in position order: lane 0 sees least
+  // rows are in position order: lane 0 sees least, lane VW - 1 starts latest
+  const bool upper = limp[0] < cb + nt;
+  const bool lower = window > 0 && limp[VW - 1] - window > cb;
+  const bool masked = upper || lower;
+  const vi first = window > 0 ? lim - window : vi{} + std::numeric_limits<int32_t>::min();
   vf vm = ninf;
   if (masked) {
     for (int t = 0; t < nt; ++t) {
       vf x;
       std::memcpy(&x, st + t * VW, sizeof(vf));
-      x = (vi{} + (cb + t)) < lim ? x : ninf;
+      const vi key = vi{} + (cb + t);
+      x = (key < lim) & (key >= first) ? x : ninf;
       vm = x > vm ? x : vm;
     }
   } else {
@@ -776,7 +802,10 @@ inline void pf_softmax_panel(float* st, int nt, int cb, const int32_t* limp, flo
     vf x;
     std::memcpy(&x, st + t * VW, sizeof(vf));
     x = vexp(x - ms);
-    if (masked) x = (vi{} + (cb + t)) < lim ? x : vf{};
+    if (masked) {
+      const vi key = vi{} + (cb + t);
+      x = (key < lim) & (key >= first) ? x : vf{};
+    }
     std::memcpy(st + t * VW, &x, sizeof(vf));
     vs += x;
   }
@@ -788,12 +817,18 @@ inline void pf_softmax_panel(float* st, int nt, int cb, const int32_t* limp, flo
 
 // Prefill / extend: task = (sequence b, KV head h, tile of up to `tile` query tokens); the
 // tile's G * tokens query rows walk the keys up to the tile's last position in chunks of
-// PF_CHUNK, each row masked causally at its own position. DC as for decode_task.
+// PF_CHUNK keys, each row masked causally at its own position. With a sliding window (> 0)
+// row p sees keys p - window + 1 .. p: the walk starts at the tile's first row's first key
+// (keys before it are never read, nor their block-table entries), each chunk runs only the
+// row panels that see some of it, and the rest of a row's window edge is masked. Each
+// chunk's K and V rows are packed just before its two GEMMs (packing the next chunk during
+// this one's GEMMs, double-buffered, measured 1.07-1.52x the time: see docs/cpu-kernel.md).
+// DC as for decode_task.
 template <typename T, int DC>
 void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                   const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                   const torch::Tensor& cu_seqlens_q, const torch::Tensor& seq_lens, double scale,
-                  torch::Tensor& out, int64_t tile) {
+                  torch::Tensor& out, int64_t tile, int64_t window) {
   const int64_t B = seq_lens.size(0);
   Geo g{k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3), query.size(1), 0};
   g.group = g.hq / g.hkv;
@@ -824,6 +859,7 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
       for (int64_t s0 = cu[b]; s0 < cu[b + 1]; s0 += tile) tasks.push_back({b, s0, h});
   const int64_t tok = g.hkv * D;
   const float fscale = float(scale);
+  const int win = int(std::min<int64_t>(window, std::numeric_limits<int32_t>::max() / 2));
   at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     PrefillScratch w;
     for (int64_t task = begin; task < end; ++task) {
@@ -843,7 +879,8 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
       w.lim.resize(size_t(nrp));
       w.kp.resize(PF_CHUNK);
       w.kv.resize(size_t(2) * PF_CHUNK * D);  // [K chunk][V chunk], fp32
-      float* vchunk = w.kv.data() + size_t(PF_CHUNK) * D;
+      float* kd = w.kv.data();
+      float* vd = kd + size_t(PF_CHUNK) * D;
       // Q^T panels, scaled; pad rows (zeros) share the last row's position
       for (int r = 0; r < nrp; ++r) {
         const int rr = std::min(r, nr - 1);
@@ -853,30 +890,28 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
         float* dst = w.qt.data() + (r / VW) * qpanel + r % VW;
         for (int d = 0; d < D; ++d) dst[d * VW] = Ld<T>::one(qr + d) * fscale;
       }
-      const int64_t keys = pos0 + nq;  // the tile sees keys 0 .. keys - 1
-      for (int64_t cb = 0; cb < keys; cb += PF_CHUNK) {
+      const int64_t keys = pos0 + nq;  // the tile sees keys lo .. keys - 1
+      const int64_t lo = win > 0 ? std::max<int64_t>(0, pos0 - win + 1) : 0;
+      for (int64_t cb = lo; cb < keys; cb += PF_CHUNK) {
         const int nt = int(std::min<int64_t>(PF_CHUNK, keys - cb));
-        // rows before r0 see none of this chunk (rows are in position order)
+        // the rows that see some of this chunk: from the first whose limit passes cb (rows
+        // are in position order) to the last whose window starts within it
         int r0 = 0;
         while (r0 < nr && w.lim[r0] <= cb) ++r0;
         r0 = r0 / PF_ROWS * PF_ROWS;
-        const T* vrow[PF_CHUNK];
-        for (int t = 0; t < nt; ++t) {
-          const int64_t pos = cb + t;
-          const int64_t row = int64_t(tables[b * tstride + pos / g.bs]) * g.bs + pos % g.bs;
-          vrow[t] = vc + row * tok + int64_t(h) * D;
-          float* kd = w.kv.data() + size_t(t) * D;
-          to_f32<T>(kc + row * tok + int64_t(h) * D, kd, D);
-          w.kp[t] = kd;
-        }
-        for (int r = r0; r < nrp; r += PF_ROWS)
+        int r1 = nr;
+        if (win > 0)
+          while (r1 > r0 && w.lim[r1 - 1] - win >= cb + nt) --r1;
+        r1 = std::min(nrp, (r1 + PF_ROWS - 1) / PF_ROWS * PF_ROWS);
+        pf_pack_chunk<T>(kc, vc, tables + b * tstride, g.bs, tok, int64_t(h) * D, D, cb, nt, kd,
+                         vd, w.kp.data());
+        for (int r = r0; r < r1; r += PF_ROWS)
           pf_scores_keys<DC>(w.kp.data(), nt, w.qt.data() + (r / VW) * qpanel, D, qpanel,
                              w.st.data() + (r / VW) * spanel, spanel);
-        for (int t = 0; t < nt; ++t) to_f32<T>(vrow[t], vchunk + size_t(t) * D, D);
-        for (int r = r0; r < nrp; r += VW)
+        for (int r = r0; r < r1; r += VW)
           pf_softmax_panel(w.st.data() + (r / VW) * spanel, nt, int(cb), w.lim.data() + r,
-                           w.m.data() + r, w.l.data() + r, w.corr.data() + r);
-        pf_pv_rows<DC>(w, r0, nrp, D, vchunk, D, nt);
+                           w.m.data() + r, w.l.data() + r, w.corr.data() + r, win);
+        pf_pv_rows<DC>(w, r0, r1, D, vd, D, nt);
       }
       for (int r = 0; r < nr; ++r) {
         const float inv = 1.f / w.l[r];
@@ -886,6 +921,29 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
       }
     }
   });
+}
+
+// First (sequence, logical block) a prefill reads whose table entry lies outside
+// [0, num_blocks), as b * max_blocks + j; -1 when every one is in the pool. Sequence b's n_b
+// new tokens read its blocks up to its length; with a sliding window (> 0) only from the
+// block of its first new token's first key, max(0, L - n_b - window + 1), on.
+int64_t first_bad_entry_prefill(const torch::Tensor& block_tables, const torch::Tensor& cu_seqlens_q,
+                                const torch::Tensor& seq_lens, int64_t block_size,
+                                int64_t num_blocks, int64_t window) {
+  const int32_t* t = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* cu = cu_seqlens_q.data_ptr<int32_t>();
+  const int64_t B = block_tables.size(0), W = block_tables.size(1), st = block_tables.stride(0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t used = std::min<int64_t>(W, (int64_t(lens[b]) + block_size - 1) / block_size);
+    const int64_t first_key = int64_t(lens[b]) - (cu[b + 1] - cu[b]) - window + 1;
+    const int64_t first = window > 0 ? std::max<int64_t>(0, first_key) / block_size : 0;
+    for (int64_t j = first; j < used; ++j) {
+      const int32_t x = t[b * st + j];
+      if (x < 0 || x >= num_blocks) return b * W + j;
+    }
+  }
+  return -1;
 }
 
 // First (sequence, logical block) whose table entry lies outside [0, num_blocks) within the
@@ -963,17 +1021,28 @@ void paged_decode(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_ca
                         partition_blocks, heads_per_task, 0);
 }
 
+// window > 0: sliding-window prefill/extend (row p sees keys p - window + 1 .. p); 0: full.
+void paged_prefill_windowed(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
+                            torch::Tensor block_tables, torch::Tensor cu_seqlens_q,
+                            torch::Tensor seq_lens, double scale, torch::Tensor out, int64_t tile,
+                            int64_t window) {
+  TORCH_CHECK(k_cache.size(1) <= MAX_BS, "block_size above ", MAX_BS);
+  TORCH_CHECK(tile >= 1, "tile must be >= 1");
+  TORCH_CHECK(window >= 0, "window must be >= 0");
+  KVB_DISPATCH(query.scalar_type(), {
+    with_head_dim(k_cache.size(3), [&](auto dc) {
+      prefill_impl<scalar_t, decltype(dc)::value>(
+          query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, out, tile,
+          window);
+    });
+  });
+}
+
 void paged_prefill(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                    torch::Tensor block_tables, torch::Tensor cu_seqlens_q, torch::Tensor seq_lens,
                    double scale, torch::Tensor out, int64_t tile) {
-  TORCH_CHECK(k_cache.size(1) <= MAX_BS, "block_size above ", MAX_BS);
-  TORCH_CHECK(tile >= 1, "tile must be >= 1");
-  KVB_DISPATCH(query.scalar_type(), {
-    with_head_dim(k_cache.size(3), [&](auto dc) {
-      prefill_impl<scalar_t, decltype(dc)::value>(query, k_cache, v_cache, block_tables,
-                                                  cu_seqlens_q, seq_lens, scale, out, tile);
-    });
-  });
+  paged_prefill_windowed(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, out,
+                         tile, 0);
 }
 
 int64_t vector_width() { return VW; }
@@ -1018,6 +1087,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "paged decode attention over each sequence's last `window` tokens (0: all)");
   m.def("first_bad_entry_windowed", &first_bad_entry_windowed,
         "first_bad_entry skipping the blocks wholly before each sequence's window");
+  m.def("paged_prefill_windowed", &paged_prefill_windowed,
+        "paged prefill/extend attention, each row over its last `window` keys (0: all)");
+  m.def("first_bad_entry_prefill", &first_bad_entry_prefill,
+        "first block-table entry a (windowed) prefill reads outside the pool, or -1");
   m.def("vector_width", &vector_width, "floats per vector register the build uses");
   m.def("fma_probe", &fma_probe, "FLOPs of a peak-rate FMA loop on every thread (time it)");
 }
