@@ -25,7 +25,8 @@ anything, when its input is wrong (see `kernels.validation`).
 fp8 caches (`torch.float8_e4m3fn`, `torch.float8_e5m2`): `write_kv` and the attention ops
 take `k_scale` / `v_scale` (float32 `[num_kv_heads]`; `kernels.fp8_ops`); writes quantize
 by the `workloads.fp8` rule (NaN/inf refused when `check_indices`, else stored as NaN),
-reads dequantize to the query dtype in registers (Triton) or after the gather (torch);
+reads dequantize to the query dtype in registers (Triton) or after the gather (torch), or
+to float32 in registers (the C++ CPU kernels);
 copies and swaps move the bytes. On CPU tensors fp8 decode runs the C++ kernel
 (`cpu_paged.decode_fp8`), and fp8 prefill without a window the C++ fp8 prefill
 (`cpu_paged.prefill_fp8`; with a window the torch version). Not yet: fp8 in the Triton

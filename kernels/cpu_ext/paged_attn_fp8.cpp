@@ -42,6 +42,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 #if defined(__AVX512F__)
@@ -105,8 +109,30 @@ struct Fp8Vec {
   static constexpr int BIAS = MAN == 3 ? 7 : 15;
   static constexpr int SHIFT = 23 - MAN;  // bit 0 of the mantissa goes to fp32 bit SHIFT
 
-  static F8_INLINE vf vec(vb bytes) {
-    const vu u = __builtin_convertvector(bytes, vu);
+  // VW bytes at p widened to 32-bit lanes: one vpmovzxbd where AVX-512 / AVX2 exist (GCC
+  // builds __builtin_convertvector of 16 bytes from scalar byte extracts and inserts).
+  static F8_INLINE vu widen(const uint8_t* p) {
+    vu u;
+#if F8_VW == 16 && defined(__AVX512F__)
+    const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    std::memcpy(&u, &w, sizeof(u));
+#elif F8_VW == 8 && defined(__AVX2__)
+    const __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    std::memcpy(&u, &w, sizeof(u));
+#else
+    vb b;
+    std::memcpy(&b, p, sizeof(b));
+    u = __builtin_convertvector(b, vu);
+#endif
+    return u;
+  }
+
+  static F8_INLINE vf vec(const uint8_t* p) { return from_lanes(widen(p)); }
+
+  static F8_INLINE vf vec(vb bytes) { return from_lanes(__builtin_convertvector(bytes, vu)); }
+
+  // The float32 values of bytes held one per 32-bit lane.
+  static F8_INLINE vf from_lanes(vu u) {
     const vu mag = u & 0x7fu;
     const vu sign = (u & 0x80u) << 24;
     vu bits = mag << SHIFT;
@@ -142,9 +168,7 @@ struct Fp8Vec {
   static F8_INLINE void row(const uint8_t* src, float* dst, int n) {
     int i = 0;
     for (; i + VW <= n; i += VW) {
-      vb b;
-      std::memcpy(&b, src + i, sizeof(b));
-      const vf x = vec(b);
+      const vf x = vec(src + i);
       std::memcpy(dst + i, &x, sizeof(x));
     }
     if (i < n) {
@@ -188,16 +212,109 @@ F8_INLINE vf vexp(vf x) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Decode: one task per (sequence, KV head). Each block's K and V rows of the task's head are
-// converted once into a float buffer and used by the whole GQA group.
+// Decode: tasks over (sequence, KV heads), see decode_fp8_impl. Each block's K and V rows of
+// a head are converted once into float buffers (rows padded with zeros to Dp, a multiple of VW) and
+// used by the whole GQA group:
+//   1. scores of RN query rows x TN tokens at once (RN * TN = 8 independent FMA chains over
+//      the head dim, each K vector loaded once for RN rows), then one horizontal sum each;
+//      tokens past the block's last are computed on stale (finite) rows and masked;
+//   2. an online softmax per row over the block's scores, VW at a time (vector exp);
+//   3. acc[r] = acc[r] * alpha + sum_t p[r][t] v[t], RN rows x 2 vectors of the head dim in
+//      registers over the block's tokens.
+// Only the block loop differs from the first version (which left the dot products at one
+// FMA chain and the P V update scalar: the compiler could not rule out aliasing).
+
+// Sum of a vector's lanes.
+F8_INLINE float hsum(vf v) {
+  float s = 0.f;
+#pragma GCC unroll 16
+  for (int i = 0; i < VW; ++i) s += v[i];
+  return s;
+}
+
+// s[r * sstride + t] = q_r . k_t (times scale) for RN rows (stride Dp) and TN tokens.
+template <int RN, int TN>
+F8_INLINE void dec_dots(const float* q, const float* k, int Dp, float scale, float* s,
+                        int sstride) {
+  vf a[RN][TN] = {};
+  for (int d = 0; d < Dp; d += VW) {
+    vf kv[TN];
+#pragma GCC unroll 8
+    for (int u = 0; u < TN; ++u) std::memcpy(&kv[u], k + u * Dp + d, sizeof(vf));
+#pragma GCC unroll 8
+    for (int r = 0; r < RN; ++r) {
+      vf qv;
+      std::memcpy(&qv, q + r * Dp + d, sizeof(vf));
+#pragma GCC unroll 8
+      for (int u = 0; u < TN; ++u) a[r][u] += qv * kv[u];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RN; ++r)
+#pragma GCC unroll 8
+    for (int u = 0; u < TN; ++u) s[r * sstride + u] = hsum(a[r][u]) * scale;
+}
+
+// acc rows (RN, stride Dp) = acc * alpha[r] + sum_{t < nt} p[r * pstride + t] * v[t].
+template <int RN>
+F8_INLINE void dec_pv(float* acc, const float* alpha, const float* p, int pstride,
+                      const float* v, int Dp, int nt) {
+  int d = 0;
+  for (; d + 2 * VW <= Dp; d += 2 * VW) {
+    vf a[RN][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < RN; ++r) {
+      std::memcpy(&a[r][0], acc + r * Dp + d, sizeof(vf));
+      std::memcpy(&a[r][1], acc + r * Dp + d + VW, sizeof(vf));
+      a[r][0] *= alpha[r];
+      a[r][1] *= alpha[r];
+    }
+    for (int t = 0; t < nt; ++t) {
+      vf v0, v1;
+      std::memcpy(&v0, v + t * Dp + d, sizeof(vf));
+      std::memcpy(&v1, v + t * Dp + d + VW, sizeof(vf));
+#pragma GCC unroll 8
+      for (int r = 0; r < RN; ++r) {
+        const vf pb = vf{} + p[r * pstride + t];
+        a[r][0] += pb * v0;
+        a[r][1] += pb * v1;
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < RN; ++r) {
+      std::memcpy(acc + r * Dp + d, &a[r][0], sizeof(vf));
+      std::memcpy(acc + r * Dp + d + VW, &a[r][1], sizeof(vf));
+    }
+  }
+  if (d < Dp) {  // one vector left
+    vf a[RN];
+#pragma GCC unroll 8
+    for (int r = 0; r < RN; ++r) {
+      std::memcpy(&a[r], acc + r * Dp + d, sizeof(vf));
+      a[r] *= alpha[r];
+    }
+    for (int t = 0; t < nt; ++t) {
+      vf v0;
+      std::memcpy(&v0, v + t * Dp + d, sizeof(vf));
+#pragma GCC unroll 8
+      for (int r = 0; r < RN; ++r) a[r] += (vf{} + p[r * pstride + t]) * v0;
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < RN; ++r) std::memcpy(acc + r * Dp + d, &a[r], sizeof(vf));
+  }
+}
 
 template <typename T, typename Conv>
 void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                      const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                      const torch::Tensor& seq_lens, const torch::Tensor& k_scale,
                      const torch::Tensor& v_scale, double scale, torch::Tensor& out) {
-  const int64_t B = query.size(0), Hq = query.size(1), D = query.size(2);
-  const int64_t bs = k_cache.size(1), Hkv = k_cache.size(2), G = Hq / Hkv;
+  const int64_t B = query.size(0), Hq = query.size(1);
+  const int64_t bs = k_cache.size(1), Hkv = k_cache.size(2);
+  const int G = int(Hq / Hkv), D = int(query.size(2));
+  const int Dp = (D + VW - 1) / VW * VW;           // padded row length (zeros past D)
+  const int bsp = int((bs + 7) / 8 * 8);           // tokens the score pass may compute
+  const int sst = (bsp + VW - 1) / VW * VW;        // score row stride (whole vectors)
   const uint8_t* kc = k_cache.data_ptr<uint8_t>();
   const uint8_t* vc = v_cache.data_ptr<uint8_t>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
@@ -210,56 +327,112 @@ void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   const int64_t qs_b = query.stride(0), qs_h = query.stride(1);
   const int64_t os_b = out.stride(0), os_h = out.stride(1);
   const int64_t tok = Hkv * D, blk = bs * tok;
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(G * D), acc(G * D), kf(bs * D), vf_(bs * D), s(G * bs), m(G), l(G);
+  // Tasks: (sequence, range of HT KV heads). A task walks its sequence's blocks once and,
+  // per block, its heads one after another, so a block's bytes are read as one stream
+  // (its heads' rows share pages and lines' neighbours) and the next block is prefetched
+  // while this one is computed. A task per (sequence, head) read each head's rows apart
+  // (1 KiB strides at 8 heads x D 128), and waited on those loads most of its time.
+  // Sequences are split into head ranges only where the batch leaves a thread without two
+  // tasks (as cpu_paged.task_split does for the 16-bit decode).
+  const int64_t want = 2 * std::max<int64_t>(1, at::get_num_threads());
+  const int64_t HT = B >= want ? Hkv : std::max<int64_t>(1, Hkv * B / want);
+  const int64_t nh = (Hkv + HT - 1) / HT;
+  at::parallel_for(0, B * nh, 1, [&](int64_t begin, int64_t end) {
+    // zero-filled once: the padding columns stay 0 (conversions write D per row), and rows
+    // past a block's end hold earlier finite rows or zeros
+    const size_t rows = size_t(HT) * G;
+    std::vector<float> qf(rows * Dp, 0.f), acc(rows * Dp), kf(size_t(bsp) * Dp, 0.f),
+        vf_(size_t(bsp) * Dp, 0.f), s(size_t(G) * sst), m(rows), l(rows), alpha(rows);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / Hkv, h = task % Hkv, len = lens[b];
-      const float sc = float(scale) * ks[h];
-      for (int64_t r = 0; r < G; ++r) {
-        const T* qr = q + b * qs_b + (h * G + r) * qs_h;
-        for (int64_t d = 0; d < D; ++d) qf[size_t(r * D + d)] = to_f(qr[d]);
-        m[size_t(r)] = NEG_INF;
-        l[size_t(r)] = 0.f;
-      }
+      const int64_t b = task / nh, h0 = task % nh * HT, h1 = std::min(Hkv, h0 + HT);
+      const int64_t len = lens[b];
+      for (int64_t h = h0; h < h1; ++h)
+        for (int r = 0; r < G; ++r) {
+          const size_t row = size_t(h - h0) * G + r;
+          const T* qr = q + b * qs_b + (h * G + r) * qs_h;
+          for (int d = 0; d < D; ++d) qf[row * Dp + d] = to_f(qr[d]);
+          m[row] = NEG_INF;
+          l[row] = 0.f;
+        }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j * bs < len; ++j) {
-        const int64_t nt = std::min(bs, len - j * bs);
-        const int64_t base = int64_t(tables[b * ts + j]) * blk + h * D;
-        for (int64_t t = 0; t < nt; ++t) {  // convert this block's rows of head h once
-          Conv::row(kc + base + t * tok, kf.data() + t * D, int(D));
-          Conv::row(vc + base + t * tok, vf_.data() + t * D, int(D));
+        const int nt = int(std::min(bs, len - j * bs));
+        const int ntp = (nt + 7) / 8 * 8;
+        if ((j + 1) * bs < len) {  // the next block's rows of these heads, during this one
+          const int64_t next = int64_t(tables[b * ts + j + 1]) * blk;
+          const int64_t nn = std::min(bs, len - (j + 1) * bs);
+          for (int64_t t = 0; t < nn; ++t)
+            for (int64_t x = h0 * D; x < h1 * D; x += 64) {
+              __builtin_prefetch(kc + next + t * tok + x);
+              __builtin_prefetch(vc + next + t * tok + x);
+            }
         }
-        for (int64_t r = 0; r < G; ++r) {
-          const float* qr = qf.data() + r * D;
-          float* sr = s.data() + r * bs;
-          float mx = m[size_t(r)];
-          for (int64_t t = 0; t < nt; ++t) {
-            const float* kd = kf.data() + t * D;
-            float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < D; ++d) dot += qr[d] * kd[d];
-            sr[t] = dot * sc;
-            mx = std::max(mx, sr[t]);
+        for (int64_t h = h0; h < h1; ++h) {
+          const int64_t base = int64_t(tables[b * ts + j]) * blk + h * D;
+          const float sc = float(scale) * ks[h];
+          const size_t r0 = size_t(h - h0) * G;  // this head's first state row
+          float* qh = qf.data() + r0 * Dp;
+          float* ah = acc.data() + r0 * Dp;
+          for (int t = 0; t < nt; ++t) {  // convert this block's rows of head h once
+            Conv::row(kc + base + t * tok, kf.data() + size_t(t) * Dp, D);
+            Conv::row(vc + base + t * tok, vf_.data() + size_t(t) * Dp, D);
           }
-          const float alpha = std::exp(m[size_t(r)] - mx);
-          float* ar = acc.data() + r * D;
-          float sum = 0.f;
-          for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
-          for (int64_t t = 0; t < nt; ++t) {
-            const float p = std::exp(sr[t] - mx);
-            sum += p;
-            const float* vd = vf_.data() + t * D;
-            for (int64_t d = 0; d < D; ++d) ar[d] += p * vd[d];
+          int r = 0;
+          for (; r + 4 <= G; r += 4)
+            for (int t = 0; t < ntp; t += 2)
+              dec_dots<4, 2>(qh + size_t(r) * Dp, kf.data() + size_t(t) * Dp, Dp, sc,
+                             s.data() + size_t(r) * sst + t, sst);
+          for (; r < G; ++r)
+            for (int t = 0; t < ntp; t += 8)
+              dec_dots<1, 8>(qh + size_t(r) * Dp, kf.data() + size_t(t) * Dp, Dp, sc,
+                             s.data() + size_t(r) * sst + t, sst);
+          for (int rr = 0; rr < G; ++rr) {  // online softmax of row rr over this block
+            float* sr = s.data() + size_t(rr) * sst;
+            const size_t st = r0 + rr;
+            const vf ninf = vf{} + NEG_INF;
+            vf vm = ninf;
+            for (int t = 0; t < nt; t += VW) {
+              vf x;
+              std::memcpy(&x, sr + t, sizeof(vf));
+              vi idx;
+              for (int i = 0; i < VW; ++i) idx[i] = t + i;
+              x = idx < nt ? x : ninf;
+              std::memcpy(sr + t, &x, sizeof(vf));
+              vm = x > vm ? x : vm;
+            }
+            float mx = m[st];
+            for (int i = 0; i < VW; ++i) mx = std::max(mx, vm[i]);
+            const vf mv = vf{} + mx;
+            vf sum = {};
+            for (int t = 0; t < nt; t += VW) {
+              vf x;
+              std::memcpy(&x, sr + t, sizeof(vf));
+              vf p = vexp(x - mv);
+              p = x == ninf ? vf{} : p;
+              std::memcpy(sr + t, &p, sizeof(vf));
+              sum += p;
+            }
+            const float a = m[st] == NEG_INF ? 0.f : std::exp(m[st] - mx);
+            alpha[st] = a;
+            l[st] = l[st] * a + hsum(sum);
+            m[st] = mx;
           }
-          l[size_t(r)] = l[size_t(r)] * alpha + sum;
-          m[size_t(r)] = mx;
+          r = 0;
+          for (; r + 4 <= G; r += 4)
+            dec_pv<4>(ah + size_t(r) * Dp, alpha.data() + r0 + r, s.data() + size_t(r) * sst,
+                      sst, vf_.data(), Dp, nt);
+          for (; r < G; ++r)
+            dec_pv<1>(ah + size_t(r) * Dp, alpha.data() + r0 + r, s.data() + size_t(r) * sst,
+                      sst, vf_.data(), Dp, nt);
         }
       }
-      for (int64_t r = 0; r < G; ++r) {
-        const float f = vs[h] / l[size_t(r)];
-        T* orow = o + b * os_b + (h * G + r) * os_h;
-        for (int64_t d = 0; d < D; ++d) orow[d] = T(acc[size_t(r * D + d)] * f);
-      }
+      for (int64_t h = h0; h < h1; ++h)
+        for (int r = 0; r < G; ++r) {
+          const size_t row = size_t(h - h0) * G + r;
+          const float f = vs[h] / l[row];
+          T* orow = o + b * os_b + (h * G + r) * os_h;
+          for (int d = 0; d < D; ++d) orow[d] = T(acc[row * Dp + d] * f);
+        }
     }
   });
 }

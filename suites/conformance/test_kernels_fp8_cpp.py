@@ -206,16 +206,34 @@ def test_fp8_cpp_prefill_with_a_window_keeps_the_torch_path() -> None:
     assert oracle.relative_error(out, ref) <= oracle.tolerance(torch.float32)
 
 
+#: (seq_lens, query heads, KV heads, head dim, block size): GQA 3 at block 1 and D 40; GQA 5
+#: (a 4-row block and a single row) at D 72 (two vector pairs plus one vector on AVX-512)
+#: with blocks longer than a vector; MHA at D 128.
+DECODE_SHAPES = [
+    ([23, 1, 9], 6, 2, 40, 1),
+    ([70, 33], 10, 2, 72, 32),
+    ([40, 17], 8, 8, 128, 16),
+]
+
+
 @pytest.mark.parametrize("kv_dtype", FP8, ids=FP8_IDS)
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("lens", "hq", "h", "d", "bs"), DECODE_SHAPES, ids=("g3", "g5", "mha"))
 def test_fp8_cpp_decode_vector_and_table_conversions_agree(
-    kv_dtype: torch.dtype, q_dtype: torch.dtype
+    kv_dtype: torch.dtype,
+    q_dtype: torch.dtype,
+    lens: list[int],
+    hq: int,
+    h: int,
+    d: int,
+    bs: int,
 ) -> None:
     """The vector and the table conversion feed the same arithmetic, so the two decodes
-    agree bit for bit on finite K/V; both match the float64 oracle (block 1, D 40, GQA 3)."""
-    lens = [23, 1, 9]
-    kc, vc, tables, seq_lens, kq, vq, ks, vs = _pool_batch(lens, 2, 40, 1, kv_dtype, True, seed=12)
-    q = torch.randn(3, 6, 40, generator=torch.Generator().manual_seed(6)).to(q_dtype)
+    agree bit for bit on finite K/V; both match the float64 oracle."""
+    kc, vc, tables, seq_lens, kq, vq, ks, vs = _pool_batch(
+        lens, h, d, bs, kv_dtype, True, seed=12 + d
+    )
+    q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(6)).to(q_dtype)
     dims = check_decode(q, kc, vc, tables, seq_lens)
     outs = {}
     for conversion in cpu_paged.FP8_CONVERSIONS:
