@@ -100,6 +100,13 @@ struct Fp8Lut {
     const float* t = table().data();
     for (int i = 0; i < n; ++i) dst[i] = t[src[i]];
   }
+  // VW bytes at p, one table load each.
+  static F8_INLINE vf vec(const uint8_t* p) {
+    const float* t = table().data();
+    vf x;
+    for (int i = 0; i < VW; ++i) x[i] = t[p[i]];
+    return x;
+  }
 };
 
 // Vector conversion: VW bytes at a time, see the file comment. MAN = 3 (e4m3fn, bias 7) or
@@ -212,17 +219,20 @@ F8_INLINE vf vexp(vf x) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Decode: tasks over (sequence, KV heads), see decode_fp8_impl. Each block's K and V rows of
-// a head are converted once into float buffers (rows padded with zeros to Dp, a multiple of VW) and
-// used by the whole GQA group:
+// Decode: tasks over (sequence, KV heads), see decode_fp8_impl. Per block and head:
 //   1. scores of RN query rows x TN tokens at once (RN * TN = 8 independent FMA chains over
-//      the head dim, each K vector loaded once for RN rows), then one horizontal sum each;
-//      tokens past the block's last are computed on stale (finite) rows and masked;
+//      the head dim, each K vector loaded and converted once for RN rows), then one
+//      horizontal sum each;
 //   2. an online softmax per row over the block's scores, VW at a time (vector exp);
 //   3. acc[r] = acc[r] * alpha + sum_t p[r][t] v[t], RN rows x 2 vectors of the head dim in
-//      registers over the block's tokens.
-// Only the block loop differs from the first version (which left the dot products at one
-// FMA chain and the P V update scalar: the compiler could not rule out aliasing).
+//      registers over the block's tokens, each V vector converted once for RN rows.
+// Where the head dim is a multiple of VW, K and V bytes are converted as they are loaded
+// (dec_dots_bytes, dec_pv_bytes); otherwise each row is first converted into a float
+// buffer padded with zeros to Dp (dec_dots, dec_pv; tokens past the block's last are
+// computed on stale finite rows and masked). The buffered form at head dim 128 took about
+// 4x the time of the loaded form on one thread here: its stores 4K-alias the next rows'
+// loads at this layout's strides. The first version (a table per byte, one FMA chain per
+// dot product, a scalar P V update) took 2x-4x the buffered form's time.
 
 // Sum of a vector's lanes.
 F8_INLINE float hsum(vf v) {
@@ -304,6 +314,78 @@ F8_INLINE void dec_pv(float* acc, const float* alpha, const float* p, int pstrid
   }
 }
 
+// dec_dots with K read as bytes (rows kstride bytes apart) and converted as loaded, D a
+// multiple of VW: no float copy of K is written (a copy's stores 4K-alias the next rows'
+// loads at this layout's strides, which stalled those loads).
+template <typename Conv, int RN, int TN>
+F8_INLINE void dec_dots_bytes(const float* q, const uint8_t* k, int64_t kstride, int D,
+                              float scale, float* s, int sstride) {
+  vf a[RN][TN] = {};
+  for (int d = 0; d < D; d += VW) {
+    vf kv[TN];
+#pragma GCC unroll 8
+    for (int u = 0; u < TN; ++u) kv[u] = Conv::vec(k + u * kstride + d);
+#pragma GCC unroll 8
+    for (int r = 0; r < RN; ++r) {
+      vf qv;
+      std::memcpy(&qv, q + r * D + d, sizeof(vf));
+#pragma GCC unroll 8
+      for (int u = 0; u < TN; ++u) a[r][u] += qv * kv[u];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RN; ++r)
+#pragma GCC unroll 8
+    for (int u = 0; u < TN; ++u) s[r * sstride + u] = hsum(a[r][u]) * scale;
+}
+
+// dec_pv with V read as bytes (rows vstride bytes apart), converted as loaded; D a multiple
+// of VW.
+template <typename Conv, int RN>
+F8_INLINE void dec_pv_bytes(float* acc, const float* alpha, const float* p, int pstride,
+                            const uint8_t* v, int64_t vstride, int D, int nt) {
+  int d = 0;
+  for (; d + 2 * VW <= D; d += 2 * VW) {
+    vf a[RN][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < RN; ++r) {
+      std::memcpy(&a[r][0], acc + r * D + d, sizeof(vf));
+      std::memcpy(&a[r][1], acc + r * D + d + VW, sizeof(vf));
+      a[r][0] *= alpha[r];
+      a[r][1] *= alpha[r];
+    }
+    for (int t = 0; t < nt; ++t) {
+      const vf v0 = Conv::vec(v + t * vstride + d), v1 = Conv::vec(v + t * vstride + d + VW);
+#pragma GCC unroll 8
+      for (int r = 0; r < RN; ++r) {
+        const vf pb = vf{} + p[r * pstride + t];
+        a[r][0] += pb * v0;
+        a[r][1] += pb * v1;
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < RN; ++r) {
+      std::memcpy(acc + r * D + d, &a[r][0], sizeof(vf));
+      std::memcpy(acc + r * D + d + VW, &a[r][1], sizeof(vf));
+    }
+  }
+  if (d < D) {
+    vf a[RN];
+#pragma GCC unroll 8
+    for (int r = 0; r < RN; ++r) {
+      std::memcpy(&a[r], acc + r * D + d, sizeof(vf));
+      a[r] *= alpha[r];
+    }
+    for (int t = 0; t < nt; ++t) {
+      const vf v0 = Conv::vec(v + t * vstride + d);
+#pragma GCC unroll 8
+      for (int r = 0; r < RN; ++r) a[r] += (vf{} + p[r * pstride + t]) * v0;
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < RN; ++r) std::memcpy(acc + r * D + d, &a[r], sizeof(vf));
+  }
+}
+
 template <typename T, typename Conv>
 void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                      const torch::Tensor& v_cache, const torch::Tensor& block_tables,
@@ -334,6 +416,7 @@ void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   // (1 KiB strides at 8 heads x D 128), and waited on those loads most of its time.
   // Sequences are split into head ranges only where the batch leaves a thread without two
   // tasks (as cpu_paged.task_split does for the 16-bit decode).
+  const bool fused = D % VW == 0;  // convert K and V as they are loaded (see dec_dots_bytes)
   const int64_t want = 2 * std::max<int64_t>(1, at::get_num_threads());
   const int64_t HT = B >= want ? Hkv : std::max<int64_t>(1, Hkv * B / want);
   const int64_t nh = (Hkv + HT - 1) / HT;
@@ -373,19 +456,44 @@ void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
           const size_t r0 = size_t(h - h0) * G;  // this head's first state row
           float* qh = qf.data() + r0 * Dp;
           float* ah = acc.data() + r0 * Dp;
-          for (int t = 0; t < nt; ++t) {  // convert this block's rows of head h once
-            Conv::row(kc + base + t * tok, kf.data() + size_t(t) * Dp, D);
-            Conv::row(vc + base + t * tok, vf_.data() + size_t(t) * Dp, D);
-          }
+          const uint8_t* kb = kc + base;
+          const uint8_t* vb_ = vc + base;
           int r = 0;
-          for (; r + 4 <= G; r += 4)
-            for (int t = 0; t < ntp; t += 2)
-              dec_dots<4, 2>(qh + size_t(r) * Dp, kf.data() + size_t(t) * Dp, Dp, sc,
-                             s.data() + size_t(r) * sst + t, sst);
-          for (; r < G; ++r)
-            for (int t = 0; t < ntp; t += 8)
-              dec_dots<1, 8>(qh + size_t(r) * Dp, kf.data() + size_t(t) * Dp, Dp, sc,
-                             s.data() + size_t(r) * sst + t, sst);
+          if (fused) {  // D % VW == 0: K and V converted as loaded, only rows < nt read
+            for (; r + 4 <= G; r += 4) {
+              float* sr = s.data() + size_t(r) * sst;
+              int t = 0;
+              for (; t + 2 <= nt; t += 2)
+                dec_dots_bytes<Conv, 4, 2>(qh + size_t(r) * Dp, kb + t * tok, tok, D, sc,
+                                           sr + t, sst);
+              for (; t < nt; ++t)
+                dec_dots_bytes<Conv, 4, 1>(qh + size_t(r) * Dp, kb + t * tok, tok, D, sc,
+                                           sr + t, sst);
+            }
+            for (; r < G; ++r) {
+              float* sr = s.data() + size_t(r) * sst;
+              int t = 0;
+              for (; t + 8 <= nt; t += 8)
+                dec_dots_bytes<Conv, 1, 8>(qh + size_t(r) * Dp, kb + t * tok, tok, D, sc,
+                                           sr + t, sst);
+              for (; t < nt; ++t)
+                dec_dots_bytes<Conv, 1, 1>(qh + size_t(r) * Dp, kb + t * tok, tok, D, sc,
+                                           sr + t, sst);
+            }
+          } else {
+            for (int t = 0; t < nt; ++t) {  // convert this block's rows of head h once
+              Conv::row(kb + t * tok, kf.data() + size_t(t) * Dp, D);
+              Conv::row(vb_ + t * tok, vf_.data() + size_t(t) * Dp, D);
+            }
+            for (; r + 4 <= G; r += 4)
+              for (int t = 0; t < ntp; t += 2)
+                dec_dots<4, 2>(qh + size_t(r) * Dp, kf.data() + size_t(t) * Dp, Dp, sc,
+                               s.data() + size_t(r) * sst + t, sst);
+            for (; r < G; ++r)
+              for (int t = 0; t < ntp; t += 8)
+                dec_dots<1, 8>(qh + size_t(r) * Dp, kf.data() + size_t(t) * Dp, Dp, sc,
+                               s.data() + size_t(r) * sst + t, sst);
+          }
           for (int rr = 0; rr < G; ++rr) {  // online softmax of row rr over this block
             float* sr = s.data() + size_t(rr) * sst;
             const size_t st = r0 + rr;
@@ -418,12 +526,21 @@ void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
             m[st] = mx;
           }
           r = 0;
-          for (; r + 4 <= G; r += 4)
-            dec_pv<4>(ah + size_t(r) * Dp, alpha.data() + r0 + r, s.data() + size_t(r) * sst,
-                      sst, vf_.data(), Dp, nt);
-          for (; r < G; ++r)
-            dec_pv<1>(ah + size_t(r) * Dp, alpha.data() + r0 + r, s.data() + size_t(r) * sst,
-                      sst, vf_.data(), Dp, nt);
+          if (fused) {
+            for (; r + 4 <= G; r += 4)
+              dec_pv_bytes<Conv, 4>(ah + size_t(r) * Dp, alpha.data() + r0 + r,
+                                    s.data() + size_t(r) * sst, sst, vb_, tok, D, nt);
+            for (; r < G; ++r)
+              dec_pv_bytes<Conv, 1>(ah + size_t(r) * Dp, alpha.data() + r0 + r,
+                                    s.data() + size_t(r) * sst, sst, vb_, tok, D, nt);
+          } else {
+            for (; r + 4 <= G; r += 4)
+              dec_pv<4>(ah + size_t(r) * Dp, alpha.data() + r0 + r, s.data() + size_t(r) * sst,
+                        sst, vf_.data(), Dp, nt);
+            for (; r < G; ++r)
+              dec_pv<1>(ah + size_t(r) * Dp, alpha.data() + r0 + r, s.data() + size_t(r) * sst,
+                        sst, vf_.data(), Dp, nt);
+          }
         }
       }
       for (int64_t h = h0; h < h1; ++h)

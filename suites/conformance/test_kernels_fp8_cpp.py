@@ -208,17 +208,22 @@ def test_fp8_cpp_prefill_with_a_window_keeps_the_torch_path() -> None:
 
 #: (seq_lens, query heads, KV heads, head dim, block size): GQA 3 at block 1 and D 40; GQA 5
 #: (a 4-row block and a single row) at D 72 (two vector pairs plus one vector on AVX-512)
-#: with blocks longer than a vector; MHA at D 128.
+#: with blocks longer than a vector; MHA at D 128; GQA 5 at D 64 and block 3 (odd token
+#: tails). D 40 and 72 take the path that converts rows into a buffer, D 64 and 128 (whole
+#: vectors) the one that converts K and V as they are loaded.
 DECODE_SHAPES = [
     ([23, 1, 9], 6, 2, 40, 1),
     ([70, 33], 10, 2, 72, 32),
     ([40, 17], 8, 8, 128, 16),
+    ([33, 5, 1], 10, 2, 64, 3),
 ]
 
 
 @pytest.mark.parametrize("kv_dtype", FP8, ids=FP8_IDS)
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("lens", "hq", "h", "d", "bs"), DECODE_SHAPES, ids=("g3", "g5", "mha"))
+@pytest.mark.parametrize(
+    ("lens", "hq", "h", "d", "bs"), DECODE_SHAPES, ids=("g3", "g5", "mha", "g5-d64")
+)
 def test_fp8_cpp_decode_vector_and_table_conversions_agree(
     kv_dtype: torch.dtype,
     q_dtype: torch.dtype,
