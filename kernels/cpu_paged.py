@@ -58,7 +58,9 @@ __all__ = [
     "decode",
     "decode_fp8",
     "fma_probe",
+    "fp8_to_float",
     "prefill",
+    "prefill_fp8",
     "prefill_tile",
     "status",
     "supports",
@@ -368,20 +370,95 @@ def decode_fp8(
     out: torch.Tensor,
     dims: AttentionDims,
     kv_scales: tuple[torch.Tensor, torch.Tensor],
+    *,
+    conversion: str = "vector",
 ) -> torch.Tensor:
     """Paged decode over fp8 K/V (`cpu_ext/paged_attn_fp8.cpp`) into `out`; see kernels.ops.
-    One task per (sequence, KV head); scales float32 [num_kv_heads] for K and V."""
+    One task per (sequence, KV head); scales float32 [num_kv_heads] for K and V.
+    `conversion`: how bytes become float32, "vector" (the default: VW bytes at a time in
+    registers) or "table" (the first version's 256-entry lookup, kept to time against)."""
+    if conversion not in FP8_CONVERSIONS:
+        raise ValueError(f"conversion={conversion!r}: expected one of {FP8_CONVERSIONS}")
     if dims.batch == 0:
         return out
     tables, lens = _tables(block_tables, seq_lens, dims)
+    man, bias = _fp8_format(k_cache.dtype)
+    ks, vs = (s.contiguous() for s in kv_scales)
+    op = (
+        torch.ops.kvbench_fp8.paged_decode_fp8
+        if conversion == "vector"
+        else torch.ops.kvbench_fp8.paged_decode_fp8_lut
+    )
+    op(query, k_cache.view(torch.uint8), v_cache.view(torch.uint8), tables, lens, ks, vs,
+       float(scale), out, man, bias)  # fmt: skip
+    return out
+
+
+#: The fp8 byte -> float32 conversions of the C++ fp8 decode (`decode_fp8(conversion=)`).
+FP8_CONVERSIONS = ("vector", "table")
+#: Largest head dim the C++ fp8 prefill takes (its per-thread K row buffer).
+FP8_PREFILL_MAX_HEAD_DIM = 512
+
+
+def _fp8_format(kv_dtype: torch.dtype) -> tuple[int, int]:
+    """(mantissa bits, exponent bias) of an fp8 dtype, as the C++ operators take them."""
     from kvbench.kernels.configs import fp8_constexprs
 
-    fmt = fp8_constexprs(k_cache.dtype)
+    fmt = fp8_constexprs(kv_dtype)
+    return fmt["FP8_MAN"], fmt["FP8_BIAS"]
+
+
+def prefill_fp8(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    dims: AttentionDims,
+    kv_scales: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """Paged prefill/extend over fp8 K/V (`cpu_ext/paged_attn_fp8.cpp`: bytes dequantized in
+    registers, causal, GQA) into `out` ([total_q, Hq, D]); see kernels.ops. Tasks are
+    (sequence, KV head, tile of `prefill_tile` query tokens); scales as for `decode_fp8`."""
+    if dims.batch == 0 or query.shape[0] == 0:
+        return out
+    if dims.cache.head_dim > FP8_PREFILL_MAX_HEAD_DIM:
+        raise ValueError(
+            f"head_dim={dims.cache.head_dim} is above the C++ fp8 prefill's "
+            f"{FP8_PREFILL_MAX_HEAD_DIM}"
+        )
+    tables, lens = _tables(block_tables, seq_lens, dims)
+    man, bias = _fp8_format(k_cache.dtype)
     ks, vs = (s.contiguous() for s in kv_scales)
-    torch.ops.kvbench_fp8.paged_decode_fp8(
-        query, k_cache.view(torch.uint8), v_cache.view(torch.uint8), tables, lens, ks, vs,
-        float(scale), out, fmt["FP8_MAN"], fmt["FP8_BIAS"],
+    cu = _int32(cu_seqlens_q).contiguous()
+    tile = prefill_tile(dims.group, int(query.shape[0]), dims.cache.num_kv_heads,
+                        torch.get_num_threads())  # fmt: skip
+    torch.ops.kvbench_fp8.paged_prefill_fp8(
+        query, k_cache.view(torch.uint8), v_cache.view(torch.uint8), tables, cu, lens, ks, vs,
+        float(scale), out, man, bias, tile,
     )  # fmt: skip
+    return out
+
+
+def fp8_to_float(
+    raw: torch.Tensor, kv_dtype: torch.dtype, conversion: str = "vector"
+) -> torch.Tensor:
+    """float32 values of the bytes `raw` (1-D uint8) read as `kv_dtype` through the C++ fp8
+    kernels' own conversion (`conversion` as for `decode_fp8`): what the exhaustive
+    conversion test compares with torch's. Raises RuntimeError without the C++ kernel."""
+    if _module() is None:
+        raise RuntimeError(f"no C++ CPU kernel here: {status().reason}")
+    if conversion not in FP8_CONVERSIONS:
+        raise ValueError(f"conversion={conversion!r}: expected one of {FP8_CONVERSIONS}")
+    if raw.dtype != torch.uint8 or raw.dim() != 1:
+        raise ValueError(f"raw must be 1-D uint8, got {raw.dtype} of shape {tuple(raw.shape)}")
+    man, bias = _fp8_format(kv_dtype)
+    src = raw.contiguous()
+    out = torch.empty(src.shape, dtype=torch.float32)
+    torch.ops.kvbench_fp8.fp8_to_float(src, out, man, bias, conversion == "table")
     return out
 
 

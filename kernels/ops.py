@@ -25,10 +25,12 @@ anything, when its input is wrong (see `kernels.validation`).
 fp8 caches (`torch.float8_e4m3fn`, `torch.float8_e5m2`): `write_kv` and the attention ops
 take `k_scale` / `v_scale` (float32 `[num_kv_heads]`; `kernels.fp8_ops`); writes quantize
 by the `workloads.fp8` rule (NaN/inf refused when `check_indices`, else stored as NaN),
-reads dequantize to the query dtype in registers (Triton) or after the gather (torch);
+reads dequantize to the query dtype in registers (Triton) or after the gather (torch), or
+to float32 in registers (the C++ CPU kernels);
 copies and swaps move the bytes. On CPU tensors fp8 decode runs the C++ kernel
-(`cpu_paged.decode_fp8`), fp8 prefill the torch version. Not yet: fp8 in the Triton
-prefill.
+(`cpu_paged.decode_fp8`), and fp8 prefill without a window the C++ fp8 prefill
+(`cpu_paged.prefill_fp8`; with a window the torch version). The Triton prefill reads fp8
+K/V too, with or without a window.
 
 Host reads: with `check_indices=False` no op reads a tensor's values on the host, so a
 call on CUDA tensors only enqueues work (no stream synchronization). The attention ops
@@ -280,7 +282,8 @@ def paged_prefill_attention(
         max_q_len: an upper bound of the new tokens per sequence, likewise (None: the true
             maximum when checking, else min(total_q, max_seq_len)).
         k_scale, v_scale: fp8 caches only, as for `paged_decode_attention` (Triton and
-            torch; on a CPU the torch path, not the C++ kernel).
+            torch; on a CPU the C++ fp8 prefill `cpu_paged.prefill_fp8` where it builds,
+            without a window).
         window: sliding window: row i, at position p = seq_lens[b] - n_b + i, sees keys
             max(0, p - window + 1) .. p only. Blocks wholly before the first new token's
             window are never read (their table entries may be -1). None (default): full
@@ -312,6 +315,14 @@ def paged_prefill_attention(
     args = (query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims)
     if choose_backend(query.device, backend) == "triton":
         return _triton().paged_prefill_attention(*args, kv_scales, window=window)
+    if (
+        kv_scales is not None
+        and window is None
+        and query.device.type == "cpu"
+        and dims.cache.head_dim <= cpu_paged.FP8_PREFILL_MAX_HEAD_DIM
+        and cpu_paged.supports(dims)
+    ):
+        return cpu_paged.prefill_fp8(*args, kv_scales)
     if kv_scales is not None:
         return torch_ops.paged_prefill_attention(*args, kv_scales, window=window)
     if query.device.type == "cpu" and cpu_paged.supports(dims):

@@ -14,7 +14,18 @@ Free blocks are poisoned after every step, so reading memory no request owns
 fails. At teardown everything is freed and nothing leaks.
 
 Parametrized over block sizes 1, 2, 16 and dtypes float32, bfloat16, with the tensors on
-the CPU (torch ops); the `gpu` machines hold the paged cache on CUDA, where its writes,
+the CPU (torch ops; fp8 attention on a CPU runs the C++ fp8 kernels where they build).
+
+fp8 machines (fp8_e4m3 / fp8_e5m2 storage, float32 inputs; dynamic scales set by the first
+write, per tensor or per KV head, or static per-head scales small enough that some values
+saturate): both caches get the same scales, and gather must return the same bytes in
+both, equal to the model's K/V quantized by `workloads.fp8.quantize` with those scales.
+Decode attention is judged against the reference's float64 oracle over the dequantized
+K/V, and so is a prefill/extend over each running request's last few tokens through the
+paged block tables (`ops.paged_prefill_attention`), at float32 tolerance. Free blocks are
+poisoned with large finite fp8 bytes.
+
+The gpu machines the `gpu` machines hold the paged cache on CUDA, where its writes,
 copy-on-write, swap (through a pinned pool) and attention run the compiled Triton kernels
 (the dispatch's own choice), and compare it with the CPU reference the same way.
 """
@@ -36,10 +47,12 @@ from hypothesis.stateful import (
     rule,
 )
 
+from kvbench.kernels import ops
 from kvbench.paged.cache import PagedKVCache, snapshots_equal
 from kvbench.reference.contiguous import ContiguousKVCache
-from kvbench.reference.oracle import relative_error, tolerance
+from kvbench.reference.oracle import extend_attention, relative_error, tolerance
 from kvbench.suites.conformance.paged_model import bitwise_equal, kv_for
+from kvbench.workloads import fp8
 from kvbench.workloads.errors import (
     CapacityError,
     DuplicateRequestError,
@@ -57,6 +70,21 @@ POISON = 4096.0
 BASES = (tuple((i * 7 + i // 3) % 3 for i in range(40)), tuple((i * i + 1) % 3 for i in range(40)))
 #: block size -> (device blocks, longest prompt)
 SHAPES = {1: (24, 9), 2: (16, 11), 16: (8, 40)}
+#: fp8 pools' poison bytes for K and V (finite in both formats: e4m3 +-240, e5m2 +-28672).
+POISON_BYTES = (0x77, 0xF7)
+#: Static per-head scales [num_layers, num_kv_heads] of an fp8 machine: K/V lie in
+#: [-0.5, 0.5), so the 5e-6 / 1e-3 heads saturate part of their values in e5m2 / e4m3.
+STATIC_SCALES = torch.tensor([[2e-3, 5e-6], [1e-4, 1e-3]])
+#: fp8 scale options of a machine: cache keyword arguments.
+FP8_SCALES: dict[str, dict[str, object]] = {
+    "dyn_tensor": {},
+    "dyn_head": {"scale_granularity": "head"},
+    "static_head": {
+        "k_scale": STATIC_SCALES,
+        "v_scale": STATIC_SCALES.flip(1),
+        "scale_granularity": "head",
+    },
+}
 
 
 class _Tracked:
@@ -79,15 +107,23 @@ class PagedVsContiguous(RuleBasedStateMachine):
     block_size = 16
     dtype = "float32"
     device = "cpu"
+    #: fp8 machines: a key of FP8_SCALES; "" for 16/32-bit storage.
+    scales = ""
 
     def __init__(self) -> None:
         super().__init__()
         self.geometry = KVGeometry(2, 2, 8, self.dtype, num_q_heads=4)
-        self.tdtype = torch.float32 if self.dtype == "float32" else torch.bfloat16
+        self.fp8 = self.dtype in fp8.FORMATS
+        # K/V inputs (and queries): float32 for fp8 storage
+        self.tdtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
         self.num_blocks, self.max_prompt = SHAPES[self.block_size]
         self.max_seq_len = 2 * self.max_prompt
+        self.scale_kwargs = dict(FP8_SCALES[self.scales]) if self.fp8 else {}
         self.ref = ContiguousKVCache(
-            self.geometry, (MAX_REQUESTS + 2) * self.max_seq_len, self.max_seq_len
+            self.geometry,
+            (MAX_REQUESTS + 2) * self.max_seq_len,
+            self.max_seq_len,
+            **self.scale_kwargs,  # type: ignore[arg-type]
         )
         self.paged: PagedKVCache | None = None
         self.model: dict[int, _Tracked] = {}
@@ -118,6 +154,7 @@ class PagedVsContiguous(RuleBasedStateMachine):
             # On CUDA the dispatch chooses: the compiled Triton kernels.
             device=self.device,
             kernel_backend="torch" if self.device == "cpu" else None,
+            **self.scale_kwargs,  # type: ignore[arg-type]
         )
 
     @property
@@ -140,8 +177,12 @@ class PagedVsContiguous(RuleBasedStateMachine):
         free = self.cache.pool.free_stack()
         if free:
             for layer in range(self.geometry.num_layers):
-                self.cache.key_cache(layer)[free] = POISON
-                self.cache.value_cache(layer)[free] = -POISON
+                if self.fp8:
+                    self.cache.key_cache(layer).view(torch.uint8)[free] = POISON_BYTES[0]
+                    self.cache.value_cache(layer).view(torch.uint8)[free] = POISON_BYTES[1]
+                else:
+                    self.cache.key_cache(layer)[free] = POISON
+                    self.cache.value_cache(layer)[free] = -POISON
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -381,6 +422,8 @@ class PagedVsContiguous(RuleBasedStateMachine):
             assert bitwise_equal(pk, rk) and bitwise_equal(pv, rv), f"KV of {rid} differs"
             if length:
                 mk, mv = kv_for(self.geometry, self.tdtype, tracked.tokens, tracked.salt, 0, length)
+                if self.fp8:
+                    mk, mv = self.quantized_model(mk, mv)
                 assert bitwise_equal(pk, mk) and bitwise_equal(pv, mv), f"KV of {rid} is wrong"
                 attendable.append(rid)
         stats = cache.stats()
@@ -399,6 +442,56 @@ class PagedVsContiguous(RuleBasedStateMachine):
             ref = self.ref.attend(attendable, query, layer)
             err = relative_error(out, ref)
             assert err <= tolerance(self.tdtype), f"attend error {err:.2e}"
+            if self.fp8:
+                self.fp8_prefill_agrees(attendable, layer, gen)
+
+    def quantized_model(
+        self, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's K/V [layers, n, H, D] as an fp8 cache must store them: quantized
+        with the cache's scales (which both caches must share)."""
+        quant, ref_quant = self.cache.kv_quant, self.ref.kv_quant
+        assert quant is not None and ref_quant is not None
+        ks, vs = quant.scales()
+        rks, rvs = ref_quant.scales()
+        assert torch.equal(ks, rks) and torch.equal(vs, rvs), "the caches' fp8 scales differ"
+        fmt = fp8.fp8_format(self.dtype)
+        layers = range(self.geometry.num_layers)
+        return (
+            torch.stack([fp8.quantize(k[i], ks[i], fmt) for i in layers]),
+            torch.stack([fp8.quantize(v[i], vs[i], fmt) for i in layers]),
+        )
+
+    def fp8_prefill_agrees(self, ids: list[int], layer: int, gen: torch.Generator) -> None:
+        """Prefill/extend of each request's last 1-5 tokens over the paged pool (its block
+        tables as they are now: shared prefix blocks, forks, swapped-in blocks) against
+        the float64 extend oracle over the reference's dequantized K/V."""
+        g = self.geometry
+        assert g.num_q_heads is not None and self.ref.kv_quant is not None
+        lens = [self.cache.seq_len(r) for r in ids]
+        news = [min(n, 1 + (self.steps + i) % 5) for i, n in enumerate(lens)]
+        cu = torch.tensor([0, *torch.tensor(news).cumsum(0).tolist()], dtype=torch.int32)
+        query = torch.randn(sum(news), g.num_q_heads, g.head_dim, generator=gen)
+        tables, seq_lens = self.cache.block_tables(ids)
+        ks, vs = self.cache.kv_quant.scales()  # type: ignore[union-attr]
+        out = ops.paged_prefill_attention(
+            query,
+            self.cache.key_cache(layer),
+            self.cache.value_cache(layer),
+            tables,
+            cu,
+            seq_lens,
+            backend="torch" if self.device == "cpu" else None,
+            k_scale=ks[layer].to(self.cache.device),
+            v_scale=vs[layer].to(self.cache.device),
+        ).cpu()
+        for i, rid in enumerate(ids):
+            rk, rv = self.ref.gather(rid)
+            kd, vd = self.ref.kv_quant.dequantize(layer, rk[layer], rv[layer])
+            rows = slice(int(cu[i]), int(cu[i + 1]))
+            ref = extend_attention(query[rows].double(), kd, vd)
+            err = relative_error(out[rows], ref)
+            assert err <= tolerance(torch.float32), f"fp8 prefill error {err:.2e} ({rid})"
 
     def teardown(self) -> None:
         torch.set_num_threads(self._threads)
@@ -422,9 +515,9 @@ class PagedVsContiguous(RuleBasedStateMachine):
 _STEPS = settings(stateful_step_count=30)
 
 
-def _machine(block_size: int, dtype: str, device: str = "cpu") -> type:
-    name = f"PagedVsContiguous_bs{block_size}_{dtype}_{device}"
-    attrs = {"block_size": block_size, "dtype": dtype, "device": device}
+def _machine(block_size: int, dtype: str, device: str = "cpu", scales: str = "") -> type:
+    name = f"PagedVsContiguous_bs{block_size}_{dtype}{'_' + scales if scales else ''}_{device}"
+    attrs = {"block_size": block_size, "dtype": dtype, "device": device, "scales": scales}
     machine = cast("type[PagedVsContiguous]", type(name, (PagedVsContiguous,), attrs))
     test_case = _STEPS(machine).TestCase
     return pytest.mark.gpu(test_case) if device == "cuda" else test_case
@@ -436,6 +529,10 @@ TestBs16Float32 = _machine(16, "float32")
 TestBs1Bfloat16 = _machine(1, "bfloat16")
 TestBs2Bfloat16 = _machine(2, "bfloat16")
 TestBs16Bfloat16 = _machine(16, "bfloat16")
+TestBs1Fp8E4m3DynTensor = _machine(1, "fp8_e4m3", scales="dyn_tensor")
+TestBs2Fp8E5m2StaticHead = _machine(2, "fp8_e5m2", scales="static_head")
+TestBs16Fp8E4m3DynHead = _machine(16, "fp8_e4m3", scales="dyn_head")
+TestBs16Fp8E5m2DynTensor = _machine(16, "fp8_e5m2", scales="dyn_tensor")
 TestBs1Float32Cuda = _machine(1, "float32", "cuda")
 TestBs16Float32Cuda = _machine(16, "float32", "cuda")
 TestBs16Bfloat16Cuda = _machine(16, "bfloat16", "cuda")
