@@ -490,13 +490,19 @@ class PagedKVCache:
             req = self.requests.by_id[request_id]
         except (KeyError, TypeError):
             return False
-        if req.swapped or req.seq_len + n > self.max_seq_len:
+        s, bs, blocks, pool = req.seq_len, self.block_size, req.blocks, self.pool
+        if req.swapped or s + n > self.max_seq_len:
             return False
-        fresh, cow = self._growth(req, n)
-        if cow or fresh > self.pool.num_free:
+        idx = s // bs  # `_growth`, inline
+        if idx < len(blocks) and pool.ref[blocks[idx]] > 1:
+            return False  # copy-on-write: the general path
+        fresh = -(-(s + n) // bs) - len(blocks)
+        if fresh <= 0:
+            fresh = 0
+        elif fresh > len(pool._free) + len(pool._evictable):  # pool.num_free
             return False
-        self._grow(req, n, fresh, False, token_ids)
-        if req.hashable and self.prefix is not None:
+        self._grow(req, n, fresh, False, token_ids, ints=True)
+        if req.hashable and self.prefix is not None and len(req.keys) < req.seq_len // bs:
             self._register_full_blocks(req)
         return True
 
@@ -507,9 +513,12 @@ class PagedKVCache:
         fresh: int,
         cow: bool,
         token_ids: Sequence[int | None] | None,
+        *,
+        ints: bool = False,
     ) -> int:
         """Take the planned blocks (copy-on-write first) and advance the request by n
-        tokens; returns the first new position. Nothing here can fail."""
+        tokens; returns the first new position. Nothing here can fail. `ints`: the
+        caller checked that token_ids (if any) are exact ints."""
         bs, pool, s = self.block_size, self.pool, req.seq_len
         blocks = req.blocks
         if cow:
@@ -530,7 +539,7 @@ class PagedKVCache:
             if token_ids is not None:
                 req.chain = None  # given ids may differ from the prompt's: hash them
                 req.materialize_tail()
-                if set(map(type, token_ids)) <= PLAIN_TOKEN_TYPES:  # exact ints / None
+                if ints or set(map(type, token_ids)) <= PLAIN_TOKEN_TYPES:  # exact ints / None
                     tokens.extend(token_ids)
                 else:
                     tokens.extend(int(t) if t is not None else None for t in token_ids)
