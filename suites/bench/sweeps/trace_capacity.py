@@ -34,9 +34,10 @@ capacity. `--full`: capacities 10^4-10^9 (log-spaced, with 3M and 50M), block si
 and 16, policies lru, lfu, optimal.
 
 Speed: the first replayed case of a block size runs its policy's pass here and starts
-the other policies' passes in worker processes (one per spare core; at most
-KVBENCH_REPLAY_WORKERS, 0 for none), so on two cores LRU and LFU replay side by side;
-each pass is the same `replay_many` call wherever it runs.
+the other policies' passes and the optimal bounds in worker processes (one per spare
+core; at most KVBENCH_REPLAY_WORKERS, 0 for none), so on two cores LRU and LFU replay
+side by side; each is the same `replay_many` / `belady_hit_tokens` call wherever it
+runs.
 """
 
 from __future__ import annotations
@@ -98,9 +99,8 @@ def capacity_cases(full: bool) -> list[Case]:
             elif cap in DEFAULT_REPLAYED:
                 policies.append("lru")
             for policy in sorted(policies):
-                if policy != "optimal":
-                    key = (TRACE, bs, policy)
-                    _PLAN[key] = tuple(sorted({*_PLAN.get(key, ()), cap}))
+                key = (TRACE, bs, policy)
+                _PLAN[key] = tuple(sorted({*_PLAN.get(key, ()), cap}))
                 cases.append(
                     {"trace": TRACE, "capacity_tokens": cap, "block_size": bs, "policy": policy}
                 )
@@ -135,16 +135,19 @@ def hit_tokens(case: Case) -> tuple[int, bool]:
         int(case["block_size"]),
         case["policy"],
     )
-    acc = _accesses(trace, bs)
-    footprint = acc.footprint_blocks()
+    footprint = _footprint(trace, bs)
     unbounded = cap // bs >= footprint
     if policy == PEER:
         return _peer_hit_tokens(trace, cap, bs, footprint), unbounded
     if unbounded:
         return _ceiling(trace, bs), True
-    if policy == "optimal":
-        return prefix_oracle.belady_hit_tokens(acc, cap), False
     return _replayed(trace, bs, policy, cap, footprint), False
+
+
+@functools.lru_cache(maxsize=4)
+def _footprint(trace: str, block_size: int) -> int:
+    """`BlockAccesses.footprint_blocks` (a sort of every block access: once per grid)."""
+    return _accesses(trace, block_size).footprint_blocks()
 
 
 def _planned(trace: str, bs: int, policy: str, footprint: int) -> tuple[int, ...]:
@@ -154,10 +157,13 @@ def _planned(trace: str, bs: int, policy: str, footprint: int) -> tuple[int, ...
 
 def _replayed(trace: str, bs: int, policy: str, cap: int, footprint: int) -> int:
     """Hit tokens of the real cache at `cap`, from one `replay_many` pass over every
-    bounded capacity the grid replays with this policy (`_PLAN`), memoized. The first
-    pass of a (trace, block size) also starts the other policies' planned passes in
-    worker processes (one per spare core), so LRU and LFU replay side by side."""
+    bounded capacity the grid replays with this policy (`_PLAN`), memoized (for
+    "optimal": Belady's bound at `cap`). The first pass of a (trace, block size) also
+    starts the other policies' planned passes and bounds in worker processes (one per
+    spare core), so LRU, LFU and the bounds run side by side."""
     planned = _planned(trace, bs, policy, footprint)
+    if policy == "optimal":  # one bound per capacity: no pass to share
+        planned = (cap,) if cap in planned else ()
     caps = planned if cap in planned else (cap,)
     key = (trace, bs, policy, caps, footprint)
     if key not in _PASSES:
@@ -186,12 +192,15 @@ def _start_siblings(trace: str, bs: int, policy: str, footprint: int) -> None:
         if (t, b) != (trace, bs) or other == policy:
             continue
         planned = _planned(trace, bs, other, footprint)
-        key = (trace, bs, other, planned, footprint)
-        if not planned or key in _PASSES or key in _PENDING:
-            continue
-        if not _POOL:
-            _POOL.append(_make_pool(workers))
-        _PENDING[key] = _POOL[0].submit(_replay_pass, *key)
+        # a replayed policy's capacities share one pass; each optimal bound is its own
+        jobs = [planned] if other != "optimal" else [(c,) for c in planned]
+        for caps in jobs:
+            key = (trace, bs, other, caps, footprint)
+            if not caps or key in _PASSES or key in _PENDING:
+                continue
+            if not _POOL:
+                _POOL.append(_make_pool(workers))
+            _PENDING[key] = _POOL[0].submit(_replay_pass, *key)
 
 
 def _make_pool(workers: int) -> Executor:
@@ -216,8 +225,13 @@ def _workers() -> int:
 def _replay_pass(
     trace: str, bs: int, policy: str, caps: tuple[int, ...], footprint: int
 ) -> dict[int, int]:
-    """One `replay_many` pass: hit tokens by capacity (run here or in a worker)."""
+    """One `replay_many` pass: hit tokens by capacity (run here or in a worker); for
+    "optimal", Belady's bound at each capacity."""
     from kvbench.paged.hitrate import ReplayConfig, replay_many
+
+    if policy == "optimal":
+        acc = _accesses(trace, bs)
+        return {c: prefix_oracle.belady_hit_tokens(acc, c) for c in caps}
 
     configs = [ReplayConfig(c, policy) for c in caps]
     results = replay_many(shipped_trace(trace), configs, bs, pool_limit=footprint)

@@ -201,6 +201,9 @@ def test_sibling_passes_in_workers_give_the_inline_passes_hits(monkeypatch) -> N
         functools.lru_cache(maxsize=2)(lambda trace, bs: po.block_accesses(small, bs)),
     )
     monkeypatch.setattr(tc, "_ceiling", lambda trace, bs: 0)
+    monkeypatch.setattr(
+        tc, "_footprint", lambda trace, bs: po.block_accesses(small, bs).footprint_blocks()
+    )
     monkeypatch.setattr(tc.os, "cpu_count", lambda: 2)
     tc.capacity_cases(full=True)
     fp = po.block_accesses(small, 16).footprint_blocks()
@@ -212,7 +215,16 @@ def test_sibling_passes_in_workers_give_the_inline_passes_hits(monkeypatch) -> N
                                "policy": p})[0]
         for p in ("lru", "lfu") for c in caps
     }  # fmt: skip
-    assert [a[2] for a in submitted] == ["lfu"]  # lru ran here first, lfu in the "worker"
+    # lru ran here first; lfu's pass and the bounds below the footprint in the "worker"
+    assert [(a[2], a[3]) for a in submitted] == [
+        ("lfu", caps),
+        *(("optimal", (c,)) for c in tc.CAPACITIES if c // 16 < fp),
+    ]
     for (p, c), hits in got.items():
         assert hits == replay(small, c, 16, p, pool_limit=fp).hit_tokens, (p, c)
+    for c in caps:
+        bound = tc.hit_tokens({"trace": tc.TRACE, "capacity_tokens": c, "block_size": 16,
+                               "policy": "optimal"})[0]  # fmt: skip
+        assert bound == po.belady_hit_tokens(po.block_accesses(small, 16), c)
+        assert bound >= got[("lru", c)]
     assert all(hits > 0 for hits in got.values())
