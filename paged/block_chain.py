@@ -50,6 +50,12 @@ class BlockChain:
         )
 
 
+def block_tuples(ids: Sequence[int], block_size: int) -> tuple[tuple[int, ...], ...]:
+    """The ids of each whole block of `ids` as a tuple, in order (len(ids) // block_size
+    of them; a partial last block is left out): built at C speed, one tuple per block."""
+    return tuple(zip(*[iter(ids)] * block_size, strict=False))
+
+
 def block_chain(
     prompt: Sequence[int],
     block_size: int,
@@ -61,7 +67,7 @@ def block_chain(
     n = len(prompt) // bs
     ids = prompt[: n * bs]
     flat = ids if isinstance(ids, tuple) else tuple(ids)
-    chunks = tuple(flat[i * bs : (i + 1) * bs] for i in range(n))
+    chunks = block_tuples(flat, bs)
     if key_fn is block_key:
         keys = chain_keys(flat, bs, extra)
     else:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import islice
 
 from kvbench.paged.eviction import make_queue
 from kvbench.paged.prefix_cache import PrefixCache
@@ -116,16 +117,29 @@ class BlockPool:
         del free[len(free) - take :]
         if take < n:
             assert self.prefix is not None
-            pop, drop, fill = self._evictable.popitem, self.prefix.drop, self.fill
-            for _ in range(n - take):
-                block = pop(last=False)[0]
-                drop(block)
+            victims = self._take_evictable(n - take)
+            self.prefix.drop_many(victims)
+            fill = self.fill
+            for block in victims:
                 fill[block] = 0
-                out.append(block)
+            out += victims
         for block in out:
             ref[block] = 1
         self.num_used += n
         return out
+
+    def _take_evictable(self, k: int) -> list[int]:
+        """Remove and return the next k blocks to evict, in the queue's order (k pops
+        from the front; 0 < k <= len(queue)). An LRU queue's first k are read and
+        deleted (cheaper than k popitem calls, same blocks, same order)."""
+        queue = self._evictable
+        if type(queue) is OrderedDict:
+            victims = list(islice(queue, k))
+            for block in victims:
+                del queue[block]
+            return victims
+        pop = queue.popitem
+        return [pop(last=False)[0] for _ in range(k)]
 
     def incref(self, block: int) -> None:
         """Add a reference; an evictable block comes back into use (a prefix hit)."""
@@ -155,21 +169,26 @@ class BlockPool:
         """Drop one reference to each of a request's blocks, tail first."""
         ref, fill, free, evictable = self.ref, self.fill, self._free, self._evictable
         cached = self.prefix.indexed_blocks() if self.prefix is not None else ()
-        for block in reversed(blocks):
-            count = ref[block]
-            if count > 1:
-                ref[block] = count - 1
-                continue
-            if count != 1:
-                self.decref(block)  # raises: no reference to drop
-            ref[block] = 0
-            self.num_used -= 1
-            self.live_slots -= fill[block]
-            if block in cached:
-                evictable[block] = None
-            else:
-                fill[block] = 0
-                free.append(block)
+        used = live = 0  # counter changes, written once (also when decref raises)
+        try:
+            for block in reversed(blocks):
+                count = ref[block]
+                if count > 1:
+                    ref[block] = count - 1
+                    continue
+                if count != 1:
+                    self.decref(block)  # raises: no reference to drop
+                ref[block] = 0
+                used += 1
+                live += fill[block]
+                if block in cached:
+                    evictable[block] = None
+                else:
+                    fill[block] = 0
+                    free.append(block)
+        finally:
+            self.num_used -= used
+            self.live_slots -= live
 
     def set_fill(self, block: int, fill: int) -> None:
         """Record that `fill` slots of a used block hold written KV."""

@@ -29,8 +29,12 @@ class RequestState:
     chain: the prompt's precomputed key chain (`paged.block_chain`) or None; its keys
         and block tuples replace hashing the prompt's full blocks.
     tokens: ids of the cached tokens (None where not given), or None when not tracked;
-        the last `unknown_tail` of them are None and not stored (a memory-only replay
-        appends millions of unknown output ids): len(tokens) + unknown_tail == seq_len.
+        the first `head` of them are the prompt's first `head` ids and not stored (a
+        replay given the prompt's chain never reads them: 10^8 ids not copied), the last
+        `unknown_tail` are None and not stored (a memory-only replay appends millions of
+        unknown output ids): head + len(tokens) + unknown_tail == seq_len. `token_list`
+        gives them all; `materialize_head` stores the head before a reader needs the ids
+        by position.
     """
 
     __slots__ = (
@@ -38,6 +42,7 @@ class RequestState:
         "chain",
         "extra",
         "hashable",
+        "head",
         "keys",
         "order",
         "output_len",
@@ -73,6 +78,7 @@ class RequestState:
         self.output_len = output_len
         self.tokens = tokens
         self.unknown_tail = 0
+        self.head = 0
         self.seq_len = seq_len
         self.blocks = blocks
         self.keys = keys
@@ -102,13 +108,31 @@ class RequestState:
         child.hashable = self.hashable
         child.chain = self.chain
         child.unknown_tail = self.unknown_tail
+        child.head = self.head
         return child
 
     def token_list(self) -> list[int | None] | None:
         """The ids of all cached tokens (None where not given), or None when not tracked."""
         if self.tokens is None:
             return None
-        return self.tokens + [None] * self.unknown_tail
+        return [*self.prompt[: self.head], *self.tokens, *([None] * self.unknown_tail)]
+
+    def known_ids(self, start: int, stop: int) -> tuple[int | None, ...]:
+        """The ids at positions [start, stop) from the head and the stored ids, as a
+        tuple; shorter where the range reaches into the unknown tail (tracked only)."""
+        head, tokens = self.head, self.tokens
+        assert tokens is not None
+        if stop <= head:
+            return tuple(self.prompt[start:stop])
+        if start >= head:
+            return tuple(tokens[start - head : stop - head])
+        return (*self.prompt[start:head], *tokens[: stop - head])
+
+    def materialize_head(self) -> None:
+        """Store the prompt ids of the head in `tokens` (before reading ids by position)."""
+        if self.head and self.tokens is not None:
+            self.tokens[:0] = self.prompt[: self.head]
+            self.head = 0
 
     def materialize_tail(self) -> None:
         """Store the unknown tail explicitly (before known ids are appended after it)."""
@@ -124,7 +148,7 @@ class RequestState:
             self.salt,
             self.extra,
             self.output_len,
-            None if self.tokens is None else (*self.tokens, *([None] * self.unknown_tail)),
+            None if self.tokens is None else tuple(self.token_list() or ()),
             self.seq_len,
             tuple(self.blocks),
             tuple(self.keys),

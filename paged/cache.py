@@ -54,12 +54,19 @@ import torch
 
 from kvbench.kernels import ops
 from kvbench.paged.accounting import CacheAccounting, CacheLimits
-from kvbench.paged.block_chain import BlockChain
+from kvbench.paged.block_chain import BlockChain, block_tuples
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.block_table import RequestState, block_table_tensor
 from kvbench.paged.device_kv import DeviceKV
 from kvbench.paged.eviction import make_queue
-from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, PrefixCache, PrefixCacheStats, block_key
+from kvbench.paged.prefix_cache import (
+    ExtraKeys,
+    KeyFn,
+    PrefixCache,
+    PrefixCacheStats,
+    block_key,
+    chain_keys,
+)
 from kvbench.paged.requests import RequestTable
 from kvbench.paged.swap import CpuBlockPool, SwapSpace
 from kvbench.reference.contract import (
@@ -84,6 +91,9 @@ from kvbench.workloads.errors import CapacityError, ConfigError, ShapeError
 from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.kv_quant import ScaleSpec, append_dtype, make_kv_quant
 from kvbench.workloads.torch_dtypes import torch_dtype
+
+#: The id types `_append_plain` takes without `validate_token_ids` (exact ints).
+_INT_ONLY = {int}
 
 
 class PagedKVCache:
@@ -384,7 +394,8 @@ class PagedKVCache:
         cached = len(hits) * self.block_size
         if self.prefix is not None:
             self.prefix.record_lookup(len(prompt), len(hits), cached)
-        tokens: list[int | None] | None = list(prompt[:cached]) if self._track_tokens else None
+        # the hit's ids are the prompt's: kept as the request's head, not copied
+        tokens: list[int | None] | None = [] if self._track_tokens else None
         state = RequestState(
             request_id,
             self.requests.next_order(),
@@ -398,6 +409,8 @@ class PagedKVCache:
             keys,
         )
         state.chain = chain
+        if tokens is not None:
+            state.head = cached
         self.requests.add(state)
         return cached
 
@@ -451,29 +464,45 @@ class PagedKVCache:
         """Memory-only append of n tokens (bookkeeping only; no KV is written)."""
         if self.store_kv:
             raise ConfigError("append_tokens is for memory-only caches; use append with KV")
-        if token_ids is None and type(n) is int and n > 0 and self._append_plain(request_id, n):
+        if type(n) is int and n > 0 and self._append_plain(request_id, n, token_ids):
             return
         n = require_positive("n", n)
         req, fresh, cow = self._check_growth(request_id, n, token_ids)
         self._grow(req, n, fresh, cow, token_ids)
         self._register_full_blocks(req)
 
-    def _append_plain(self, request_id: RequestId, n: int) -> bool:
-        """The common memory-only append (a resident request, no ids, no copy-on-write,
-        within max_seq_len and the free blocks: what `_check_growth` would pass) grown by
-        `_grow`; False, nothing changed, for anything else (`_check_growth` then says
-        why). Trace replays call it millions of times, hence the checks inline."""
+    def _append_plain(
+        self, request_id: RequestId, n: int, token_ids: Sequence[int | None] | None
+    ) -> bool:
+        """The common memory-only append (a resident request, no ids or a list of n
+        non-negative ints, no copy-on-write, within max_seq_len and the free blocks: what
+        `_check_growth` would pass) grown by `_grow`; False, nothing changed, for
+        anything else (`_check_growth` then says why). Trace replays and the allocator
+        benches call it millions of times, hence the checks inline."""
+        if token_ids is not None and not (
+            type(token_ids) is list
+            and len(token_ids) == n
+            and set(map(type, token_ids)) == _INT_ONLY
+            and min(token_ids) >= 0
+        ):
+            return False
         try:
             req = self.requests.by_id[request_id]
         except (KeyError, TypeError):
             return False
-        if req.swapped or req.seq_len + n > self.max_seq_len:
+        s, bs, blocks, pool = req.seq_len, self.block_size, req.blocks, self.pool
+        if req.swapped or s + n > self.max_seq_len:
             return False
-        fresh, cow = self._growth(req, n)
-        if cow or fresh > self.pool.num_free:
+        idx = s // bs  # `_growth`, inline
+        if idx < len(blocks) and pool.ref[blocks[idx]] > 1:
+            return False  # copy-on-write: the general path
+        fresh = -(-(s + n) // bs) - len(blocks)
+        if fresh <= 0:
+            fresh = 0
+        elif fresh > len(pool._free) + len(pool._evictable):  # pool.num_free
             return False
-        self._grow(req, n, fresh, False, None)
-        if req.hashable and self.prefix is not None:
+        self._grow(req, n, fresh, False, token_ids, ints=True)
+        if req.hashable and self.prefix is not None and len(req.keys) < req.seq_len // bs:
             self._register_full_blocks(req)
         return True
 
@@ -484,9 +513,12 @@ class PagedKVCache:
         fresh: int,
         cow: bool,
         token_ids: Sequence[int | None] | None,
+        *,
+        ints: bool = False,
     ) -> int:
         """Take the planned blocks (copy-on-write first) and advance the request by n
-        tokens; returns the first new position. Nothing here can fail."""
+        tokens; returns the first new position. Nothing here can fail. `ints`: the
+        caller checked that token_ids (if any) are exact ints."""
         bs, pool, s = self.block_size, self.pool, req.seq_len
         blocks = req.blocks
         if cow:
@@ -507,37 +539,56 @@ class PagedKVCache:
             if token_ids is not None:
                 req.chain = None  # given ids may differ from the prompt's: hash them
                 req.materialize_tail()
-                if set(map(type, token_ids)) <= PLAIN_TOKEN_TYPES:  # exact ints / None
+                if ints or set(map(type, token_ids)) <= PLAIN_TOKEN_TYPES:  # exact ints / None
                     tokens.extend(token_ids)
                 else:
                     tokens.extend(int(t) if t is not None else None for t in token_ids)
             elif s < req.prompt_len:  # prompt ids are known (and no unknown tail precedes)
-                part = req.prompt[s:end]
-                tokens.extend(part)
-                req.unknown_tail += n - len(part)
+                take = min(end, req.prompt_len) - s
+                if req.head == s:  # nothing stored yet: the head grows, no ids copied
+                    req.head = s + take
+                else:
+                    tokens.extend(req.prompt[s : s + take])
+                req.unknown_tail += n - take
             else:
                 req.unknown_tail += n
         req.seq_len = end
         return s
 
     def _register_full_blocks(self, req: RequestState) -> None:
-        """Index every newly full block of the request whose token ids are all known."""
+        """Index every newly full block of the request whose token ids are all known.
+
+        Blocks of the prompt's head (ids not copied, `RequestState.head`) are keyed in
+        bulk: from the precomputed chain where there is one, else hashed from the prompt
+        with `chain_keys` (the same keys as `block_key` block by block; a cache with
+        another key function hashes them one by one). Later blocks are hashed one by
+        one from their ids (`RequestState.known_ids`)."""
         if self.prefix is None or not req.hashable or req.tokens is None:
             return
-        prefix, tokens, keys, extra = self.prefix, req.tokens, req.keys, req.extra
-        key_fn, insert, bs = prefix.key_fn, prefix.insert, self.block_size
+        prefix, keys, extra, bs = self.prefix, req.keys, req.extra, self.block_size
         i = len(keys)
+        full = req.seq_len // bs
+        if i >= full:
+            return
         parent = keys[-1] if keys else None
         chain = req.chain
         if chain is not None:  # the prompt's full blocks: keys and tuples precomputed
-            stop = min(len(chain.keys), req.seq_len // bs)
+            stop = min(len(chain.keys), full)
             if i < stop:
                 new = chain.keys[i:stop]
                 prefix.insert_chain(req.blocks[i:stop], new, chain.chunks[i:stop], parent, extra)
                 keys.extend(new)
                 parent, i = new[-1], stop
+        stop = min(req.head // bs, full)  # blocks wholly in the head
+        if i < stop and prefix.key_fn is block_key:
+            ids = req.prompt[i * bs : stop * bs]
+            hashed = chain_keys(ids, bs, extra, parent)
+            prefix.insert_chain(req.blocks[i:stop], hashed, block_tuples(ids, bs), parent, extra)
+            keys.extend(hashed)
+            parent, i = hashed[-1], stop
+        key_fn, insert, known = prefix.key_fn, prefix.insert, req.known_ids
         while (i + 1) * bs <= req.seq_len:
-            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            chunk = known(i * bs, (i + 1) * bs)
             if len(chunk) < bs or None in chunk:  # short: it reaches into the unknown tail
                 req.hashable = False
                 return

@@ -35,14 +35,19 @@ POLICIES = ("lru", "lfu")
 class LFUQueue:
     """Evictable blocks by (use count, release order): a heap with lazy deletion.
 
-    Invariant: `_live[block]` is the (count, order) key of every evictable block; the heap
-    holds those keys plus stale ones (of revived or re-released blocks), which `popitem`
-    skips; it is rebuilt when stale entries outnumber live ones."""
+    Invariant: `_live[block]` is the key of every evictable block; the heap holds those
+    keys plus stale ones (of revived or re-released blocks), which `popitem` skips; it
+    is rebuilt when stale entries outnumber live ones.
+
+    A key is one int, uses * 2**80 + order * 2**32 + block: ordered exactly as
+    the tuple (uses, order, block) (order < 2**48 and block < 2**32, a pool's int32 ids),
+    and compared in one step where a tuple compares field by field (a 5M-block heap
+    compares ~23 keys per pop)."""
 
     def __init__(self) -> None:
-        self._live: dict[int, tuple[int, int]] = {}
+        self._live: dict[int, int] = {}
         self._uses: dict[int, int] = {}
-        self._heap: list[tuple[int, int, int]] = []
+        self._heap: list[int] = []
         self._order = 0
 
     def __len__(self) -> int:
@@ -58,14 +63,16 @@ class LFUQueue:
         uses = self._uses.get(block, 0) + 1
         self._uses[block] = uses
         self._order += 1
-        key = (uses, self._order)
-        self._live[block] = key
-        heapq.heappush(self._heap, (uses, self._order, block))
+        if not 0 <= block <= _BLOCK_MASK:  # a pool's ids are int32: never in practice
+            raise ConfigError(f"block id {block} does not fit an LFU key")
+        code = (uses << _USES_SHIFT) | (self._order << _BLOCK_BITS) | block
+        self._live[block] = code
+        heapq.heappush(self._heap, code)
 
     def __delitem__(self, block: int) -> None:
         del self._live[block]  # KeyError like a dict; the heap entry goes stale
         if len(self._heap) > 2 * len(self._live) + 64:
-            self._heap = [(c, o, b) for b, (c, o) in self._live.items()]
+            self._heap = list(self._live.values())
             heapq.heapify(self._heap)
 
     def popitem(self, last: bool = True) -> tuple[int, None]:
@@ -74,12 +81,19 @@ class LFUQueue:
             raise ConfigError("an LFU queue evicts from the front only (last=False)")
         heap, live = self._heap, self._live
         while heap:
-            uses, order, block = heapq.heappop(heap)
-            if live.get(block) == (uses, order):
+            code = heapq.heappop(heap)
+            block = code & _BLOCK_MASK
+            if live.get(block) == code:
                 del live[block]
                 del self._uses[block]  # evicted: its content (and history) is gone
                 return block, None
         raise KeyError("popitem(): the LFU queue is empty")
+
+
+_BLOCK_BITS = 32
+_ORDER_BITS = 48
+_BLOCK_MASK = (1 << _BLOCK_BITS) - 1
+_USES_SHIFT = _ORDER_BITS + _BLOCK_BITS  # release orders stay below 2**48
 
 
 def make_queue(policy: str = "lru") -> MutableMapping[int, None] | LFUQueue:

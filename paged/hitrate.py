@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from kvbench.paged.block_chain import BlockChain, block_chain
 from kvbench.paged.cache import PagedKVCache
+from kvbench.paged.gc_pause import gc_paused
 from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.trace import Trace
 
@@ -80,7 +81,20 @@ def replay(
     (`footprint_blocks`); the pool is min(capacity // block_size, pool_limit)."""
     require_positive("block_size", block_size)
     cache = _memory_cache(capacity_tokens, block_size, policy, pool_limit)
-    pool, max_tokens = cache.num_blocks, cache.max_seq_len
+    with gc_paused():
+        hits, prompts = _replay_one(trace, cache, progress)
+    assert cache.prefix is not None
+    return ReplayResult(
+        capacity_tokens, block_size, policy, hits, prompts, cache.num_blocks,
+        cache.prefix.evictions,
+    )  # fmt: skip
+
+
+def _replay_one(
+    trace: Trace, cache: PagedKVCache, progress: Callable[[int], None] | None
+) -> tuple[int, int]:
+    """`replay`'s loop: (hit tokens, prompt tokens)."""
+    max_tokens = cache.max_seq_len
     hits = prompts = 0
     for i, req in enumerate(trace.requests):
         ids = req.prompt_ids(i)
@@ -93,10 +107,7 @@ def replay(
         hits += cached
         if progress is not None:
             progress(1)
-    assert cache.prefix is not None
-    return ReplayResult(
-        capacity_tokens, block_size, policy, hits, prompts, pool, cache.prefix.evictions
-    )
+    return hits, prompts
 
 
 @dataclass(frozen=True)
@@ -123,8 +134,29 @@ def replay_many(
     if not configs:
         return []
     caches = [_memory_cache(c.capacity_tokens, block_size, c.policy, pool_limit) for c in configs]
-    limits = [(c.capacity_tokens // block_size) * block_size for c in configs]
-    hits = [0] * len(configs)
+    with gc_paused():
+        hits, prompts = _replay_all(trace, caches, block_size, progress)
+    out: list[ReplayResult] = []
+    for c, cache, h in zip(configs, caches, hits, strict=True):
+        assert cache.prefix is not None
+        out.append(
+            ReplayResult(
+                c.capacity_tokens, block_size, c.policy, h, prompts, cache.num_blocks,
+                cache.prefix.evictions,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _replay_all(
+    trace: Trace,
+    caches: Sequence[PagedKVCache],
+    block_size: int,
+    progress: Callable[[int], None] | None,
+) -> tuple[list[int], int]:
+    """`replay_many`'s loop: (hit tokens per cache, prompt tokens)."""
+    limits = [cache.max_seq_len for cache in caches]
+    hits = [0] * len(caches)
     prompts = 0
     for i, req in enumerate(trace.requests):
         ids = req.prompt_ids(i)
@@ -146,16 +178,7 @@ def replay_many(
             hits[k] += cached
         if progress is not None:
             progress(1)
-    out: list[ReplayResult] = []
-    for c, cache, h in zip(configs, caches, hits, strict=True):
-        assert cache.prefix is not None
-        out.append(
-            ReplayResult(
-                c.capacity_tokens, block_size, c.policy, h, prompts, cache.num_blocks,
-                cache.prefix.evictions,
-            )
-        )  # fmt: skip
-    return out
+    return hits, prompts
 
 
 def _memory_cache(

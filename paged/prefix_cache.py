@@ -270,6 +270,13 @@ class PrefixCache:
         del self._by_key[entry.key]
         self.evictions += 1
 
+    def drop_many(self, blocks: Sequence[int]) -> None:
+        """`drop` each block in order (the pool is reallocating them)."""
+        pop, by_key = self._by_block.pop, self._by_key
+        for block in blocks:
+            del by_key[pop(block)[0]]
+            self.evictions += 1
+
     def record_lookup(self, queried_tokens: int, hit_blocks: int, hit_tokens: int) -> None:
         self.lookups += 1
         self.queried_tokens += queried_tokens

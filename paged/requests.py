@@ -6,10 +6,11 @@ needed, a repeated id in a group: each a clear error, nothing changed), and chec
 the request tables account for every reference the device pool counts.
 
 Invariants (asserted by `check`): every request holds ceil(max(seq_len, prompt_len) /
-block_size) blocks and at most max_seq_len tokens; tracked token ids are in step with
-seq_len; keyed blocks are leading full blocks; the resident tables hold exactly the
-device pool's reference counts, each block filled as far as its request's tokens reach,
-reserved (unwritten) blocks unshared, cached blocks keyed by the request's own prefix.
+block_size) blocks and at most max_seq_len tokens; tracked token ids (the prompt head,
+the stored ones, the unknown tail) are in step with seq_len; keyed blocks are leading full
+blocks; the resident tables hold exactly the device pool's reference counts, each block
+filled as far as its request's tokens reach, reserved (unwritten) blocks unshared, cached
+blocks keyed by the request's own prefix.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class RequestTable:
             )
             assert req.seq_len <= max_seq_len
             if req.tokens is not None:
-                assert len(req.tokens) + req.unknown_tail == req.seq_len, (
+                assert req.head + len(req.tokens) + req.unknown_tail == req.seq_len, (
                     f"request {rid!r} token ids out of step"
                 )
             assert len(req.keys) <= req.seq_len // bs

@@ -211,6 +211,7 @@ class SwapSpace:
             req.blocks = table
             req.swapped = False
             if self.prefix is not None and req.tokens is not None:
+                req.materialize_head()  # the ids by position
                 for i, key in enumerate(req.keys):
                     parent = req.keys[i - 1] if i else None
                     chunk = req.tokens[i * bs : (i + 1) * bs]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from kvbench.paged.gc_pause import gc_paused
 from kvbench.paged.serving.latency import flat
 from kvbench.paged.serving.rate import served_throughput, sustained_rate
 from kvbench.paged.serving.simulation import setup_spec, setup_time_model, simulate
@@ -49,14 +50,15 @@ def serve_trace(
     (preemption by the cost model, the engine's event mode unless `config` says
     otherwise). `result.info["kv_blocks"]` is the cache's block count."""
     spec = setup_spec(setup, "paged", block_size, prefix_caching=True)
-    result = simulate(
-        time_scaled(trace, time_scale),
-        spec,
-        profile=setup.profile,
-        config=replace(config or SchedulerConfig(), preemption="auto"),
-        progress=progress,
-        time_model=setup_time_model(setup, block_size),
-    )
+    with gc_paused():  # a whole-trace replay holds millions of index entries
+        result = simulate(
+            time_scaled(trace, time_scale),
+            spec,
+            profile=setup.profile,
+            config=replace(config or SchedulerConfig(), preemption="auto"),
+            progress=progress,
+            time_model=setup_time_model(setup, block_size),
+        )
     result.info.update(
         setup=setup.name, time_scale=float(time_scale), kv_blocks=spec.blocks(), modeled=True
     )

@@ -161,3 +161,101 @@ def test_bulk_allocation_equals_one_block_at_a_time(
     assert bulk.snapshot() == single.snapshot()
     assert bulk.prefix.snapshot() == single.prefix.snapshot()  # type: ignore[union-attr]
     bulk.check()
+
+
+def _hashed_one_by_one(parent: bytes | None, tokens, extra):  # type: ignore[no-untyped-def]
+    """block_key under another name: a cache given it keys every block one at a time
+    from stored ids (the straightforward path), with exactly block_key's keys."""
+    return block_key(parent, tokens, extra)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "append", "append_ids", "append_none", "fork", "free"]),
+            st.integers(0, 5),
+            st.integers(1, 9),
+            st.integers(0, 3),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    block_size=st.sampled_from([1, 2, 4]),
+    chained=st.booleans(),
+    policy=st.sampled_from(["lru", "lfu"]),
+)
+def test_bulk_keying_of_the_prompt_head_equals_keying_block_by_block(
+    ops: list[tuple[str, int, int, int]], block_size: int, chained: bool, policy: str
+) -> None:
+    """The prompt's head (ids kept as the prompt, not copied) is keyed in bulk
+    (`chain_keys`, or the chain given); a cache whose key function is not `block_key`
+    itself keys every block one at a time from stored ids. Same calls, same snapshots
+    (index, entries, token ids, refcounts, queues) after every call."""
+    stems = [tuple(range(100, 120)), (*range(100, 108), *range(300, 312)), tuple(range(500, 520))]
+
+    def make(key_fn):  # type: ignore[no-untyped-def]
+        return PagedKVCache(
+            TINY, num_blocks=24, block_size=block_size, store_kv=False, key_fn=key_fn,
+            eviction_policy=policy,
+        )  # fmt: skip
+
+    bulk, plain = make(block_key), make(_hashed_one_by_one)
+    live: list[int] = []
+    next_id = 0
+    for kind, pick, n, variant in ops:
+        calls: list = []
+        if kind == "admit" or not live:
+            prompt = stems[variant % 3][: 4 + n + variant]
+            salt = "s" if variant == 3 else None
+            rid = next_id
+            next_id += 1
+            calls = [("admit", rid, prompt, salt)]
+        else:
+            rid = live[pick % len(live)]
+            if kind == "free":
+                calls = [("free", rid)]
+            elif kind == "fork":
+                calls = [("fork", rid, next_id)]
+                next_id += 1
+            else:
+                ids = {"append": None, "append_ids": [7 + variant] * n}.get(kind, [None] * n)
+                calls = [("append", rid, n, ids)]
+        outcomes = []
+        for cache in (bulk, plain):
+            try:
+                for call in calls:
+                    if call[0] == "admit":
+                        _, r, prompt, salt = call
+                        chain = (
+                            block_chain(prompt, block_size, (salt, None), cache.prefix.key_fn)  # type: ignore[union-attr]
+                            if chained
+                            else None
+                        )
+                        cached = cache.admit(r, prompt, salt=salt, chain=chain)
+                        cache.append_tokens(r, len(prompt) - cached) if variant % 2 else None
+                        outcomes.append(cached)
+                    elif call[0] == "free":
+                        cache.free(call[1])
+                    elif call[0] == "fork":
+                        cache.fork(call[1], call[2])
+                    else:
+                        _, r, k, ids = call
+                        cache.append_tokens(r, k, ids)
+                outcomes.append("ok")
+            except (CapacityError, ConfigError) as exc:
+                outcomes.append(type(exc).__name__)
+        assert outcomes[: len(outcomes) // 2] == outcomes[len(outcomes) // 2 :]
+        if outcomes[-1] == "ok":
+            if calls[0][0] == "admit":
+                live.append(calls[0][1])
+            elif calls[0][0] == "fork":
+                live.append(calls[0][2])
+            elif calls[0][0] == "free":
+                live.remove(calls[0][1])
+        snap_b, snap_p = bulk.snapshot(), plain.snapshot()
+        assert snap_b == snap_p
+        for cache in (bulk, plain):
+            cache.check()
+            for r in cache.request_ids():
+                assert cache.token_ids(r) == plain.token_ids(r)

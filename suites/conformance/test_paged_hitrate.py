@@ -154,3 +154,44 @@ def test_lru_stays_the_default_and_unknown_policies_are_refused() -> None:
         PagedKVCache(TINY, 8, 4, store_kv=False, eviction_policy="fifo")
     with pytest.raises(ConfigError, match="holds no block"):
         replay(_mooncake_head(), 100, 512)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["release", "revive", "evict"]), st.integers(0, 11)),
+        max_size=120,
+    )
+)
+def test_the_lfu_queue_evicts_as_a_plain_minimum_over_uses_then_release_order(
+    ops: list[tuple[str, int]],
+) -> None:
+    """LFUQueue (one-int heap keys, lazy deletion, rebuilds) against the definition
+    written out: each block's uses and release order in a dict, eviction = the minimum
+    of (uses, order); the same block popped, the same order listed, after every call."""
+    from kvbench.paged.eviction import LFUQueue
+
+    queue = LFUQueue()
+    live: dict[int, tuple[int, int]] = {}
+    uses: dict[int, int] = {}
+    order = 0
+    for kind, block in ops:
+        if kind == "release" and block not in live:
+            queue[block] = None
+            uses[block] = uses.get(block, 0) + 1
+            order += 1
+            live[block] = (uses[block], order)
+        elif kind == "revive" and block in live:
+            del queue[block]
+            del live[block]
+        elif kind == "evict":
+            if not live:
+                with pytest.raises(KeyError):
+                    queue.popitem(last=False)
+                continue
+            want = min(live, key=live.__getitem__)
+            assert queue.popitem(last=False) == (want, None)
+            del live[want]
+            del uses[want]
+        assert list(queue) == sorted(live, key=live.__getitem__)
+        assert len(queue) == len(live)
