@@ -151,6 +151,25 @@ class BlockPool:
             self.live_slots += self.fill[block]
         self.ref[block] += 1
 
+    def incref_many(self, blocks: Sequence[int]) -> None:
+        """`incref` each block in order (an admission's prefix hits); ConfigError before
+        anything changes if one of them is free (at refcount 0 and not evictable)."""
+        ref, evictable = self.ref, self._evictable
+        for block in blocks:
+            if ref[block] == 0 and block not in evictable:
+                raise ConfigError(f"block {block} is free; allocate it instead of sharing it")
+        used = live = 0
+        fill = self.fill
+        for block in blocks:
+            count = ref[block]
+            if count == 0:
+                del evictable[block]
+                used += 1
+                live += fill[block]
+            ref[block] = count + 1
+        self.num_used += used
+        self.live_slots += live
+
     def decref(self, block: int) -> None:
         """Drop a reference; at zero the block becomes evictable (cached) or free."""
         if self.ref[block] <= 0:

@@ -28,6 +28,8 @@ class RequestState:
     hashable: False once a block with an unknown token id fills (no later block is keyed).
     chain: the prompt's precomputed key chain (`paged.block_chain`) or None; its keys
         and block tuples replace hashing the prompt's full blocks.
+    miss: the key the admission's prefix match computed for the first block it did not
+        find (see `__init__`); a cache of hashing, not state (snapshots leave it out).
     tokens: ids of the cached tokens (None where not given), or None when not tracked;
         the first `head` of them are the prompt's first `head` ids and not stored (a
         replay given the prompt's chain never reads them: 10^8 ids not copied), the last
@@ -44,6 +46,7 @@ class RequestState:
         "hashable",
         "head",
         "keys",
+        "miss",
         "order",
         "output_len",
         "prompt",
@@ -85,6 +88,10 @@ class RequestState:
         self.hashable = True
         self.swapped = False
         self.chain: BlockChain | None = None
+        #: (parent key, ids, key) of block len(keys) as the admission's prefix match
+        #: keyed it (`PrefixCache.miss`), or None: registration reuses that key when the
+        #: block fills with those ids under that parent (one sha256 per block, not two).
+        self.miss: tuple[bytes | None, Sequence[int], bytes] | None = None
 
     @property
     def pending_prompt(self) -> int:

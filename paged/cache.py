@@ -317,8 +317,8 @@ class PagedKVCache:
     def _admission_cost(self, prompt_len: int, hits: Sequence[int]) -> int:
         """Blocks an admission takes from the free count: fresh ones plus revived hits."""
         fresh = -(-prompt_len // self.block_size) - len(hits)
-        revived = sum(1 for b in hits if self.pool.ref[b] == 0)
-        return fresh + revived
+        ref = self.pool.ref
+        return fresh + [ref[b] for b in hits].count(0)  # + revived hits
 
     def blocks_needed_to_admit(
         self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None
@@ -373,9 +373,10 @@ class PagedKVCache:
             isinstance(output_len, bool) or not isinstance(output_len, int) or output_len < 0
         ):
             raise ConfigError(f"output_len must be an integer >= 0, got {output_len!r}")
-        for name, value in (("salt", salt), ("adapter_id", adapter_id)):
-            if value is not None and not isinstance(value, str):
-                raise ConfigError(f"{name} must be a string or None, got {value!r}")
+        if salt is not None or adapter_id is not None:
+            for name, value in (("salt", salt), ("adapter_id", adapter_id)):
+                if value is not None and not isinstance(value, str):
+                    raise ConfigError(f"{name} must be a string or None, got {value!r}")
         extra: ExtraKeys = (salt, adapter_id)
         if chain is not None:
             chain = self._check_chain(chain, given, extra)
@@ -388,8 +389,7 @@ class PagedKVCache:
                 f"{cost} blocks, {free} free, watermark keeps {self.watermark_blocks}"
             )
         # ---- mutation starts: nothing below can fail
-        for b in hits:
-            self.pool.incref(b)
+        self.pool.incref_many(hits)
         fresh = self.pool.allocate_many(-(-len(prompt) // self.block_size) - len(hits))
         cached = len(hits) * self.block_size
         if self.prefix is not None:
@@ -411,6 +411,8 @@ class PagedKVCache:
         state.chain = chain
         if tokens is not None:
             state.head = cached
+            if chain is None and self.prefix is not None:
+                state.miss = self.prefix.miss
         self.requests.add(state)
         return cached
 
@@ -476,9 +478,10 @@ class PagedKVCache:
     ) -> bool:
         """The common memory-only append (a resident request, no ids or a list of n
         non-negative ints, no copy-on-write, within max_seq_len and the free blocks: what
-        `_check_growth` would pass) grown by `_grow`; False, nothing changed, for
-        anything else (`_check_growth` then says why). Trace replays and the allocator
-        benches call it millions of times, hence the checks inline."""
+        `_check_growth` would pass); False, nothing changed, for anything else
+        (`_check_growth` then says why). Trace replays and the allocator benches call it
+        millions of times, hence the checks and `_grow`'s no-copy-on-write steps (with
+        `BlockPool.fill_span`) inline: the same blocks, fills, ids and keys."""
         if token_ids is not None and not (
             type(token_ids) is list
             and len(token_ids) == n
@@ -490,19 +493,48 @@ class PagedKVCache:
             req = self.requests.by_id[request_id]
         except (KeyError, TypeError):
             return False
-        s, bs, blocks, pool = req.seq_len, self.block_size, req.blocks, self.pool
-        if req.swapped or s + n > self.max_seq_len:
+        s = req.seq_len
+        end = s + n
+        if req.swapped or end > self.max_seq_len:
             return False
-        idx = s // bs  # `_growth`, inline
-        if idx < len(blocks) and pool.ref[blocks[idx]] > 1:
+        bs, blocks, pool = self.block_size, req.blocks, self.pool
+        first = s // bs  # `_growth`, inline
+        last = -(-end // bs)  # blocks the request spans after the append
+        held = len(blocks)
+        if first < held and pool.ref[blocks[first]] > 1:
             return False  # copy-on-write: the general path
-        fresh = -(-(s + n) // bs) - len(blocks)
-        if fresh <= 0:
-            fresh = 0
-        elif fresh > len(pool._free) + len(pool._evictable):  # pool.num_free
-            return False
-        self._grow(req, n, fresh, False, token_ids, ints=True)
-        if req.hashable and self.prefix is not None and len(req.keys) < req.seq_len // bs:
+        if last > held:
+            fresh = last - held
+            if fresh > len(pool._free) + len(pool._evictable):  # pool.num_free
+                return False
+            # ---- mutation starts (`_grow`, no copy-on-write): nothing below can fail
+            if fresh == 1:
+                blocks.append(pool.allocate())
+            else:
+                blocks += pool.allocate_many(fresh)
+        fill = pool.fill  # `pool.fill_span(blocks, s, end)`, inline
+        pool.live_slots += n
+        for i in range(first, last - 1):
+            fill[blocks[i]] = bs
+        fill[blocks[last - 1]] = end - (last - 1) * bs
+        tokens = req.tokens
+        if tokens is not None:
+            if token_ids is not None:
+                req.chain = None  # given ids may differ from the prompt's: hash them
+                if req.unknown_tail:
+                    req.materialize_tail()
+                tokens.extend(token_ids)
+            elif s < req.prompt_len:  # prompt ids are known (and no unknown tail precedes)
+                take = min(end, req.prompt_len) - s
+                if req.head == s:  # nothing stored yet: the head grows, no ids copied
+                    req.head = s + take
+                else:
+                    tokens.extend(req.prompt[s : s + take])
+                req.unknown_tail += n - take
+            else:
+                req.unknown_tail += n
+        req.seq_len = end
+        if req.hashable and len(req.keys) < end // bs and self.prefix is not None:
             self._register_full_blocks(req)
         return True
 
@@ -582,17 +614,27 @@ class PagedKVCache:
         stop = min(req.head // bs, full)  # blocks wholly in the head
         if i < stop and prefix.key_fn is block_key:
             ids = req.prompt[i * bs : stop * bs]
-            hashed = chain_keys(ids, bs, extra, parent)
+            miss, req.miss = req.miss, None
+            if miss is not None and miss[0] == parent and tuple(miss[1]) == tuple(ids[:bs]):
+                # block i as the admission's match keyed it: same parent, same ids
+                hashed = [miss[2], *chain_keys(ids[bs:], bs, extra, miss[2])]
+            else:
+                hashed = chain_keys(ids, bs, extra, parent)
             prefix.insert_chain(req.blocks[i:stop], hashed, block_tuples(ids, bs), parent, extra)
             keys.extend(hashed)
             parent, i = hashed[-1], stop
         key_fn, insert, known = prefix.key_fn, prefix.insert, req.known_ids
+        miss, req.miss = req.miss, None
         while (i + 1) * bs <= req.seq_len:
             chunk = known(i * bs, (i + 1) * bs)
             if len(chunk) < bs or None in chunk:  # short: it reaches into the unknown tail
                 req.hashable = False
                 return
-            key = key_fn(parent, chunk, extra)  # type: ignore[arg-type]
+            if miss is not None and miss[0] == parent and tuple(miss[1]) == chunk:
+                key = miss[2]  # as the admission's match keyed it: same parent, same ids
+            else:
+                key = key_fn(parent, chunk, extra)  # type: ignore[arg-type]
+            miss = None
             insert(req.blocks[i], key, parent, chunk, extra)  # type: ignore[arg-type]
             keys.append(key)
             parent = key

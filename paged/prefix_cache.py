@@ -37,7 +37,12 @@ def block_key(parent: bytes | None, tokens: Sequence[int], extra: ExtraKeys) -> 
     + its bytes; the token count (u32 LE) and each token id as int64 LE; the number of
     extra keys (u32 LE) and each as 0x00 (None) or 0x01 + UTF-8 length (u32 LE) + bytes.
     """
-    head = _head(parent)
+    if parent is None:  # `_head`, inline: this runs once per full block
+        head = _ROOT
+    elif len(parent) == 32:
+        head = _PARENT32 + parent
+    else:
+        head = _head(parent)
     n = len(tokens)
     packer = _TOKEN_STRUCTS.get(n) or _token_struct(n)
     tail = _EXTRA_BYTES.get(extra) or _extra_bytes(extra)
@@ -159,6 +164,10 @@ class PrefixCache:
         self.hit_blocks = 0
         self.hit_tokens = 0
         self.evictions = 0
+        #: (parent key, ids, key) of the block the last `match` stopped at (its key was
+        #: computed, it was not cached), or None; lets the admission that follows key that
+        #: block once, not again when it fills. Not state: snapshots leave it out.
+        self.miss: tuple[bytes | None, Sequence[int], bytes] | None = None
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -194,11 +203,18 @@ class PrefixCache:
         keys: list[bytes] = []
         blocks: list[int] = []
         parent: bytes | None = None
+        key_fn, by_key, by_block = self.key_fn, self._by_key, self._by_block
+        self.miss = None
         for i in range(max_blocks):
             chunk = tokens[i * block_size : (i + 1) * block_size]
-            key = self.key_fn(parent, chunk, extra)
-            block = self.get(key, parent, chunk, extra)
+            key = key_fn(parent, chunk, extra)
+            block = by_key.get(key)  # `get`, inline: this runs once per prompt block
+            if block is not None:
+                entry = by_block[block]
+                if entry.parent != parent or entry.extra != extra or entry.tokens != tuple(chunk):
+                    block = None  # a hash collision: never serve another prefix's KV
             if block is None:
+                self.miss = (parent, chunk, key)
                 break
             keys.append(key)
             blocks.append(block)
@@ -217,6 +233,7 @@ class PrefixCache:
         by_key, by_block = self._by_key, self._by_block
         blocks: list[int] = []
         parent: bytes | None = None
+        self.miss = None
         for key, chunk in zip(keys[:max_blocks], chunks, strict=False):
             block = by_key.get(key)
             if block is None:

@@ -60,11 +60,14 @@ class KVBenchAllocator:
         cached = self.cache.admit(request_id, prompt, salt=salt)
         rest = len(prompt) - cached
         if rest:  # inside the admitted reservation: cannot run out of blocks
-            self.cache.append_tokens(request_id, rest, list(prompt[cached:]))
+            ids = prompt[cached:]  # a list's slice is a new list already: no second copy
+            self.cache.append_tokens(request_id, rest, ids if type(ids) is list else list(ids))
         return cached
 
     def append(self, request_id: Hashable, token_ids: Sequence[int]) -> None:
-        self.cache.append_tokens(request_id, len(token_ids), list(token_ids))
+        # the cache copies the ids it keeps (it never holds on to the caller's list)
+        ids = token_ids if type(token_ids) is list else list(token_ids)
+        self.cache.append_tokens(request_id, len(ids), ids)
 
     def free(self, request_id: Hashable) -> None:
         self.cache.free(request_id)
