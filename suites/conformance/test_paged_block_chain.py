@@ -259,3 +259,35 @@ def test_bulk_keying_of_the_prompt_head_equals_keying_block_by_block(
             cache.check()
             for r in cache.request_ids():
                 assert cache.token_ids(r) == plain.token_ids(r)
+
+
+@pytest.mark.parametrize("ids_from", ["prompt", "other", "none"])
+def test_the_key_the_match_computed_is_reused_only_for_the_same_ids_and_parent(
+    ids_from: str,
+) -> None:
+    """Admission keys the first block its prefix match misses (`PrefixCache.miss`);
+    registration reuses that key only when the block fills with the same ids under the
+    same parent. Oracle: every index entry's key recomputed with `block_key` from its
+    stored parent, ids and extra keys, after a hit, a miss and a fill with the prompt's
+    ids, other ids or no ids (the prompt's head)."""
+    cache = PagedKVCache(TINY, num_blocks=16, block_size=4, store_kv=False)
+    stem = list(range(100, 108))  # two full blocks, shared
+    cache.admit("a", [*stem, 1, 2, 3, 4, 5])
+    cache.append_tokens("a", 13, [*stem, 1, 2, 3, 4, 5])
+    prompt = [*stem, 9, 9, 9, 9, 7]  # hits the stem, misses block 2 (keyed by the match)
+    assert cache.admit("b", prompt) == 8
+    assert cache.prefix is not None and cache.prefix.miss is not None
+    if ids_from == "prompt":
+        cache.append_tokens("b", 5, prompt[8:])
+    elif ids_from == "other":
+        cache.append_tokens("b", 5, [6, 6, 6, 6, 7])  # not the ids the match keyed
+    else:
+        cache.append_tokens("b", 5)
+    entries = cache.prefix.snapshot()[1]
+    assert isinstance(entries, dict) and len(entries) == 4  # a: 3 blocks, b: its block 2
+    for entry in entries.values():
+        assert entry.key == block_key(entry.parent, entry.tokens, entry.extra)
+    block2 = cache.block_table("b")[2]
+    want_ids = (6, 6, 6, 6) if ids_from == "other" else (9, 9, 9, 9)
+    assert entries[block2].tokens == want_ids
+    cache.check()
