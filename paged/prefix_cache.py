@@ -111,6 +111,11 @@ def _extra_bytes(extra: ExtraKeys) -> bytes:
     return encoded
 
 
+#: Token ids `PrefixCache.match`'s key memo holds at most (over all its entries; 8 bytes
+#: of tuple per id, the int objects are the prompts'): 2 MiB of ids at any block size.
+_KEY_MEMO_IDS = 1 << 18
+
+
 class _Entry(NamedTuple):
     """What an index entry verifies a hit against (a tuple: one is made per full block)."""
 
@@ -168,6 +173,9 @@ class PrefixCache:
         #: computed, it was not cached), or None; lets the admission that follows key that
         #: block once, not again when it fills. Not state: snapshots leave it out.
         self.miss: tuple[bytes | None, Sequence[int], bytes] | None = None
+        #: `match`'s memo of block_key by exact content (parent, ids, extra); cleared
+        #: when it holds _KEY_MEMO_IDS token ids. Not state: snapshots leave it out.
+        self._key_memo: dict[tuple[bytes | None, tuple[int, ...], ExtraKeys], bytes] = {}
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -204,10 +212,22 @@ class PrefixCache:
         blocks: list[int] = []
         parent: bytes | None = None
         key_fn, by_key, by_block = self.key_fn, self._by_key, self._by_block
+        memo = self._key_memo if key_fn is block_key else None
         self.miss = None
         for i in range(max_blocks):
             chunk = tokens[i * block_size : (i + 1) * block_size]
-            key = key_fn(parent, chunk, extra)
+            if memo is not None and type(chunk) is tuple:
+                # block_key is a pure function: a shared prefix is hashed once, not once
+                # per admission (an exact-content memo, so the keys are block_key's)
+                content = (parent, chunk, extra)
+                key = memo.get(content)
+                if key is None:
+                    key = block_key(parent, chunk, extra)
+                    if len(memo) * block_size >= _KEY_MEMO_IDS:
+                        memo.clear()
+                    memo[content] = key
+            else:
+                key = key_fn(parent, chunk, extra)
             block = by_key.get(key)  # `get`, inline: this runs once per prompt block
             if block is not None:
                 entry = by_block[block]
