@@ -3,6 +3,8 @@
 Every sweep page, figure caption, table heading and the index's sweep table name one of
 
     measured here (CPU | GPU)   timed on the machine that ran the bench;
+    computed here (CPU | GPU)   numerical results (logit errors, token agreement) of the
+                                machine that ran the bench, nothing timed;
     counted here                exact block / slot counts from replaying requests through
                                 kvbench's allocator (no clock involved);
     modeled (profile ...)       the serving engine's time model on a device profile (a GPU
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 MEASURED = "measured here"
+COMPUTED = "computed here"
 COUNTED = "counted here"
 MODELED = "modeled"
 PREDICTED = "predicted"
@@ -33,6 +36,9 @@ PUBLISHED_GPU = "measured on a GPU (Vidur profiles)"
 COMPILED = "compiled here"
 CLOSED_FORM = "closed form"
 NOT_STATED = "not stated"
+
+#: Kinds whose numbers depend on the device that produced them (named beside the kind).
+_ON_DEVICE = frozenset({MEASURED, COMPUTED})
 
 #: Each sweep's kinds, in the order a page names them.
 KINDS: dict[str, tuple[str, ...]] = {
@@ -55,8 +61,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "serving.cow_load": (MODELED,),
     "serving.rate": (MODELED,),
     "serving.kv_dtype": (MODELED, CLOSED_FORM),
-    "e2e.llama_fp8": (MEASURED,),
-    "e2e.kv_specs": (MEASURED,),
+    "e2e.llama_fp8": (COMPUTED,),
+    "e2e.kv_specs": (COMPUTED,),
     "serving.measured": (MEASURED, MODELED),
     "cow.parallel_sampling": (COUNTED,),
     "cow.beam_search": (COUNTED,),
@@ -77,6 +83,7 @@ KINDS: dict[str, tuple[str, ...]] = {
 #: What each kind means, for the page's one-line note.
 MEANING: dict[str, str] = {
     MEASURED: "timed on this machine",
+    COMPUTED: "numerical results (errors, token agreement) computed on this machine, nothing timed",
     COUNTED: "exact block / slot counts from replaying requests through kvbench's allocator",
     MODELED: "the serving engine's time model on a device profile, not a measurement",
     PREDICTED: "the kernels' cost model over GPU profiles, not a measurement",
@@ -103,7 +110,7 @@ class Produced:
     def _parts(self) -> list[str]:
         parts = []
         for kind in self.kinds:
-            if kind == MEASURED and self.device:
+            if kind in _ON_DEVICE and self.device:
                 parts.append(f"{kind} ({self.device})")
             elif kind == MODELED and self.profiles:
                 parts.append(f"{kind} ({', '.join(self.profiles)})")
@@ -122,7 +129,7 @@ class Produced:
             raise ValueError(f"kinds {extra} are not among the sweep's {list(self.kinds)}")
         return Produced(
             kinds,
-            self.device if MEASURED in kinds else "",
+            self.device if _ON_DEVICE & set(kinds) else "",
             self.profiles if MODELED in kinds else (),
         )
 
@@ -183,6 +190,6 @@ def produced(
     kinds = kinds_of(suite, frame, description)
     return Produced(
         kinds,
-        _device(frame, env_device) if MEASURED in kinds else "",
+        _device(frame, env_device) if _ON_DEVICE & set(kinds) else "",
         _profiles(frame) if MODELED in kinds else (),
     )

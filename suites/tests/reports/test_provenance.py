@@ -93,6 +93,18 @@ def test_fallbacks_read_the_description_then_the_statistics() -> None:
     assert not vidur.measured
 
 
+def test_end_to_end_errors_read_as_computed_not_timed() -> None:
+    """The e2e sweeps compute logit errors and token agreement; nothing in them is
+    timed, so their pages say "computed here" on the run's device, never "timed"."""
+    empty = pd.DataFrame({"metric": ["logit_error_max"], "value": [1e-6]})
+    for suite in ("e2e.llama_fp8", "e2e.kv_specs"):
+        made = P.produced(suite, empty)
+        assert made.tag() == "computed here (CPU)"
+        assert "nothing timed" in made.sentence()
+        assert "timed on this machine" not in made.sentence()
+        assert not made.measured
+
+
 def test_debug_columns_sit_in_details_and_parameters_carry_units(site: Path) -> None:
     page = (site / "sweep-kernel.decode.html").read_text()
     main, _, details = page.partition("<details>")
