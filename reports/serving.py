@@ -35,6 +35,9 @@ class DerivedTable:
     note: str
     header: list[str] = field(default_factory=list)
     rows: list[list[str]] = field(default_factory=list)
+    #: 0-based columns shown as numbers (right-aligned, unwrapped); None: every column
+    #: after the first two (the usual labels-then-figures layout)
+    numeric_columns: tuple[int, ...] | None = None
 
 
 def _suite_rows(

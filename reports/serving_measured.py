@@ -67,10 +67,12 @@ def calibration_table(frame: pd.DataFrame) -> DerivedTable | None:
         "batches 1 / 6 / 24 and Poisson 8 req/s), judged on every other case's steps (held "
         "out: their step_error_mean; without the empty calls: step_error_mean_constant).",
         ["quantity", "value", "unit", "source"],
+        numeric_columns=(1,),
     )
     for metric, quantity, unit, scale, source in ROWS:
         v = values.get(metric)
         if v is None or (isinstance(v, float) and math.isnan(v)):
             continue
-        table.rows.append([quantity, f"{v * scale:,.3g}", unit, source])
+        shown = f"{v * scale:,.0f}" if unit == "steps" else f"{v * scale:,.3g}"
+        table.rows.append([quantity, shown, unit, source])
     return table

@@ -24,6 +24,7 @@ def _run(tmp_path: Path) -> Path:
             ("fma_peak_measured", 77e9, "FLOP/s"),
             ("fit_step_error_mean", 0.15, "fraction"),
             ("unbounded_fitted_bandwidth", 46e9, "B/s"),
+            ("fit_steps", 1284.0, "steps"),
         ):
             w.record("serving.measured", cal, metric, value, unit)
         case = {"system": "paged", "batch": 8, "requests": 32}
@@ -43,6 +44,7 @@ def test_calibration_table_has_units_and_sources(tmp_path: Path) -> None:
     assert rows["fixed per-step cost"][1:3] == ["9.5", "ms"]
     assert rows["FMA peak (512^3 float32 matmul)"][1:3] == ["77", "GFLOP/s"]
     assert "bounded by the copy peak" in rows["bandwidth"][3]
+    assert rows["fit steps"][1:3] == ["1,284", "steps"]  # a count, not 1.28e+03
 
 
 def test_main_table_keeps_results_and_moves_calibration_columns(tmp_path: Path) -> None:
@@ -53,3 +55,14 @@ def test_main_table_keeps_results_and_moves_calibration_columns(tmp_path: Path) 
     for moved in ("fitted_bandwidth", "copy_peak_measured", "step_error_mean_unbounded"):
         assert f"<th>{moved}</th>" not in main and f"<th>{moved}</th>" in details
     assert "CPU calibration: the step-time model" in main
+
+
+def test_calibration_sources_read_as_text_not_numbers(tmp_path: Path) -> None:
+    """Only the value column is right-aligned and unwrapped: the unit and the (long)
+    source wrap as text instead of running off the page."""
+    build_site([load_run(_run(tmp_path))], tmp_path / "site")
+    page = (tmp_path / "site" / "sweep-serving.measured.html").read_text()
+    section = page.partition("CPU calibration: the step-time model")[2].partition("</table>")[0]
+    row = section.partition("<td>bandwidth</td>")[2].partition("</tr>")[0]
+    assert row.startswith('<td class="num">12</td>'), row
+    assert "<td>GB/s</td>" in row and '<td class="num">fitted' not in row
