@@ -141,6 +141,29 @@ class RequestState:
             self.tokens[:0] = self.prompt[: self.head]
             self.head = 0
 
+    def advance(self, end: int, token_ids: Sequence[int | None] | None) -> None:
+        """Advance the request from `seq_len` to `end` tokens, recording their ids where
+        ids are tracked: `token_ids` (exact ints or None, end - seq_len of them) when
+        given, else the prompt's ids while the range lies in the prompt (the head grows
+        without copying while nothing is stored after it), else an unknown tail."""
+        start, tokens = self.seq_len, self.tokens
+        if tokens is not None:
+            if token_ids is not None:
+                self.chain = None  # given ids may differ from the prompt's: hash them
+                if self.unknown_tail:
+                    self.materialize_tail()
+                tokens.extend(token_ids)
+            elif start < self.prompt_len:  # prompt ids are known (no unknown tail precedes)
+                take = min(end, self.prompt_len) - start
+                if self.head == start:  # nothing stored yet: the head grows
+                    self.head = start + take
+                else:
+                    tokens.extend(self.prompt[start : start + take])
+                self.unknown_tail += end - start - take
+            else:
+                self.unknown_tail += end - start
+        self.seq_len = end
+
     def materialize_tail(self) -> None:
         """Store the unknown tail explicitly (before known ids are appended after it)."""
         if self.unknown_tail and self.tokens is not None:

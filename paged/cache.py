@@ -517,23 +517,7 @@ class PagedKVCache:
         for i in range(first, last - 1):
             fill[blocks[i]] = bs
         fill[blocks[last - 1]] = end - (last - 1) * bs
-        tokens = req.tokens
-        if tokens is not None:
-            if token_ids is not None:
-                req.chain = None  # given ids may differ from the prompt's: hash them
-                if req.unknown_tail:
-                    req.materialize_tail()
-                tokens.extend(token_ids)
-            elif s < req.prompt_len:  # prompt ids are known (and no unknown tail precedes)
-                take = min(end, req.prompt_len) - s
-                if req.head == s:  # nothing stored yet: the head grows, no ids copied
-                    req.head = s + take
-                else:
-                    tokens.extend(req.prompt[s : s + take])
-                req.unknown_tail += n - take
-            else:
-                req.unknown_tail += n
-        req.seq_len = end
+        req.advance(end, token_ids)
         if req.hashable and len(req.keys) < end // bs and self.prefix is not None:
             self._register_full_blocks(req)
         return True
@@ -566,25 +550,13 @@ class PagedKVCache:
             blocks.append(pool.allocate())
         end = s + n
         pool.fill_span(blocks, s, end)
-        tokens = req.tokens
-        if tokens is not None:
-            if token_ids is not None:
-                req.chain = None  # given ids may differ from the prompt's: hash them
-                req.materialize_tail()
-                if ints or set(map(type, token_ids)) <= PLAIN_TOKEN_TYPES:  # exact ints / None
-                    tokens.extend(token_ids)
-                else:
-                    tokens.extend(int(t) if t is not None else None for t in token_ids)
-            elif s < req.prompt_len:  # prompt ids are known (and no unknown tail precedes)
-                take = min(end, req.prompt_len) - s
-                if req.head == s:  # nothing stored yet: the head grows, no ids copied
-                    req.head = s + take
-                else:
-                    tokens.extend(req.prompt[s : s + take])
-                req.unknown_tail += n - take
-            else:
-                req.unknown_tail += n
-        req.seq_len = end
+        if (
+            req.tokens is not None
+            and token_ids is not None
+            and not (ints or set(map(type, token_ids)) <= PLAIN_TOKEN_TYPES)  # exact ints / None
+        ):
+            token_ids = [int(t) if t is not None else None for t in token_ids]
+        req.advance(end, token_ids)
         return s
 
     def _register_full_blocks(self, req: RequestState) -> None:
