@@ -127,7 +127,8 @@ def _cpu_flags() -> str:
 def _build_dir() -> Path:
     """The cache folder for this source, torch, flags and CPU."""
     key = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), _FP8_SOURCE.read_bytes(), torch.__version__.encode(), " ".join(_CFLAGS).encode(),
+    sources = [p.read_bytes() for p in sorted(_SOURCE.parent.glob("*.[ch]*"))]  # .cpp and .h
+    for part in (*sources, torch.__version__.encode(), " ".join(_CFLAGS).encode(),
                  _cpu_flags().encode(), sys.version.encode()):  # fmt: skip
         key.update(part)
         key.update(b"\0")

@@ -32,6 +32,8 @@
 // any call.
 #include <torch/extension.h>
 
+#include "vec_exp.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -192,31 +194,8 @@ inline float to_f(T x) {
   return float(x);
 }
 
-// e^x lane by lane for x <= 0 (scores minus their running max): Cody-Waite range reduction
-// and a degree-6 polynomial (relative error ~2e-7, as paged_attn.cpp's vexp); inputs below
-// -87 give ~1e-38, -inf gives 0 through the clamp... and is then masked by the caller.
-F8_INLINE vf vexp(vf x) {
-  const vf lo = vf{} - 87.0f;
-  x = x < lo ? lo : x;
-  const vf magic = vf{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const vf t = x * 1.44269504088896341f + magic;
-  const vf n = t - magic;
-  vf r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  vf p = vf{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  vi ti;
-  std::memcpy(&ti, &t, sizeof(ti));
-  const vi e = (ti - 0x4B400000 + 127) << 23;
-  vf scale;
-  std::memcpy(&scale, &e, sizeof(scale));
-  return p * scale;
-}
+// e^x lane by lane for x <= 0 (vec_exp.h).
+F8_INLINE vf vexp(vf x) { return kvb_cpu::vexp<vf, vi>(x); }
 
 // ---------------------------------------------------------------------------------------
 // Decode: tasks over (sequence, KV heads), see decode_fp8_impl. Per block and head:

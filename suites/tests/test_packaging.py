@@ -137,6 +137,10 @@ def test_wheel_has_one_top_level_package(kvbench_wheel):
         "kvbench/__init__.py",
         "kvbench/__main__.py",
         "kvbench/kernels/ops.py",
+        # the C++ CPU kernels build at first use from these (the header included by both)
+        "kvbench/kernels/cpu_ext/paged_attn.cpp",
+        "kvbench/kernels/cpu_ext/paged_attn_fp8.cpp",
+        "kvbench/kernels/cpu_ext/vec_exp.h",
         "kvbench/suites/cli/__init__.py",
         "kvbench/suites/cli/simulate.py",
         "kvbench/reports/site_base.html.j2",
