@@ -40,6 +40,7 @@ import logging
 import os
 import shutil
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Iterator
@@ -124,13 +125,45 @@ def _cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+def _compiler() -> str:
+    """The C++ compiler torch's loader will run (`$CXX`, else `c++`) and its version line:
+    a different compiler makes a different binary."""
+    import subprocess
+
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        return f"{cxx}: {out.stdout.splitlines()[0] if out.stdout else out.returncode}"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{cxx}: {type(exc).__name__}"
+
+
+def build_key_parts() -> list[tuple[str, bytes]]:
+    """Everything that changes the compiled library, named: every source and header (by
+    name and bytes), torch's version, its install folder and C++ ABI (two environments
+    with their own torch never share a folder, so they never rebuild it in turn), the
+    compiler and its flags, the CPU's instruction sets (-march=native) and the Python (its
+    version and headers; not the venv, so venvs over one torch share a build)."""
+    parts = [(f"source {p.name}", p.read_bytes()) for p in sorted(_SOURCE.parent.glob("*.[ch]*"))]
+    parts += [
+        ("torch version", torch.__version__.encode()),
+        ("torch install", str(Path(torch.__file__).resolve().parent).encode()),
+        ("torch cxx11 abi", str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()),
+        ("compiler", _compiler().encode()),
+        ("flags", " ".join(_CFLAGS).encode()),
+        ("cpu", _cpu_flags().encode()),
+        ("python", f"{sys.version} {sysconfig.get_paths()['include']}".encode()),
+    ]
+    return parts
+
+
 def _build_dir() -> Path:
-    """The cache folder for this source, torch, flags and CPU."""
+    """The cache folder for this build: a digest of `build_key_parts()`."""
     key = hashlib.sha256()
-    sources = [p.read_bytes() for p in sorted(_SOURCE.parent.glob("*.[ch]*"))]  # .cpp and .h
-    for part in (*sources, torch.__version__.encode(), " ".join(_CFLAGS).encode(),
-                 _cpu_flags().encode(), sys.version.encode()):  # fmt: skip
-        key.update(part)
+    for name, value in build_key_parts():
+        key.update(name.encode())
+        key.update(b"\0")
+        key.update(value)
         key.update(b"\0")
     root = os.environ.get("KVBENCH_CPU_EXT_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "kvbench" / "cpu_ext"

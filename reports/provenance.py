@@ -15,15 +15,19 @@ Every sweep page, figure caption, table heading and the index's sweep table name
     compiled here               what the compiler reports for ahead-of-time builds;
     closed form                 arithmetic on the case's parameters.
 
-A sweep that mixes kinds (modeled rows beside measured ones) names both. The kind comes
-from `KINDS` by sweep name, else from the sweep's description ("modeled", "predicted",
-"closed form"), else "measured here" when its rows carry repeat statistics, else
-"not stated".
+A sweep that mixes kinds (modeled rows beside measured ones) names both. Each sweep
+declares its kinds where it is registered (`suites.bench.registry.sweep(produced=...)`);
+the runner writes them into the results header (`bench.produced`), and the reports read
+them from there. A results file written before headers carried them (schema 1 files of
+November 2026 and older) is read with `LEGACY_KINDS`, the table those runs' sweeps were
+known by; a sweep neither names is "not stated". Nothing is guessed from descriptions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -40,8 +44,22 @@ NOT_STATED = "not stated"
 #: Kinds whose numbers depend on the device that produced them (named beside the kind).
 _ON_DEVICE = frozenset({MEASURED, COMPUTED})
 
-#: Each sweep's kinds, in the order a page names them.
-KINDS: dict[str, tuple[str, ...]] = {
+#: The kinds a sweep may declare (NOT_STATED is what a reader sees when none is declared).
+DECLARABLE: tuple[str, ...] = (
+    MEASURED,
+    COMPUTED,
+    COUNTED,
+    MODELED,
+    PREDICTED,
+    PUBLISHED_GPU,
+    COMPILED,
+    CLOSED_FORM,
+)
+
+#: The kinds of the sweeps of results files written before the header declared them
+#: (`bench.produced`), in the order a page names them. Frozen: a new sweep declares its
+#: kinds at registration and never needs an entry here.
+LEGACY_KINDS: dict[str, tuple[str, ...]] = {
     "capacity.footprint": (CLOSED_FORM,),
     "capacity.concurrency": (CLOSED_FORM,),
     "capacity.prefix_formula": (CLOSED_FORM,),
@@ -74,7 +92,6 @@ KINDS: dict[str, tuple[str, ...]] = {
     "trace.serving": (MODELED, MEASURED),
     # issue 27's GPU calibration: the kernel model beside Vidur's measured operator times
     "calibration.gpu": (PREDICTED, PUBLISHED_GPU),
-    # sweeps of other lanes not yet on main (issue 30's fp8 decode, issue 29's KV specs)
     "kernel.decode_fp8": (MEASURED,),
     "capacity.kv_specs": (CLOSED_FORM,),
     "serving.kv_specs": (MODELED,),
@@ -166,28 +183,38 @@ def _profiles(frame: pd.DataFrame) -> tuple[str, ...]:
     return tuple(dict.fromkeys(sorted(out)))
 
 
-def kinds_of(suite: str, frame: pd.DataFrame, description: str = "") -> tuple[str, ...]:
-    """The sweep's kinds (see the module docstring for the fallbacks)."""
-    if suite in KINDS:
-        return KINDS[suite]
-    text = description.lower()
-    for word, kind in (("predicted", PREDICTED), ("closed form", CLOSED_FORM)):
-        if word in text:
-            return (kind,)
-    kinds = []
-    timed = "stats.n" in frame.columns and bool(frame["stats.n"].notna().any())
-    if timed or "measured" in text:
-        kinds.append(MEASURED)
-    if "modeled" in text or "model" in text.split():
-        kinds.append(MODELED)
-    return tuple(kinds) or (NOT_STATED,)
+def declared_kinds(headers: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """Each sweep's declared kinds, read from the `bench.produced` entries of run headers
+    (a run's header and its resumes, or several runs; a later header wins)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for header in headers:
+        bench = header.get("bench") if isinstance(header, Mapping) else None
+        made = bench.get("produced") if isinstance(bench, Mapping) else None
+        if not isinstance(made, Mapping):
+            continue
+        for suite, kinds in made.items():
+            if isinstance(kinds, (list, tuple)) and kinds:
+                out[str(suite)] = tuple(k if k in DECLARABLE else NOT_STATED for k in kinds)
+    return out
+
+
+def kinds_of(suite: str, declared: Mapping[str, tuple[str, ...]] | None = None) -> tuple[str, ...]:
+    """The sweep's kinds: as its results header declares them, else (a results file from
+    before the declaration) `LEGACY_KINDS`, else not stated."""
+    if declared and suite in declared:
+        return declared[suite]
+    return LEGACY_KINDS.get(suite, (NOT_STATED,))
 
 
 def produced(
-    suite: str, frame: pd.DataFrame, description: str = "", env_device: str = "cpu"
+    suite: str,
+    frame: pd.DataFrame,
+    declared: Mapping[str, tuple[str, ...]] | None = None,
+    env_device: str = "cpu",
 ) -> Produced:
-    """What produced `frame` (one sweep's rows)."""
-    kinds = kinds_of(suite, frame, description)
+    """What produced `frame` (one sweep's rows), `declared` being the run headers' kinds
+    (`declared_kinds`)."""
+    kinds = kinds_of(suite, declared)
     return Produced(
         kinds,
         _device(frame, env_device) if _ON_DEVICE & set(kinds) else "",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,7 +120,12 @@ def _cell(text: str, spread: str = "") -> dict[str, str]:
 
 
 def _sweep_page(
-    name: str, frame: pd.DataFrame, href: str, description: str, fig_dir: Path
+    name: str,
+    frame: pd.DataFrame,
+    href: str,
+    description: str,
+    fig_dir: Path,
+    declared: Mapping[str, tuple[str, ...]],
 ) -> SweepPage:
     keys, metrics, rows, spread = tables.wide_with_spread(frame)
     unit = tables.units(frame)
@@ -145,7 +150,7 @@ def _sweep_page(
         if detail:
             page.detail_rows.append(keys_cells + [cells[j] for j in detail])
     page.kind_note = _provenance(frame)
-    made = produced_by.produced(name, frame, description)
+    made = produced_by.produced(name, frame, declared)
     page.produced, page.produced_sentence = made.tag(), made.sentence()
     for i, spec in enumerate(figures.specs_for(name)):
         svg = figures.render(frame, spec)
@@ -323,6 +328,7 @@ def build_site(
     env = _env()
     frame = tables.latest(to_frame(runs))
     descriptions = _descriptions(runs)
+    declared = produced_by.declared_kinds(hdr for run in runs for hdr in [run.header, *run.resumes])
     ended = sweep_outcomes(runs)
     suites = list(dict.fromkeys([*frame["suite"], *ended]))
     hrefs: dict[str, str] = {}
@@ -337,7 +343,9 @@ def build_site(
         run.run_id: claims_mod.evaluate(frame[frame["run_id"] == run.run_id]) for run in runs
     }
     pages = [
-        _sweep_page(s, frame[frame["suite"] == s], hrefs[s], descriptions.get(s, ""), fig_dir)
+        _sweep_page(
+            s, frame[frame["suite"] == s], hrefs[s], descriptions.get(s, ""), fig_dir, declared
+        )
         if (frame["suite"] == s).any()
         else SweepPage(s, hrefs[s], descriptions.get(s, ""), 0)
         for s in suites
@@ -348,7 +356,7 @@ def build_site(
         for run in runs:
             mine = sub[sub["run_id"] == run.run_id]
             if not mine.empty:
-                kinds = produced_by.kinds_of(page.name, mine, page.description)
+                kinds = produced_by.kinds_of(page.name, declared)
                 page.provenance.append(provenance(run, mine, produced_by.MEASURED in kinds))
                 note = completeness(run)
                 if note:

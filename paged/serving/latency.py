@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from kvbench.paged.serving.time_model import SeqRecord
+    from kvbench.paged.serving.records import SeqRecord
 
 #: Latency metrics and their units.
 LATENCY_METRICS: dict[str, str] = {

@@ -105,7 +105,10 @@ def simulate(
         label = spec.kind
     else:
         cache = spec
-        tm = time_model or time_model_for(CacheSpec(model=model, geometry=spec.geometry), profile)
+        # priced at the given cache's own block size (swaps move whole blocks)
+        block_size = spec.serving_traits().block_size or CacheSpec.block_size
+        own = CacheSpec(model=model, geometry=spec.geometry, block_size=block_size)
+        tm = time_model or time_model_for(own, profile)
         label = type(spec).__name__
     result = Engine(cache, cfg, tm).run(trace, progress)
     result.info.update(cache=label, policy=cfg.preemption, profile=profile, batching=cfg.batching)

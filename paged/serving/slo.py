@@ -37,7 +37,7 @@ from kvbench.paged.serving.latency import request_spans
 from kvbench.workloads.errors import ConfigError
 
 if TYPE_CHECKING:
-    from kvbench.paged.serving.time_model import SeqRecord
+    from kvbench.paged.serving.records import SeqRecord
 
 
 def _check_bound(name: str, value: float | None) -> float | None:

@@ -6,26 +6,35 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kvbench.reports.store.schema import ResultRow, case_key
 from kvbench.workloads.errors import ConfigError
 
-if TYPE_CHECKING:  # the reader imports this module (Run.frame); no import back at run time
-    from kvbench.reports.store.reader import Run
+
+class RunRows(Protocol):
+    """What a table needs of a run (the reader's `Run` is one): its id and its rows.
+    Named here so this module does not import the reader, which imports it."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def rows(self) -> Iterable[ResultRow]: ...
+
 
 #: Columns every results DataFrame has, before the case parameters and stats.
 BASE_COLUMNS = ("run_id", "suite", "metric", "value", "unit", "time", "case_key")
 
 
-def iter_rows(runs: Iterable[Run]) -> Iterator[tuple[Run, ResultRow]]:
+def iter_rows(runs: Iterable[RunRows]) -> Iterator[tuple[RunRows, ResultRow]]:
     """(run, row) pairs over every row of every run."""
     for run in runs:
         for row in run.rows:
             yield run, row
 
 
-def to_frame(runs: Iterable[Run]) -> Any:
+def to_frame(runs: Iterable[RunRows]) -> Any:
     """Every row of `runs` as one pandas DataFrame.
 
     Columns: run_id, suite, metric, value, unit, time, case_key, then one column per

@@ -107,6 +107,7 @@ def merge_runs(
         missing_shards=[f"{k}/{n}" for k in missing],
         descriptions={k: v for r in runs for k, v in (_bench(r).get("descriptions") or {}).items()},
         waiting={k: v for r in runs for k, v in (_bench(r).get("waiting") or {}).items()},
+        produced={k: v for r in runs for k, v in (_bench(r).get("produced") or {}).items()},
     )
     writer = ResultWriter(
         rid,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.suites.bench.registry import Measurement
+from kvbench.suites.bench.measurement import Measurement
 from kvbench.workloads.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -6,43 +6,30 @@ A sweep has
       values, which is what the results store accepts and what `--resume` matches on;
     * `measure(case, ctx)`: measures one case and returns its `Measurement`s;
     * `requires`: modules it needs (e.g. "kernels.ops", "paged.serving.engine"). A sweep
-      whose modules do not import is listed as waiting and skipped, never faked.
+      whose modules do not import is listed as waiting and skipped, never faked;
+    * `produced`: what produced its numbers (`reports.provenance` kinds: measured here,
+      computed here, counted here, modeled, predicted, compiled here, closed form, ...),
+      declared where it is registered. The runner writes it into the results header and
+      the reports read it from there, so a page never guesses.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kvbench.reports.provenance import DECLARABLE
+from kvbench.suites.bench.measurement import Case, Measurement
 from kvbench.workloads.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvbench.suites.bench.context import BenchContext
 
-Case = dict[str, Any]
-
 
 class UnknownSweepError(ConfigError):
     """A sweep name that no module registered."""
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One measured number of one case.
-
-    Attributes:
-        metric: what it is ("time", "bandwidth_fraction", "utilization", ...).
-        value: the number (the median for repeated timings).
-        unit: "s", "B", "B/s", "fraction", "tokens", "requests", "blocks", ...
-        stats: repeat statistics (median, q1, q3, n, ...) when it was repeated.
-    """
-
-    metric: str
-    value: float
-    unit: str
-    stats: Mapping[str, float | int] | None = None
 
 
 @dataclass(frozen=True)
@@ -53,8 +40,8 @@ class Sweep:
     description: str
     cases: Callable[[bool], list[Case]]
     measure: Callable[[Case, BenchContext], Iterable[Measurement]]
+    produced: tuple[str, ...]
     requires: tuple[str, ...] = ()
-    figure: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
     in_default: bool = True  # False: runs only when named (--only) or with --full
 
@@ -77,11 +64,15 @@ def sweep(
     description: str,
     cases: Callable[[bool], list[Case]],
     *,
+    produced: tuple[str, ...],
     requires: tuple[str, ...] = (),
     tags: tuple[str, ...] = (),
     in_default: bool = True,
 ) -> Callable[[Callable[[Case, BenchContext], Iterable[Measurement]]], Callable[..., Any]]:
-    """Decorator: register the decorated `measure(case, ctx)` as sweep `name`."""
+    """Decorator: register the decorated `measure(case, ctx)` as sweep `name`, whose
+    numbers were produced as `produced` says (one or more `reports.provenance` kinds, in
+    the order a page names them)."""
+    check_produced(name, produced)
 
     def deco(
         measure: Callable[[Case, BenchContext], Iterable[Measurement]],
@@ -89,11 +80,33 @@ def sweep(
         if name in _REGISTRY and _REGISTRY[name].measure is not measure:
             raise ConfigError(f"sweep {name!r} is registered twice")
         _REGISTRY[name] = Sweep(
-            name, description, cases, measure, requires, tags=tags, in_default=in_default
+            name,
+            description,
+            cases,
+            measure,
+            tuple(produced),
+            requires,
+            tags=tags,
+            in_default=in_default,
         )
         return measure
 
     return deco
+
+
+def check_produced(name: str, produced: tuple[str, ...]) -> None:
+    """ConfigError unless `produced` is a non-empty tuple of distinct declarable kinds."""
+    if not isinstance(produced, tuple) or not produced:
+        raise ConfigError(
+            f"sweep {name!r} must declare what produced its numbers (produced=(...) of "
+            f"{', '.join(DECLARABLE)}), got {produced!r}"
+        )
+    unknown = [k for k in produced if k not in DECLARABLE]
+    if unknown or len(set(produced)) != len(produced):
+        raise ConfigError(
+            f"sweep {name!r}: produced={produced!r} must name distinct kinds of "
+            f"{', '.join(DECLARABLE)}"
+        )
 
 
 def all_sweeps() -> list[Sweep]:

@@ -188,6 +188,9 @@ def run_bench(
             "shard": str(shard) if shard else None,
             "seed": seed,
             "waiting": the_plan.waiting,
+            # what produced each sweep's numbers, as the sweep declares it (the reports
+            # read it from here: reports.provenance)
+            "produced": {sw.name: list(sw.produced) for sw in _selected(names)},
             "descriptions": {
                 "copy_peak": "copy bandwidth of the device (a 64 MiB buffer copied into "
                 "another; bytes read plus bytes written per second). The kernel sweeps "

@@ -352,3 +352,25 @@ def test_build_lock_held_elsewhere_times_out_to_fallback(tmp_path: Path, monkeyp
     assert got["path"] == "torch", got
     assert "build lock" in got["reason"] and "0.5 s" in got["reason"], got
     assert not any(folder.glob("*.so"))
+
+
+def test_build_folder_is_keyed_by_everything_that_changes_the_binary(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A different torch install, compiler, flag or source gets its own folder (two
+    environments over different torch installs never rebuild one folder in turn); the same
+    inputs get the same folder."""
+    assert cpu_paged._build_dir() == cpu_paged._build_dir()
+    names = {name for name, _ in cpu_paged.build_key_parts()}
+    assert {"torch version", "torch install", "compiler", "flags", "cpu", "python"} <= names
+    assert any(n.startswith("source paged_attn") for n in names)
+    base = cpu_paged._build_dir()
+    real = cpu_paged.build_key_parts
+    for changed in ("torch install", "compiler", "flags", "source paged_attn.cpp"):
+
+        def parts(changed: str = changed) -> list[tuple[str, bytes]]:
+            return [(n, v + b"x" if n == changed else v) for n, v in real()]
+
+        monkeypatch.setattr(cpu_paged, "build_key_parts", parts)
+        assert cpu_paged._build_dir() != base, changed
+    monkeypatch.setattr(cpu_paged, "build_key_parts", real)
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    assert cpu_paged._build_dir() != base  # another compiler (even a missing one)

@@ -76,7 +76,7 @@ def test_latency_summary_per_request() -> None:
     """The summary groups a request's samples (first token of any, finish of the last) and
     gives mean / p50 / p90 / p99; normalized latency is e2e over the output length."""
     from kvbench.paged.serving.latency import request_latencies, stats, summarize
-    from kvbench.paged.serving.time_model import SeqRecord
+    from kvbench.paged.serving.records import SeqRecord
 
     def rec(sid: str, req: str, arrival: float, first: float, finish: float, out: int):
         r = SeqRecord(sid, req, arrival, 4, out)

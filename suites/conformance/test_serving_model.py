@@ -185,3 +185,22 @@ def test_sustained_rate_finds_the_knee() -> None:
     assert sustained_rate(lambda r: 1.0, 0.1, 1.0)[0] == 0.0
     capped, seen = sustained_rate(lambda r: 0.01, 0.1, 1.0, limit=5.0)
     assert capped == 5.0 and max(seen) == 5.0
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_a_built_cache_is_priced_at_its_own_block_size(block_size: int) -> None:
+    """`simulate` on a cache built from a spec prices steps exactly as on the spec: swaps
+    move blocks of the cache's size (they were priced at 16 tokens whatever the cache)."""
+    spec = CacheSpec(
+        model="opt-13b", kv_budget="1GB", block_size=block_size, geometry=GEOM, num_blocks=24
+    )
+    rng = random.Random(5)
+    reqs = [
+        TraceRequest(f"r{i}", 0.01 * i, rng.randint(20, 60), rng.randint(20, 80)) for i in range(12)
+    ]
+    trace = Trace(tuple(reqs))
+    cfg = SchedulerConfig(preemption="swap")
+    from_spec = simulate(trace, spec, config=cfg, model="opt-13b")
+    from_cache = simulate(trace, spec.build(), config=cfg, model="opt-13b")
+    assert from_spec.swaps > 0, "the case must swap"
+    assert [r.times() for r in from_cache.records] == [r.times() for r in from_spec.records]

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from kvbench.paged.cache_spec import CacheSpec
 from kvbench.paged.serving.engine import Engine
 from kvbench.paged.serving.latency import summarize
+from kvbench.paged.serving.records import SeqRecord
 from kvbench.paged.serving.replay import (
     prefix_hit_rate,
     serve_trace,
@@ -25,7 +26,7 @@ from kvbench.paged.serving.replay import (
 )
 from kvbench.paged.serving.simulation import simulate
 from kvbench.paged.serving.slo import SLO, goodput, slo_margin
-from kvbench.paged.serving.time_model import SchedulerConfig, SeqRecord, TimeModel
+from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.profiles import get_profile

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvbench.paged.serving.time_model import SeqRecord
+from kvbench.paged.serving.records import SeqRecord
 from kvbench.reference.contract import KVCache
 from kvbench.workloads.trace import SYNTH_BASE, TraceRequest
 

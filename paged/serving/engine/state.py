@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvbench.paged.serving.engine.sequence import FINISHED, Seq
-from kvbench.paged.serving.time_model import SeqRecord, StepRow
+from kvbench.paged.serving.records import SeqRecord
+from kvbench.paged.serving.time_model import StepRow
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kvbench.reports.provenance import PREDICTED, PUBLISHED_GPU
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads.errors import CaseSkipped
@@ -76,6 +77,10 @@ def _calibration(ctx: BenchContext):  # type: ignore[no-untyped-def]
     _cases,
     requires=("scipy",),
     tags=("calibration", "predicted"),
+    produced=(
+        PREDICTED,
+        PUBLISHED_GPU,
+    ),
 )
 def calibration_gpu(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.workloads.gpu_fit import GROUPS, LINEAR_GROUPS

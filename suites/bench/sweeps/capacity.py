@@ -7,6 +7,7 @@ MHA / GQA / MQA table and 100 x 1,000-token prefix example, [PA-deep-dive]'s 42 
 
 from __future__ import annotations
 
+from kvbench.reports.provenance import CLOSED_FORM
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads import capacity as cap
@@ -26,6 +27,7 @@ def _footprint_cases(full: bool) -> list[Case]:
     "KV bytes per token, per 16-token block and at 4K tokens",
     _footprint_cases,
     tags=("capacity",),
+    produced=(CLOSED_FORM,),
 )
 def footprint(case: Case, ctx: BenchContext) -> list[Measurement]:
     geo = get_preset(case["model"]).geometry.with_dtype(case["dtype"])
@@ -57,6 +59,7 @@ def _concurrency_cases(full: bool) -> list[Case]:
     "contiguous (max-length reservations)",
     _concurrency_cases,
     tags=("capacity",),
+    produced=(CLOSED_FORM,),
 )
 def concurrency(case: Case, ctx: BenchContext) -> list[Measurement]:
     geo = get_preset(case["model"]).geometry
@@ -85,6 +88,7 @@ def _prefix_cases(full: bool) -> list[Case]:
     "prefix-block storage saved when N requests share one prefix (closed form)",
     _prefix_cases,
     tags=("capacity", "prefix"),
+    produced=(CLOSED_FORM,),
 )
 def prefix_formula(case: Case, ctx: BenchContext) -> list[Measurement]:
     s = cap.prefix_sharing(case["requests"], case["prefix_tokens"], case["block_size"])

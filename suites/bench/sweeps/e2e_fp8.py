@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import statistics
 
+from kvbench.reports.provenance import COMPUTED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 
@@ -69,6 +70,7 @@ def _quantile(values: list[float], q: float) -> float:
     _cases,
     requires=("transformers", "kvbench.suites.e2e.fp8_accuracy"),
     tags=("e2e", "fp8", "accuracy"),
+    produced=(COMPUTED,),
 )
 def e2e_llama_fp8(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.suites.e2e import fp8_accuracy

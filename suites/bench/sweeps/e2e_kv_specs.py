@@ -22,6 +22,7 @@ Computed here on the CPU (numbers of a run, no clock).
 
 from __future__ import annotations
 
+from kvbench.reports.provenance import COMPUTED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 
@@ -49,6 +50,7 @@ def _cases(full: bool) -> list[Case]:
     _cases,
     requires=("transformers", "kvbench.suites.e2e.spec_checks"),
     tags=("e2e", "kv_specs", "accuracy"),
+    produced=(COMPUTED,),
 )
 def e2e_kv_specs(case: Case, ctx: BenchContext) -> list[Measurement]:
     import torch

@@ -35,6 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from kvbench.reference.oracle import tolerance
+from kvbench.reports.provenance import MEASURED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import FmaProbe, host_call_time, paired_fraction, summarize
 from kvbench.suites.bench.paging_layout import (
@@ -189,6 +190,7 @@ def agreement(paged: torch.Tensor, sdpa: torch.Tensor, case: Case) -> float:
     _decode_cases,
     requires=("kvbench.kernels.ops",),
     tags=("kernel",),
+    produced=(MEASURED,),
 )
 def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.kernels import ops
@@ -405,6 +407,7 @@ def _prefill_cases(full: bool) -> list[Case]:
     _prefill_cases,
     requires=("kvbench.kernels.ops",),
     tags=("kernel",),
+    produced=(MEASURED,),
 )
 def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.kernels import ops

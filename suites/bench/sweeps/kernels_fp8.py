@@ -24,6 +24,7 @@ import math
 import torch
 
 from kvbench.reference import oracle
+from kvbench.reports.provenance import MEASURED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import paired_fraction, summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
@@ -89,6 +90,7 @@ def _exact(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tor
     _cases,
     requires=("kvbench.kernels.ops",),
     tags=("kernel",),
+    produced=(MEASURED,),
 )
 def decode_fp8(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.kernels import ops

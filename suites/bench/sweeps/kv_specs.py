@@ -10,6 +10,7 @@ tests tie to a block-by-block simulation and to the paged layer-group cache.
 
 from __future__ import annotations
 
+from kvbench.reports.provenance import CLOSED_FORM
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads.geometry import parse_bytes
@@ -35,6 +36,7 @@ def _cases(full: bool) -> list[Case]:
     "requests in a pool, against the same model with full attention (closed form)",
     _cases,
     tags=("capacity",),
+    produced=(CLOSED_FORM,),
 )
 def kv_specs(case: Case, ctx: BenchContext) -> list[Measurement]:
     plan = plan_spec_capacity(

@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvbench.reports.provenance import MEASURED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import CopyProbe, TimingConfig, paired_fraction, summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
@@ -165,6 +166,7 @@ def _ops(n: int, seed: int, ctx: BenchContext) -> list[tuple]:
     requires=("kvbench.paged.cache", "kvbench.suites.peers.base"),
     tags=("peers",),
     in_default=False,
+    produced=(MEASURED,),
 )
 def pool_ops(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.suites.peers.registry import load_allocator
@@ -219,6 +221,7 @@ def _trace_cases(full: bool) -> list[Case]:
     requires=("kvbench.paged.cache", "kvbench.suites.peers.base"),
     tags=("peers",),
     in_default=False,
+    produced=(MEASURED,),
 )
 def trace_replay(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.suites.peers.registry import load_allocator
@@ -309,6 +312,7 @@ def _decode_inputs(case: Case, ctx: BenchContext):  # type: ignore[no-untyped-de
     requires=("kvbench.kernels.ops", "kvbench.suites.peers.base"),
     tags=("peers",),
     in_default=False,
+    produced=(MEASURED,),
 )
 def cpu_decode(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.suites.peers.base import PeerUnavailableError

@@ -15,6 +15,7 @@ import functools
 
 import torch
 
+from kvbench.reports.provenance import PREDICTED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.suites.bench.sweeps import kernels as kernel_sweeps
@@ -60,6 +61,7 @@ def _record(cfg, arch: int):  # type: ignore[no-untyped-def]
     _cases,
     requires=("kvbench.kernels.predict", "triton"),
     tags=("kernel",),
+    produced=(PREDICTED,),
 )
 def predicted(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.kernels import predict

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvbench.reports.provenance import COUNTED, MEASURED, MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
@@ -106,6 +107,10 @@ def _batch_cases(full: bool) -> list[Case]:
     _batch_cases,
     requires=("kvbench.paged.serving.simulation",),
     tags=("serving",),
+    produced=(
+        COUNTED,
+        MODELED,
+    ),
 )
 def serving_batch(case: Case, ctx: BenchContext) -> list[Measurement]:
     return _metrics(_simulate(case, ctx, case["kv_budget"], case["batch"]))
@@ -138,6 +143,10 @@ def _block_cases(full: bool) -> list[Case]:
     _block_cases,
     requires=("kvbench.paged.serving.simulation",),
     tags=("serving",),
+    produced=(
+        COUNTED,
+        MODELED,
+    ),
 )
 def serving_block_size(case: Case, ctx: BenchContext) -> list[Measurement]:
     return _metrics(_simulate(case, ctx, case["kv_budget"], 256))
@@ -177,6 +186,7 @@ def _unshared(trace, width: int):  # type: ignore[no-untyped-def]
     _sharing_cases,
     requires=("kvbench.paged.serving.simulation", "kvbench.paged.serving.beams"),
     tags=("serving", "cow"),
+    produced=(COUNTED,),
 )
 def serving_sharing(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.paged.cache_spec import CacheSpec
@@ -229,6 +239,10 @@ def _sample_preemption_cases(full: bool) -> list[Case]:
     _sample_preemption_cases,
     requires=("kvbench.paged.serving.simulation",),
     tags=("serving", "cow"),
+    produced=(
+        COUNTED,
+        MODELED,
+    ),
 )
 def serving_sample_preemption(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.paged.cache_spec import CacheSpec
@@ -298,6 +312,7 @@ def _decisions(result) -> tuple:  # type: ignore[no-untyped-def]
     _replay_cases,
     requires=("kvbench.paged.serving.simulation",),
     tags=("serving", "engine"),
+    produced=(MEASURED,),
 )
 def serving_replay(case: Case, ctx: BenchContext) -> list[Measurement]:
     runs = [_replay(case, ctx, case["mode"]) for _ in range(REPLAY_REPEATS)]

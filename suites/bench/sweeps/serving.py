@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvbench.reports.provenance import CLOSED_FORM, COUNTED, MEASURED, MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads import capacity as cap
@@ -114,6 +115,7 @@ def _run_sampling(
     _sampling_cases,
     requires=("kvbench.paged.cache",),
     tags=("cow", "serving"),
+    produced=(COUNTED,),
 )
 def parallel_sampling(case: Case, ctx: BenchContext) -> list[Measurement]:
     rng = ctx.rng(case["n"], case["requests"], len(case["workload"]))
@@ -223,6 +225,7 @@ def _run_beams(
     _beam_cases,
     requires=("kvbench.paged.cache",),
     tags=("cow", "serving"),
+    produced=(COUNTED,),
 )
 def beam_search(case: Case, ctx: BenchContext) -> list[Measurement]:
     rng = ctx.rng(case["width"], case["requests"], len(case["workload"]), 7)
@@ -280,6 +283,10 @@ def _held_blocks(prefix_len: int, unique: int, n: int, bs: int, caching: bool) -
     _scenario_cases,
     requires=("kvbench.paged.cache",),
     tags=("prefix", "serving"),
+    produced=(
+        COUNTED,
+        CLOSED_FORM,
+    ),
 )
 def prefix_scenarios(case: Case, ctx: BenchContext) -> list[Measurement]:
     prefix_len, unique, n, published = SCENARIOS[case["scenario"]]
@@ -311,6 +318,7 @@ def _shared_cases(full: bool) -> list[Case]:
     _shared_cases,
     requires=("kvbench.paged.cache",),
     tags=("prefix", "serving"),
+    produced=(COUNTED,),
 )
 def shared_prompt(case: Case, ctx: BenchContext) -> list[Measurement]:
     n, length, bs = case["requests"], case["prefix_tokens"], case["block_size"]
@@ -403,6 +411,10 @@ def _bandwidth_stats(times: dict[str, float | int]) -> dict[str, float | int]:
     _swap_cases,
     requires=("kvbench.kernels.ops",),
     tags=("preemption",),
+    produced=(
+        MODELED,
+        MEASURED,
+    ),
 )
 def swap_vs_recompute(case: Case, ctx: BenchContext) -> Iterable[Measurement]:
     preset = get_preset(case["model"])

@@ -21,6 +21,7 @@ system.
 
 from __future__ import annotations
 
+from kvbench.reports.provenance import CLOSED_FORM, MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.suites.bench.sweeps import serving_rate
@@ -60,6 +61,10 @@ def _cases(full: bool) -> list[Case]:
     _cases,
     requires=("kvbench.paged.serving.rate",),
     tags=("serving", "modeled", "fp8"),
+    produced=(
+        MODELED,
+        CLOSED_FORM,
+    ),
 )
 def serving_kv_dtype(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.workloads.setups import get_setup, with_calibration, with_kv_dtype

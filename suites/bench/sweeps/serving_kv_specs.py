@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kvbench.reports.provenance import MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads.errors import ConfigError
@@ -159,6 +160,7 @@ def _setup(case: Case):  # type: ignore[no-untyped-def]
     _cases,
     requires=("kvbench.paged.spec_serving",),
     tags=("serving", "modeled"),
+    produced=(MODELED,),
 )
 def serving_kv_specs(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.paged.serving.engine import Engine

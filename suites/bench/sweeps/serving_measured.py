@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvbench.reports.provenance import MEASURED, MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
@@ -311,6 +312,10 @@ def _fit_rows(fit, prefix: str = "") -> list[Measurement]:  # type: ignore[no-un
         "kvbench.paged.serving.calibration",
     ),
     tags=("serving", "measured"),
+    produced=(
+        MEASURED,
+        MODELED,
+    ),
 )
 def serving_measured(case: Case, ctx: BenchContext) -> list[Measurement]:
     if "calibration" in case:

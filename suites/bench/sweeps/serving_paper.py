@@ -22,6 +22,7 @@ model only weights the steps).
 
 from __future__ import annotations
 
+from kvbench.reports.provenance import MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads.setups import CALIBRATIONS
@@ -62,6 +63,7 @@ def _system_prompt_trace(requests: int, seed: int):  # type: ignore[no-untyped-d
     _batch_cases,
     requires=("kvbench.paged.serving.simulation",),
     tags=("serving", "modeled"),
+    produced=(MODELED,),
 )
 def batch_table(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.paged.serving.simulation import setup_spec, setup_time_model, simulate
@@ -137,6 +139,7 @@ class _SharingProbe:
     _cow_cases,
     requires=("kvbench.paged.serving.simulation", "kvbench.paged.serving.beams"),
     tags=("serving", "cow", "modeled"),
+    produced=(MODELED,),
 )
 def cow_load(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.paged.serving.engine import Engine

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvbench.reports.provenance import MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads.setups import CALIBRATIONS, ServingSetup
@@ -131,6 +132,7 @@ def _start_rate(setup: str, workload: str) -> float:
     _cases,
     requires=("kvbench.paged.serving.rate",),
     tags=("serving", "modeled"),
+    produced=(MODELED,),
 )
 def serving_rate(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.paged.serving.rate import run_at_rate

@@ -9,6 +9,7 @@ full grid is every configuration the dispatch can choose.
 
 from __future__ import annotations
 
+from kvbench.reports.provenance import COMPILED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 
@@ -37,6 +38,7 @@ def _cases(full: bool) -> list[Case]:
     requires=("kvbench.kernels.aot",),
     tags=("kernel",),
     in_default=False,
+    produced=(COMPILED,),
 )
 def static_costs(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.kernels import aot, configs

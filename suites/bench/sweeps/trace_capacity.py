@@ -48,6 +48,7 @@ import multiprocessing
 import os
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 
+from kvbench.reports.provenance import COUNTED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads import prefix_oracle
@@ -261,6 +262,7 @@ def _peer_hit_tokens(trace: str, cap: int, bs: int, footprint: int) -> int:
     capacity_cases,
     requires=("kvbench.paged.hitrate",),
     tags=("trace", "prefix"),
+    produced=(COUNTED,),
 )
 def prefix_capacity(case: Case, ctx: BenchContext) -> list[Measurement]:
     acc = _accesses(case["trace"], int(case["block_size"]))

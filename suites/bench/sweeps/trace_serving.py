@@ -40,6 +40,7 @@ meeting them at p99.
 
 from __future__ import annotations
 
+from kvbench.reports.provenance import MEASURED, MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
@@ -216,6 +217,10 @@ def _replay(case: Case) -> list[Measurement]:
     _cases,
     requires=("kvbench.paged.serving.replay",),
     tags=("serving", "modeled", "trace"),
+    produced=(
+        MODELED,
+        MEASURED,
+    ),
 )
 def trace_serving(case: Case, ctx: BenchContext) -> list[Measurement]:
     view = case["view"]

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from kvbench.reference.contiguous import ContiguousKVCache
+from kvbench.reports.provenance import CLOSED_FORM, COUNTED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads import capacity as cap
@@ -85,6 +86,10 @@ def _paged_cache(lengths: np.ndarray, block_size: int):  # type: ignore[no-untyp
     "KV slots holding live tokens / slots held, N requests at once ([paged-sim])",
     _cases,
     tags=("utilization",),
+    produced=(
+        COUNTED,
+        CLOSED_FORM,
+    ),
 )
 def utilization_static(case: Case, ctx: BenchContext) -> list[Measurement]:
     rng = ctx.rng(case["batch"], WORKLOADS.index(case["workload"]))

@@ -21,7 +21,14 @@ from kvbench.reports.store.writer import ResultWriter
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("prov")
     env = {"device": "cpu", "cpu_model": "Test CPU", "cpu_count": 2}
-    with ResultWriter("p", root, environment=env) as w:
+    declared = {  # as the runner writes it: each sweep's declaration, from its registration
+        "serving.rate": [P.MODELED],
+        "kernel.decode": [P.MEASURED],
+        "capacity.footprint": [P.CLOSED_FORM],
+        "trace.serving": [P.MODELED, P.MEASURED],
+    }
+    header = {"bench": {"produced": declared}}
+    with ResultWriter("p", root, environment=env, header_fields=header) as w:
         case = {
             "setup": "opt-13b-1xa100-40gb",
             "workload": "sharegpt",
@@ -78,19 +85,38 @@ def test_sweep_pages_say_what_produced_them(
     assert "Measured in run" not in text
 
 
-def test_fallbacks_read_the_description_then_the_statistics() -> None:
+def test_kinds_come_from_the_header_never_from_the_description() -> None:
+    """A run's header declares each sweep's kinds; a results file from before the
+    declaration reads the frozen legacy table; a sweep neither names is 'not stated',
+    whatever its description or statistics say (nothing is guessed)."""
     empty = pd.DataFrame({"metric": ["m"], "value": [1.0]})
-    assert P.kinds_of("trace.new", empty, "a modeled replay") == (P.MODELED,)
-    assert P.kinds_of("trace.new", empty, "predicted time") == (P.PREDICTED,)
-    timed = empty.assign(**{"stats.n": [5]})
-    assert P.kinds_of("trace.new", timed, "") == (P.MEASURED,)
-    assert P.kinds_of("trace.new", empty, "") == (P.NOT_STATED,)
+    header = {"bench": {"produced": {"trace.new": [P.MODELED], "kernel.decode": [P.MODELED]}}}
+    declared = P.declared_kinds([header])
+    assert P.kinds_of("trace.new", declared) == (P.MODELED,)
+    assert P.kinds_of("kernel.decode", declared) == (P.MODELED,)  # the header wins
+    assert P.kinds_of("kernel.decode", {}) == (P.MEASURED,)  # legacy table
+    assert P.kinds_of("trace.other", declared) == (P.NOT_STATED,)
+    junk = P.declared_kinds([{"bench": {"produced": {"a": ["guessed"], "b": "x"}}}, {}])
+    assert junk == {"a": (P.NOT_STATED,)}
     gpu = empty.assign(metric="backend_is_triton")
     assert P.produced("kernel.decode", gpu).tag() == "measured here (GPU)"
     # numbers measured on GPUs elsewhere (Vidur's profiles) never read as measured here
     vidur = P.produced("calibration.gpu", empty)
     assert vidur.tag() == "predicted + measured on a GPU (Vidur profiles)"
     assert not vidur.measured
+
+
+def test_a_sweep_must_declare_known_kinds_at_registration() -> None:
+    from kvbench.suites.bench import registry
+    from kvbench.workloads.errors import ConfigError
+
+    def measure(case: dict, ctx: object) -> list[registry.Measurement]:
+        return []
+
+    for bad in ((), ("timed",), (P.MEASURED, P.MEASURED), (P.NOT_STATED,), [P.MEASURED]):
+        with pytest.raises(ConfigError, match=r"test\.undeclared"):
+            registry.sweep("test.undeclared", "d", lambda full: [], produced=bad)(measure)  # type: ignore[arg-type]
+    assert "test.undeclared" not in {s.name for s in registry.all_sweeps()}
 
 
 def test_end_to_end_errors_read_as_computed_not_timed() -> None:
@@ -116,8 +142,9 @@ def test_debug_columns_sit_in_details_and_parameters_carry_units(site: Path) -> 
 
 
 def test_every_registered_sweep_names_its_kinds() -> None:
-    """The index's 'numbers produced by' column never falls back to a guess: every sweep
-    the bench registers (trace.* and calibration sweeps included) has an explicit entry."""
+    """Every sweep the bench registers declares its kinds, and a sweep old results files
+    know by the legacy table declares the same kinds (an old run and a new one of the same
+    sweep read alike)."""
     import kvbench.suites.bench.catalog  # noqa: F401  (registers every sweep)
     from kvbench.suites.bench import registry
 
@@ -127,7 +154,10 @@ def test_every_registered_sweep_names_its_kinds() -> None:
         if s.measure.__module__.startswith("kvbench.suites.bench.sweeps.")
     }
     assert names, "no sweep registered"
-    assert not names - set(P.KINDS), f"sweeps without a provenance entry: {names - set(P.KINDS)}"
+    for sweep in registry.all_sweeps():
+        if sweep.name in names:
+            assert sweep.produced, sweep.name
+            assert sweep.produced == P.LEGACY_KINDS.get(sweep.name, sweep.produced), sweep.name
 
 
 def _captions(page: Path) -> list[str]:
@@ -152,10 +182,12 @@ def test_each_figure_of_a_mixed_sweep_says_what_it_draws(site: Path) -> None:
 def test_figure_kinds_are_among_their_sweeps() -> None:
     """A figure's own kinds are a part of its sweep's (`Produced.only` refuses others),
     and every figure of trace.serving names exactly one (its views are one kind each)."""
+    import kvbench.suites.bench.catalog  # noqa: F401  (registers every sweep)
     from kvbench.reports.figures import SPECS
+    from kvbench.suites.bench import registry
 
     for spec in SPECS:
-        assert set(spec.kinds) <= set(P.KINDS.get(spec.suite, ())), spec.title
+        assert set(spec.kinds) <= set(registry.get_sweep(spec.suite).produced), spec.title
         if spec.suite == "trace.serving":
             assert len(spec.kinds) == 1, spec.title
     with pytest.raises(ValueError, match="not among the sweep's"):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvbench.reports.provenance import COUNTED
 from kvbench.reports.store.merge import merge_runs
 from kvbench.reports.store.reader import DONE_METRIC, load_run, summarize
 from kvbench.reports.store.schema import ResultRow, Status
@@ -26,7 +27,12 @@ def _status_cases(full: bool) -> list[dict]:
     return [{"i": i} for i in range(3)]
 
 
-@registry.sweep("test.statuses", "one measured, one failed, one skipped (test only)", _status_cases)
+@registry.sweep(
+    "test.statuses",
+    "one measured, one failed, one skipped (test only)",
+    _status_cases,
+    produced=(COUNTED,),
+)
 def _statuses(case: dict, ctx: BenchContext) -> list[registry.Measurement]:
     if case["i"] == 1:
         raise ZeroDivisionError("the kernel divided by zero")

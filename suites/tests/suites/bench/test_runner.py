@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvbench.reports.provenance import MEASURED
 from kvbench.reports.store.frame import to_frame
 from kvbench.reports.store.reader import load_run
 from kvbench.suites.bench import (
@@ -43,7 +44,7 @@ def _toy_cases(full: bool) -> list[dict]:
     return [{"i": i} for i in range(12 if full else 6)]
 
 
-@registry.sweep("test.toy", "squares (test only)", _toy_cases)
+@registry.sweep("test.toy", "squares (test only)", _toy_cases, produced=(MEASURED,))
 def _toy(case: dict, ctx: BenchContext) -> list[registry.Measurement]:
     _calls.append(case["i"])
     if case["i"] == 4 and os.environ.get("KVBENCH_TOY_FAIL"):
@@ -99,6 +100,7 @@ def test_run_appends_every_case_with_a_done_marker(tmp_path: Path) -> None:
     assert squares == {i: i * i for i in range(6)}
     assert sum(r["metric"] == DONE_METRIC for r in run.rows) == 6
     assert run.header["bench"]["descriptions"]["test.toy"] == "squares (test only)"
+    assert run.header["bench"]["produced"]["test.toy"] == [MEASURED]
     again = run_bench(["test.toy"], resume="r", out_dir=tmp_path, progress=False)
     assert (again.measured, again.skipped_done) == (0, 6)
 
@@ -125,7 +127,7 @@ def test_kill_9_mid_run_then_resume_finishes(tmp_path: Path) -> None:
         def cases(full):
             return [{{"i": i}} for i in range(40)]
 
-        @registry.sweep("test.slow", "slow squares", cases)
+        @registry.sweep("test.slow", "slow squares", cases, produced=("measured here",))
         def slow(case, ctx):
             time.sleep(0.05)
             return [registry.Measurement("square", case["i"] ** 2, ""),
@@ -147,7 +149,12 @@ def test_kill_9_mid_run_then_resume_finishes(tmp_path: Path) -> None:
     done_before = done_case_keys(path)
     assert 8 <= len(done_before) < 40
 
-    @registry.sweep("test.slow", "slow squares", lambda full: [{"i": i} for i in range(40)])
+    @registry.sweep(
+        "test.slow",
+        "slow squares",
+        lambda full: [{"i": i} for i in range(40)],
+        produced=(MEASURED,),
+    )
     def slow(case: dict, ctx: BenchContext) -> list[registry.Measurement]:
         return [
             registry.Measurement("square", case["i"] ** 2, ""),
