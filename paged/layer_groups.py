@@ -311,22 +311,17 @@ class LayerGroupsPagedCache:
         n: int,
         take: int,
     ) -> None:
-        """An append's changes, all or nothing: release in every group, take the `take`
-        blocks in one allocation (copy-on-write first, then the new ones, group by
-        group), write. A failure rolls every change back: releases, copies, tables,
-        fill (a failed allocation takes nothing; a failure after it, a device error on
-        validated input, returns the blocks taken; cached prefixes the allocation
-        evicted stay evicted, as their storage may have been written)."""
+        """An append's changes: release in every group, take the `take` blocks in one
+        allocation (copy-on-write first, then the new ones, group by group), copy and
+        write. A failure up to the allocation (the only one validated input can meet)
+        is undone exactly: nothing changed. A failure in a copy or write (a device
+        error) returns the blocks taken and restores every group's length and table
+        tail, but the releases stand, as after an append of 0 tokens (their blocks may
+        already be overwritten; gather/attend refuse the newest window until the next
+        append), and cached prefixes the allocation evicted stay evicted."""
         pool = self.pool
-        saved = []
-        for gi, *_ in plans:
-            t = tables[gi]
-            last = t.blocks[-1] if t.blocks else NULL_BLOCK
-            fill = pool.fill[last] if last != NULL_BLOCK else 0
-            saved.append((t, len(t.blocks), last, fill, t.seq_len, t.kept_from))
         released: list[tuple[GroupTable, int, int, int]] = []  # (table, entry, block, fill)
-        copied: list[int] = []  # the shared last blocks copy-on-write left
-        fresh: list[int] = []
+        kept = [tables[gi].kept_from for gi, *_ in plans]
         try:
             for gi, release, _, _ in plans:
                 table = tables[gi]
@@ -337,31 +332,55 @@ class LayerGroupsPagedCache:
                     released.append((table, j, b, fill))
                     table.blocks[j] = NULL_BLOCK
                 table.kept_from = first_kept_position(self.model.groups[gi].spec, table.seq_len)
-            if n == 0:
-                return
-            fresh = pool.allocate_many(take)
+            fresh = pool.allocate_many(take) if n else []
+        except BaseException:
+            for table, j, b, fill in reversed(released):
+                pool.undo_release(b, fill)
+                table.blocks[j] = b
+            for (gi, *_), kept_from in zip(plans, kept, strict=True):
+                tables[gi].kept_from = kept_from
+            raise
+        if n:
+            self._copy_and_write(tables, plans, kv, n, fresh)
+
+    def _copy_and_write(
+        self,
+        tables: list[GroupTable],
+        plans: list[tuple[int, list[int], bool, int]],
+        kv: Sequence[KV],
+        n: int,
+        fresh: list[int],
+    ) -> None:
+        """The copies and writes of an append into its `fresh` blocks; on a failure
+        every group's length and table tail come back and `fresh` returns to the pool."""
+        pool = self.pool
+        saved = []
+        for gi, *_ in plans:
+            t = tables[gi]
+            last = t.blocks[-1] if t.blocks else NULL_BLOCK
+            fill = pool.fill[last] if last != NULL_BLOCK else 0
+            saved.append((t, len(t.blocks), last, fill, t.seq_len))
+        copied: list[int] = []  # the shared last blocks copy-on-write left
+        try:
             blocks = iter(fresh)
             for (gi, _, cow, new), one in zip(plans, kv, strict=True):
                 table = tables[gi]
                 if cow:
-                    copied.append(table.blocks[-1])
+                    old = table.blocks[-1]
                     self._copy_last_block(table, next(blocks))
+                    copied.append(old)
                 table.blocks += [next(blocks) for _ in range(new)]
                 self._write(table, one, n)
         except BaseException:
-            pool.release(fresh)  # the free stack as the allocation found it
+            pool.release(fresh)
             for b in copied:
                 pool.incref(b)
-            for table, j, b, fill in reversed(released):
-                pool.undo_release(b, fill)
-                table.blocks[j] = b
-            for t, length, last, fill, seq_len, kept_from in saved:
-                if last != NULL_BLOCK:
-                    pool.set_fill(last, fill)  # a write may have filled the partial last
+            for t, length, last, fill, seq_len in saved:
                 del t.blocks[length:]
-                if length:
-                    t.blocks[-1] = last
-                t.seq_len, t.kept_from = seq_len, kept_from
+                if length and t.blocks[-1] != NULL_BLOCK:
+                    t.blocks[-1] = last  # back from a copy-on-write
+                    pool.set_fill(last, fill)  # a write may have filled the partial last
+                t.seq_len = seq_len
             raise
 
     def _write(self, table: GroupTable, kv: KV, n: int) -> None:

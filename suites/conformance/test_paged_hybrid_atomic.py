@@ -12,18 +12,30 @@ issue 36 (1-4) pinned as tests.
 
 The serving cache of layer groups (`paged.spec_serving`) had the same group-order defect
 and is pinned here too.
+
+`GroupOrderMachine` puts these classes of defect under the differential of
+`test_paged_hybrid.LayerGroupsMachine` (which checks the hit views, the capacity answer
+against every append, and snapshots after refusals): it draws the group order (full
+first, windows first, windows around a full group, windows only, optionally a
+cross-attention group), windows with every residue mod the block size, and injects a
+failure into appends (the allocation, or the write of the k-th group) after which every
+group's length, table, the pool and the reference counts must be as before.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
 
 from kvbench.kernels.validation import IndexRangeError
 from kvbench.paged.layer_groups import LayerGroupsPagedCache
 from kvbench.paged.spec_serving import LayerGroupServingCache
 from kvbench.reference import oracle
 from kvbench.reference.layer_groups import LayerGroupsReferenceCache
+from kvbench.suites.conformance.test_paged_hybrid import LayerGroupsMachine
 from kvbench.workloads.errors import CapacityError, ConfigError
 from kvbench.workloads.kv_spec import KVCacheSpec, LayerGroup, ModelKVSpec
 
@@ -164,3 +176,88 @@ def test_dtypes_the_layer_group_cache_cannot_store_are_refused(dtype: torch.dtyp
     its first append late with two blocks leaked; now construction names the dtype."""
     with pytest.raises(ConfigError, match=str(dtype).removeprefix("torch.")):
         LayerGroupsPagedCache(_model([FULL]), num_blocks=8, block_size=2, dtype=dtype)
+
+
+class Injected(RuntimeError):
+    """A failure the machine injects into an append."""
+
+
+class GroupOrderMachine(LayerGroupsMachine):
+    """The layer-group differential over drawn group orders and window residues, with
+    failures injected into appends (module docstring)."""
+
+    def draw_specs(self, data: st.DataObject, block_size: int) -> list[KVCacheSpec]:
+        order = data.draw(
+            st.sampled_from(["full first", "windows first", "windows around", "windows only"]),
+            label="order",
+        )
+
+        def window() -> KVCacheSpec:
+            residue = data.draw(st.integers(0, block_size - 1), label="window mod block")
+            w = data.draw(st.integers(0, 2), label="whole blocks") * block_size + residue
+            return S.sliding_window(w or block_size)
+
+        windows = [window() for _ in range(data.draw(st.integers(1, 2), label="windows"))]
+        specs = {
+            "full first": [FULL, *windows],
+            "windows first": [*windows, FULL],
+            "windows around": [windows[0], FULL, *windows[1:]],
+            "windows only": windows,
+        }[order]
+        if data.draw(st.booleans(), label="cross group"):
+            specs.append(S.cross_attention(data.draw(st.integers(1, 2 * block_size))))
+        return specs
+
+    @precondition(lambda self: any(self._resident(r) for r in self.last_step))
+    @rule(data=st.data(), n=st.integers(1, 9), at=st.sampled_from(["allocate", "write"]))
+    def append_failing(self, data: st.DataObject, n: int, at: str) -> None:
+        """An append whose allocation fails: the cache is exactly as before (every
+        group's length and table, the pool, reference counts, prefix index). Or whose
+        write into the k-th group fails (a device error): every group keeps its length,
+        the invariants hold, the blocks taken are back (only what left the windows was
+        released); the request's K/V may be lost, so both caches free it."""
+        rid = data.draw(st.sampled_from([r for r in self.last_step if self._resident(r)]))
+        kv = self._next_kv(rid, n)
+        paged, pool = self.paged, self.paged.pool
+        k = data.draw(st.integers(1, len(self.model.self_groups)), label="failing group")
+        calls = [0]
+        write = paged._write
+
+        def fail_allocate(count: int) -> list[int]:
+            raise Injected(f"allocation of {count} blocks")
+
+        def fail_write(*args: object) -> None:
+            calls[0] += 1
+            if calls[0] == k:
+                raise Injected(f"write into group {k}")
+            write(*args)  # type: ignore[arg-type]
+
+        before = paged.snapshot()
+        free = paged.num_free_blocks
+        lengths = [paged._requests[rid][g].seq_len for g in range(len(self.model.groups))]
+        if at == "allocate":
+            pool.allocate_many = fail_allocate  # type: ignore[method-assign]
+        else:
+            paged._write = fail_write  # type: ignore[method-assign]
+        try:
+            paged.append(rid, kv)
+        except CapacityError:
+            assert paged.snapshot() == before, "a refused append changed the cache"
+            return
+        except Injected:
+            pass
+        finally:
+            pool.__dict__.pop("allocate_many", None)
+            paged.__dict__.pop("_write", None)
+        paged.check()
+        if at == "allocate":
+            assert paged.snapshot() == before, "a failed allocation changed the cache"
+            return
+        assert [paged._requests[rid][g].seq_len for g in range(len(lengths))] == lengths
+        assert paged.num_free_blocks >= free
+        self.free(rid)
+
+
+# examples from the hypothesis profile (ci: 25), steps per example fixed here
+GroupOrderMachine.TestCase.settings = settings(stateful_step_count=25, deadline=None)
+test_group_orders_and_injected_failures_paged_vs_reference = GroupOrderMachine.TestCase
