@@ -209,6 +209,23 @@ class BlockPool:
             self.num_used -= used
             self.live_slots -= live
 
+    def undo_release(self, block: int, fill: int) -> None:
+        """Take back the reference the latest `decref`/`release` of `block` dropped (the
+        rollback of a failed operation, releases undone newest first): a shared block
+        gets its reference back, an evictable one leaves the eviction queue (the others
+        keep their order), a freed one comes off the top of the free stack, where the
+        release put it, with its `fill` slots again."""
+        if self.ref[block] > 0 or block in self._evictable:
+            self.incref(block)
+            return
+        if not self._free or self._free[-1] != block:
+            raise ConfigError(f"block {block} is not the last one released; cannot take it back")
+        self._free.pop()
+        self.ref[block] = 1
+        self.fill[block] = fill
+        self.num_used += 1
+        self.live_slots += fill
+
     def set_fill(self, block: int, fill: int) -> None:
         """Record that `fill` slots of a used block hold written KV."""
         self.live_slots += fill - self.fill[block]

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvbench.kernels import ops
+from kvbench.kernels.validation import SUPPORTED_DTYPES, IndexRangeError
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.group_prefix import GroupPrefixIndex
 from kvbench.paged.prefix_cache import PrefixCache
@@ -89,6 +90,12 @@ class LayerGroupsPagedCache:
                 "share one storage here (equal layers, KV heads and head dim needed)"
             )
         layers, heads, dim = shapes.pop()
+        if dtype not in SUPPORTED_DTYPES:  # fp8 needs scales this cache does not keep
+            names = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+            raise ConfigError(
+                f"dtype {str(dtype).removeprefix('torch.')} cannot be stored by the "
+                f"layer-group cache (supported: {names}; fp8 KV is PagedKVCache's)"
+            )
         self.model = model
         self.block_size = require_positive("block_size", block_size)
         prefix = PrefixCache() if enable_prefix_caching else None
@@ -241,26 +248,37 @@ class LayerGroupsPagedCache:
         new = blocks_for_tokens(table.seq_len + n, bs) - len(table.blocks)
         return release, cow, new
 
-    def _net_need(self, tables: list[GroupTable], n: int) -> tuple[int, int]:
-        """(blocks an append of n tokens allocates, blocks its releases free)."""
+    def _net_need(
+        self, tables: list[GroupTable], n: int
+    ) -> tuple[int, int, list[tuple[int, list[int], bool, int]]]:
+        """(blocks an append of n tokens allocates, blocks its releases free, and per
+        self group (group, logical blocks to release, copy-on-write?, new blocks)).
+        `append` releases in every group before it allocates in any, so the two
+        totals decide it whatever the order of the groups."""
         take = freed = 0
+        plans = []
+        ref = self.pool.ref
         for gi in self.model.self_groups:
             release, cow, new = self._plan(gi, tables[gi], n)
             take += new + int(cow)
-            freed += sum(1 for j in release if self.pool.ref[tables[gi].blocks[j]] == 1)
-        return take, freed
+            freed += sum(1 for j in release if ref[tables[gi].blocks[j]] == 1)
+            plans.append((gi, release, cow, new))
+        return take, freed, plans
 
     def blocks_needed_to_append(self, request_id: Hashable, n: int) -> int:
-        """Net blocks an append of n tokens takes from the pool over all groups."""
-        take, freed = self._net_need(self._get(request_id), n)
+        """Net blocks an append of n tokens takes from the pool over all groups: it fits
+        exactly when this is at most `num_free_blocks`."""
+        take, freed, _ = self._net_need(self._get(request_id), n)
         return take - freed
 
     def append(
         self, request_id: Hashable, kv: Sequence[KV], token_ids: Sequence[int] | None = None
     ) -> None:
         """Append n tokens to every self-attention group at once (`kv[i]` for the i-th of
-        `self_groups`, [layers, n, heads, dim]), releasing what left each window first.
-        CapacityError, changing nothing, when the pool cannot supply the blocks."""
+        `self_groups`, [layers, n, heads, dim]): every group first releases what left its
+        window, then the blocks of every group are taken in one allocation, then written.
+        CapacityError, changing nothing, when the pool cannot supply the blocks; any
+        other failure once the releases began is rolled back (`_apply`)."""
         tables = self._get(request_id)
         groups = self.model.self_groups
         if len(kv) != len(groups):
@@ -273,29 +291,97 @@ class LayerGroupsPagedCache:
             ids = self.index.ids_for(request_id, self.seq_len(request_id), n, token_ids)
             if ids is not None and len(ids) != n:
                 raise ShapeError(f"append of {n} tokens got {len(ids)} token ids")
-        take, freed = self._net_need(tables, n)
+        take, freed, plans = self._net_need(tables, n)
         if take > self.pool.num_free + freed:
             raise CapacityError(
                 f"request {request_id!r} needs {take} blocks to append {n} tokens; "
                 f"{self.pool.num_free} free and {freed} leaving windows"
             )
-        for gi, one in zip(groups, kv, strict=True):
-            table = tables[gi]
-            release, cow, new = self._plan(gi, table, n)
-            for j in release:
-                self.pool.decref(table.blocks[j])
-                table.blocks[j] = NULL_BLOCK
-            table.kept_from = first_kept_position(self.model.groups[gi].spec, table.seq_len)
-            if n == 0:
-                continue
-            if cow:
-                self._copy_last_block(table)
-            table.blocks += self.pool.allocate_many(new)
-            self._write(table, one, n)
+        self._apply(tables, plans, kv, n, take)
         if self.index is not None:
             self.index.extend(request_id, ids)
             for gi in groups:
                 self.index.index_full_blocks(request_id, gi, tables[gi].blocks)
+
+    def _apply(
+        self,
+        tables: list[GroupTable],
+        plans: list[tuple[int, list[int], bool, int]],
+        kv: Sequence[KV],
+        n: int,
+        take: int,
+    ) -> None:
+        """An append's changes: release in every group, take the `take` blocks in one
+        allocation (copy-on-write first, then the new ones, group by group), copy and
+        write. A failure up to the allocation (the only one validated input can meet)
+        is undone exactly: nothing changed. A failure in a copy or write (a device
+        error) returns the blocks taken and restores every group's length and table
+        tail, but the releases stand, as after an append of 0 tokens (their blocks may
+        already be overwritten; gather/attend refuse the newest window until the next
+        append), and cached prefixes the allocation evicted stay evicted."""
+        pool = self.pool
+        released: list[tuple[GroupTable, int, int, int]] = []  # (table, entry, block, fill)
+        kept = [tables[gi].kept_from for gi, *_ in plans]
+        try:
+            for gi, release, _, _ in plans:
+                table = tables[gi]
+                for j in release:
+                    b = table.blocks[j]
+                    fill = pool.fill[b]
+                    pool.decref(b)
+                    released.append((table, j, b, fill))
+                    table.blocks[j] = NULL_BLOCK
+                table.kept_from = first_kept_position(self.model.groups[gi].spec, table.seq_len)
+            fresh = pool.allocate_many(take) if n else []
+        except BaseException:
+            for table, j, b, fill in reversed(released):
+                pool.undo_release(b, fill)
+                table.blocks[j] = b
+            for (gi, *_), kept_from in zip(plans, kept, strict=True):
+                tables[gi].kept_from = kept_from
+            raise
+        if n:
+            self._copy_and_write(tables, plans, kv, n, fresh)
+
+    def _copy_and_write(
+        self,
+        tables: list[GroupTable],
+        plans: list[tuple[int, list[int], bool, int]],
+        kv: Sequence[KV],
+        n: int,
+        fresh: list[int],
+    ) -> None:
+        """The copies and writes of an append into its `fresh` blocks; on a failure
+        every group's length and table tail come back and `fresh` returns to the pool."""
+        pool = self.pool
+        saved = []
+        for gi, *_ in plans:
+            t = tables[gi]
+            last = t.blocks[-1] if t.blocks else NULL_BLOCK
+            fill = pool.fill[last] if last != NULL_BLOCK else 0
+            saved.append((t, len(t.blocks), last, fill, t.seq_len))
+        copied: list[int] = []  # the shared last blocks copy-on-write left
+        try:
+            blocks = iter(fresh)
+            for (gi, _, cow, new), one in zip(plans, kv, strict=True):
+                table = tables[gi]
+                if cow:
+                    old = table.blocks[-1]
+                    self._copy_last_block(table, next(blocks))
+                    copied.append(old)
+                table.blocks += [next(blocks) for _ in range(new)]
+                self._write(table, one, n)
+        except BaseException:
+            pool.release(fresh)
+            for b in copied:
+                pool.incref(b)
+            for t, length, last, fill, seq_len in saved:
+                del t.blocks[length:]
+                if length and t.blocks[-1] != NULL_BLOCK:
+                    t.blocks[-1] = last  # back from a copy-on-write
+                    pool.set_fill(last, fill)  # a write may have filled the partial last
+                t.seq_len = seq_len
+            raise
 
     def _write(self, table: GroupTable, kv: KV, n: int) -> None:
         slots = self._slots(table.blocks, table.seq_len, n)
@@ -310,9 +396,9 @@ class LayerGroupsPagedCache:
         bs = self.block_size
         return (table[pos // bs] * bs + pos % bs).to(self.k.device)
 
-    def _copy_last_block(self, table: GroupTable) -> None:
+    def _copy_last_block(self, table: GroupTable, new: int) -> None:
+        """Copy-on-write of the table's shared partial last block into block `new`."""
         old = table.blocks[-1]
-        new = self.pool.allocate()
         pairs = torch.tensor([[old, new]], dtype=torch.int64, device=self.k.device)
         for layer in range(self.kv_shape[0]):
             ops.copy_blocks(self.k[layer], self.v[layer], pairs)
@@ -449,11 +535,32 @@ class LayerGroupsPagedCache:
         window = self.model.groups[group].spec.window
         return 0 if window is None else max(0, seq_len - window)
 
+    def _readable_from(self, request_id: Hashable, group: int, table: GroupTable) -> int:
+        """The first position the newest token reads in `group`; IndexRangeError when a
+        block of its window was released. That happens only right after a prefix hit
+        under a window with window % block_size == 1: the hit keeps what the *next*
+        token reads (`spec_prefix`), one block short of the newest token's window; the
+        next append makes the whole window readable again."""
+        start = self.window_start(group, table.seq_len)
+        bs = self.block_size
+        for j in range(start // bs, len(table.blocks)):
+            if table.blocks[j] == NULL_BLOCK:
+                raise IndexRangeError(
+                    f"request {request_id!r}, group {group}: the newest token (position "
+                    f"{table.seq_len - 1}) reads positions {start}..{table.seq_len - 1}, "
+                    f"but block {j} (positions {j * bs}..{(j + 1) * bs - 1}) was released: "
+                    f"a prefix hit keeps only what the next token reads (from position "
+                    f"{table.kept_from}); append a token first"
+                )
+        return start
+
     def gather(self, request_id: Hashable, group: int) -> KV:
         """K and V ([layers, n, heads, dim]) of what the newest token attends to in
-        `group`: its window, every token (full attention) or the encoder output."""
+        `group`: its window, every token (full attention) or the encoder output.
+        IndexRangeError, as `attend`, when part of the window was released
+        (`_readable_from`)."""
         table = self._get(request_id)[group]
-        start = self.window_start(group, table.seq_len)
+        start = self._readable_from(request_id, group, table)
         slots = self._slots(table.blocks, start, table.seq_len - start)
         layers, heads, dim = self.kv_shape
         flat = (layers, -1, heads, dim)
@@ -469,10 +576,13 @@ class LayerGroupsPagedCache:
     ) -> torch.Tensor:
         """Decode attention of query[b] over request b's KV in one group and layer,
         through `kernels.ops` (windowed for a sliding-window group; keyword arguments go
-        to it, e.g. backend)."""
+        to it, e.g. backend). IndexRangeError, as `gather`, when part of a request's
+        window was released (`_readable_from`), whatever the backend."""
         tables = [self._get(r)[group] for r in request_ids]
         if any(t.seq_len == 0 for t in tables):
             raise ShapeError("attend needs every request to hold at least one token there")
+        for r, t in zip(request_ids, tables, strict=True):
+            self._readable_from(r, group, t)
         width = max(len(t.blocks) for t in tables)
         rows = torch.full((len(tables), width), NULL_BLOCK, dtype=torch.int32)
         for i, t in enumerate(tables):
@@ -501,7 +611,9 @@ class LayerGroupsPagedCache:
 
     def check(self) -> None:
         """Assert the invariants: the pool's own; reference counts equal the tables that
-        hold each block; every group's table covers its length; no table holds a block
+        hold each block; every self-attention group of a request has the same length
+        (full attention keeps everything from position 0); every group's table covers
+        its length; no table holds a block
         wholly outside its window, and none lacks one inside; cross-attention tables hold
         exactly the encoder's blocks; swapped requests hold CPU blocks only, counted
         by the CPU pool's own check."""
@@ -516,8 +628,12 @@ class LayerGroupsPagedCache:
         holders: dict[int, int] = {}
         bs = self.block_size
         for rid, tables in self._requests.items():
+            lengths = {gi: tables[gi].seq_len for gi in self.model.self_groups}
+            assert len(set(lengths.values())) <= 1, f"request {rid!r}: group lengths {lengths}"
             for gi, table in enumerate(tables):
                 spec = self.model.groups[gi].spec
+                if spec.kind is AttentionKind.FULL:
+                    assert table.kept_from == 0, (rid, gi, table.kept_from)
                 assert len(table.blocks) == blocks_for_tokens(table.seq_len, bs), (rid, gi)
                 if spec.kind is AttentionKind.CROSS:
                     assert table.seq_len == spec.encoder_len, (rid, gi)

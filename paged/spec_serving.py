@@ -342,9 +342,10 @@ class LayerGroupServingCache:
     def append_tokens(
         self, request_id: RequestId, n: int, token_ids: Sequence[int | None] | None = None
     ) -> None:
-        """Append n tokens to every self-attention group (releases first, then new
-        blocks and copy-on-write); CapacityError, nothing changed, when the pool cannot
-        supply them without touching another request's reservation."""
+        """Append n tokens to every self-attention group (the releases of every group
+        first, then new blocks and copy-on-write group by group, so the check below
+        holds whatever the order of the groups); CapacityError, nothing changed, when
+        the pool cannot supply them without touching another request's reservation."""
         req = self._resident(request_id, "append to")
         n = require_positive("n", n)
         if req.seq_len + n > self.max_seq_len:
@@ -367,12 +368,13 @@ class LayerGroupServingCache:
         self.outstanding -= req.outstanding
         end_blocks = blocks_for_tokens(s + n, bs)
         written = s // bs
-        for gi, table in enumerate(req.tables):
-            gone = releases[gi]
-            for j in gone:
+        for gi, table in enumerate(req.tables):  # every group releases before any takes
+            for j in releases[gi]:
                 if j < written:  # blocks this append does not write go first
                     pool.decref(table[j])
                     table[j] = NULL_BLOCK
+        for gi, table in enumerate(req.tables):
+            gone = releases[gi]
             if s % bs and pool.ref[table[-1]] > 1:  # copy-on-write of the shared last block
                 old = table[-1]
                 new = pool.allocate()

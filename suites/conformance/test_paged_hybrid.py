@@ -30,6 +30,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from kvbench.kernels.validation import IndexRangeError
 from kvbench.paged.layer_groups import LayerGroupsPagedCache
 from kvbench.reference import oracle
 from kvbench.reference.contract import LayerGroupsKVCache
@@ -38,6 +39,7 @@ from kvbench.workloads.capacity import blocks_for_tokens
 from kvbench.workloads.errors import CapacityError, ConfigError, RequestStateError
 from kvbench.workloads.kv_spec import KVCacheSpec, LayerGroup, ModelKVSpec
 from kvbench.workloads.spec_capacity import blocks_in_step
+from kvbench.workloads.spec_prefix import blocks_a_hit_needs
 
 LAYERS, HEADS, DIM = 2, 1, 8
 
@@ -62,7 +64,7 @@ class LayerGroupsMachine(RuleBasedStateMachine):
 
     @initialize(
         data=st.data(),
-        block_size=st.sampled_from([1, 2, 4, 8]),
+        block_size=st.sampled_from([1, 2, 3, 4, 8]),
         num_blocks=st.integers(4, 40),
         num_cpu_blocks=st.integers(0, 24),
         prefix=st.booleans(),
@@ -75,7 +77,7 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         num_cpu_blocks: int,
         prefix: bool,
     ) -> None:
-        self.model = _model(data.draw(self.MODELS, label="specs"))
+        self.model = _model(self.draw_specs(data, block_size))
         self.paged = LayerGroupsPagedCache(
             self.model,
             num_blocks,
@@ -86,8 +88,17 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         self.ref = LayerGroupsReferenceCache(self.model)
         self.bs = block_size
         self.last_step: dict[int, tuple[int, int]] = {}
+        #: per request just admitted with a prefix hit (until its next append): per self
+        #: group the first position the hit keeps (`spec_prefix.blocks_a_hit_needs`)
+        self.hit_kept: dict[int, dict[int, int]] = {}
+        #: requests whose prompt is still being appended: (prompt, tokens appended)
+        self.prompts: dict[int, tuple[list[int], int]] = {}
         self.next_id = 0
         self.gen = torch.Generator().manual_seed(0)
+
+    def draw_specs(self, data: st.DataObject, block_size: int) -> list[KVCacheSpec]:
+        """The model's groups (subclasses draw orders and windows by the block size)."""
+        return data.draw(self.MODELS, label="specs")
 
     def _kv(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         k = torch.randn((LAYERS, n, HEADS, DIM), generator=self.gen)
@@ -136,13 +147,23 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         cut=st.integers(1, 9),
         tail=st.lists(st.integers(0, 3), max_size=4),
         salt=st.sampled_from([None, "s"]),
+        data=st.data(),
     )
     def admit_prompt(
-        self, stem: tuple[int, ...], cut: int, tail: list[int], salt: str | None
+        self,
+        stem: tuple[int, ...],
+        cut: int,
+        tail: list[int],
+        salt: str | None,
+        data: st.DataObject,
     ) -> int:
         """Admit with a prompt from shared stems (prefix hits when caching is on) and
-        compute its prompt at once; the hit must be whole blocks of the prompt, short
-        of its last token, and every group then reads what the reference reads."""
+        append a drawn part of the rest of its prompt now (all of it, or 0 .. all: the
+        `append` rule goes on with the prompt); the hit must be whole blocks of the
+        prompt, short of its last token. Right after a hit each group holds exactly the
+        blocks `spec_prefix.blocks_a_hit_needs` lists; gather and attend then refuse a
+        window reaching a block the hit did not keep and read the reference's view
+        otherwise (the invariant)."""
         rid = self.next_id
         self.next_id += 1
         prompt = [*stem[:cut], *tail]
@@ -154,18 +175,72 @@ class LayerGroupsMachine(RuleBasedStateMachine):
             assert self.paged.snapshot() == before, "a refused admission changed the cache"
             return rid
         assert hit % self.bs == 0 and hit < len(prompt)
-        full = [self._prompt_kv(prompt, g) for g in self.model.self_groups]
-        before = self.paged.snapshot()
-        try:
-            self.paged.append(rid, [(k[:, hit:], v[:, hit:]) for k, v in full])
-        except CapacityError:
-            assert self.paged.snapshot() == before, "a refused append changed the cache"
-            self.paged.free(rid)
-            return rid
         self.ref.admit(rid, enc)
-        self.ref.append(rid, full)
-        self.last_step[rid] = (hit, len(prompt) - hit)
+        full = [self._prompt_kv(prompt, g) for g in self.model.self_groups]
+        if hit:
+            self.ref.append(rid, [(k[:, :hit], v[:, :hit]) for k, v in full])
+            self.hit_kept[rid] = {
+                gi: blocks_a_hit_needs(self.model.groups[gi].spec, hit // self.bs, self.bs).start
+                * self.bs
+                for gi in self.model.self_groups
+            }
+        self.last_step[rid] = (0, hit)
+        self.prompts[rid] = (prompt, hit)
+        rest = len(prompt) - hit
+        first = data.draw(st.one_of(st.just(rest), st.integers(0, rest)), label="first chunk")
+        if first:
+            self._append(rid, first)
         return rid
+
+    def _append(self, rid: int, n: int) -> None:
+        """Append n tokens (the next of its prompt while it lasts, else random K/V); a
+        refusal agrees with `blocks_needed_to_append` and changes nothing, a success
+        takes exactly that many blocks."""
+        kv = self._next_kv(rid, n)
+        n = kv[0][0].shape[1]
+        before = self.paged.snapshot()
+        free = self.paged.num_free_blocks
+        need = self.paged.blocks_needed_to_append(rid, n)
+        try:
+            self.paged.append(rid, kv)
+        except CapacityError:
+            assert need > free, (need, free)
+            assert self.paged.snapshot() == before, "a refused append changed the cache"
+            return
+        assert need <= free and self.paged.num_free_blocks == free - need, (need, free)
+        self._appended(rid, kv)
+
+    def _next_kv(self, rid: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if rid in self.prompts:
+            prompt, done = self.prompts[rid]
+            n = min(n, len(prompt) - done)
+            return [
+                (k[:, done : done + n], v[:, done : done + n])
+                for k, v in (self._prompt_kv(prompt, g) for g in self.model.self_groups)
+            ]
+        return [self._kv(n) for _ in self.model.self_groups]
+
+    def _appended(self, rid: int, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Record an append that succeeded (the reference gets the same K/V)."""
+        n = kv[0][0].shape[1]
+        self.ref.append(rid, kv)
+        self.last_step[rid] = (self.ref.seq_len(rid) - n, n)
+        self.hit_kept.pop(rid, None)
+        if rid in self.prompts:
+            prompt, done = self.prompts[rid]
+            if done + n == len(prompt):
+                del self.prompts[rid]
+            else:
+                self.prompts[rid] = (prompt, done + n)
+
+    def _refused(self, rid: int, group: int) -> bool:
+        """Whether the newest token's window reaches a block a prefix hit did not keep
+        (gather and attend must then raise IndexRangeError)."""
+        kept = self.hit_kept.get(rid, {}).get(group)
+        window = self.model.groups[group].spec.window
+        if kept is None or window is None:
+            return False
+        return max(0, self.ref.seq_len(rid) - window) < kept
 
     @rule(data=st.data(), swap_in=st.booleans())
     def swap(self, data: st.DataObject, swap_in: bool) -> None:
@@ -183,21 +258,10 @@ class LayerGroupsMachine(RuleBasedStateMachine):
             return
         (self.ref.swap_in if swap_in else self.ref.swap_out)(rids)
 
-    @rule(rid=requests, n=st.integers(1, 6))
+    @rule(rid=requests, n=st.integers(1, 9))
     def append(self, rid: int, n: int) -> None:
-        if not self._resident(rid):
-            return
-        kv = [self._kv(n) for _ in self.model.self_groups]
-        before = self.paged.snapshot()
-        need = self.paged.blocks_needed_to_append(rid, n)
-        try:
-            self.paged.append(rid, kv)
-        except CapacityError:
-            assert need > self.paged.num_free_blocks
-            assert self.paged.snapshot() == before, "a refused append changed the cache"
-            return
-        self.ref.append(rid, kv)
-        self.last_step[rid] = (self.ref.seq_len(rid) - n, n)
+        if self._resident(rid):
+            self._append(rid, n)
 
     @rule(parent=requests, target=requests)
     def fork(self, parent: int) -> int:
@@ -208,6 +272,9 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         self.paged.fork(parent, child)
         self.ref.fork(parent, child)
         self.last_step[child] = self.last_step[parent]
+        for state in (self.hit_kept, self.prompts):
+            if parent in state:
+                state[child] = state[parent]  # type: ignore[index]
         return child
 
     @rule(rid=consumes(requests))
@@ -217,6 +284,8 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         self.paged.free(rid)
         self.ref.free(rid)
         del self.last_step[rid]
+        self.hit_kept.pop(rid, None)
+        self.prompts.pop(rid, None)
 
     @precondition(
         lambda self: any(self._resident(r) and self.ref.seq_len(r) for r in self.last_step)
@@ -229,6 +298,10 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         group = data.draw(st.integers(0, len(self.model.groups) - 1))
         layer = data.draw(st.integers(0, LAYERS - 1))
         q = torch.randn((len(rids), 2 * HEADS, DIM), generator=self.gen)
+        if any(self._refused(r, group) for r in rids):
+            with pytest.raises(IndexRangeError, match="released"):
+                self.paged.attend(rids, q, group, layer, backend="torch")
+            return
         out = self.paged.attend(rids, q, group, layer, backend="torch")
         ref = self.ref.attend(rids, q, group, layer)
         assert oracle.relative_error(out, ref) <= oracle.tolerance(torch.float32)
@@ -246,13 +319,29 @@ class LayerGroupsMachine(RuleBasedStateMachine):
             if self.ref.is_swapped(rid):
                 continue
             for gi, g in enumerate(self.model.groups):
+                held = len(self.paged.held_blocks(rid, gi))
+                hit = rid in self.hit_kept and gi in self.hit_kept[rid]
+                if hit:
+                    hit_blocks = self.ref.seq_len(rid) // self.bs
+                    assert held == len(blocks_a_hit_needs(g.spec, hit_blocks, self.bs))
+                if self._refused(rid, gi):
+                    q = torch.randn((1, 2 * HEADS, DIM), generator=self.gen)
+                    with pytest.raises(IndexRangeError, match="released"):
+                        self.paged.gather(rid, gi)
+                    with pytest.raises(IndexRangeError, match="released"):
+                        self.paged.attend([rid], q, gi, 0, backend="torch")
+                    continue
                 pk, pv = self.paged.gather(rid, gi)
                 rk, rv = self.ref.gather(rid, gi)
                 assert torch.equal(pk, rk) and torch.equal(pv, rv), (rid, gi)
-                held = len(self.paged.held_blocks(rid, gi))
+                if hit and self.ref.seq_len(rid):  # attend accepts what gather accepts
+                    q = torch.randn((1, 2 * HEADS, DIM), generator=self.gen)
+                    out = self.paged.attend([rid], q, gi, 0, backend="torch")
+                    ref = self.ref.attend([rid], q, gi, 0)
+                    assert oracle.relative_error(out, ref) <= oracle.tolerance(torch.float32)
                 if g.spec.encoder_len is not None:
                     assert held == blocks_for_tokens(g.spec.encoder_len, self.bs)
-                else:
+                elif not hit:
                     computed, new = self.last_step[rid]
                     assert held == blocks_in_step(g.spec, computed, new, self.bs), (rid, gi)
 
