@@ -218,6 +218,8 @@ class TraceRequest:
 
     def __post_init__(self) -> None:
         _validate_request(self, line=0)
+        if isinstance(self.arrival, float) and self.arrival == 0.0:
+            object.__setattr__(self, "arrival", 0.0)  # -0.0 reads (and is written) as 0.0
 
     def prompt_ids(self, index: int) -> Sequence[int]:
         """The prompt's token ids: the given ones (a tuple), the ids synthesized from
