@@ -82,6 +82,19 @@ def test_repro_7_lengths_in_digits_are_refused(workdir: Path) -> None:
         _check(workdir, argv, command, ["line 2", "'prompt_len'"], "x: repro")
 
 
+def test_a_trace_of_maximal_prompts_is_refused_before_the_hit_rate_pass(workdir: Path) -> None:
+    """Lengths in range can still add up: 1,000 prompts of 2^24 tokens at blocks of 16
+    are a billion block accesses (about 190 GB): refused with the estimate, not a
+    MemoryError midway (the battery's machine has 8 GiB free)."""
+    (workdir / "r7b").mkdir()
+    path = workdir / "r7b" / "t.jsonl"
+    line = '{{"id": {}, "arrival": 0, "prompt_len": 16777216, "output_len": 1}}'
+    header = {**HEADER, "num_requests": 1000}
+    path.write_text("\n".join([json.dumps(header), *(line.format(i) for i in range(1000))]) + "\n")
+    argv = ["hitrate", "-q", "--capacity=1e6", "--trace", str(path)]
+    _check(workdir, argv, "hitrate", ["1,048,576,000 block accesses", "--block-size"], "x: repro")
+
+
 def test_repro_8_a_timestamp_of_1e30_ms_is_refused(workdir: Path) -> None:
     """A Mooncake timestamp of 1e30 ms imported, and simulate reported TTFT of -6.9e10 s
     and 100% SLO attainment (float64 seconds step by 2^37 s at 10^27 s)."""
