@@ -47,11 +47,19 @@ def poisson(n: int, rng: np.random.Generator, rate: float) -> np.ndarray:
     return np.cumsum(rng.exponential(1.0 / rate, size=n))
 
 
+#: Range of a burstiness factor: below 1e-3 (gaps with a coefficient of variation of 32)
+#: the gamma scale 1 / (rate * b) overflows for small rates (b = 1e-320 gives NaN gaps).
+BURSTINESS_RANGE = (1e-3, 1e6)
+
+
 def check_burstiness(burstiness: float) -> float:
-    """A burstiness factor must be a finite number > 0 (the gamma shape)."""
+    """A burstiness factor (the gamma shape) must be a number in BURSTINESS_RANGE."""
     b = burstiness
-    if isinstance(b, bool) or not isinstance(b, (int, float)) or not (np.isfinite(b) and b > 0):
-        raise ConfigError(f"burstiness must be a finite number > 0, got {burstiness!r}")
+    lo, hi = BURSTINESS_RANGE
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not (lo <= b <= hi):
+        raise ConfigError(
+            f"burstiness must be a finite number in [{lo:g}, {hi:g}], got {burstiness!r}"
+        )
     return float(b)
 
 
@@ -65,10 +73,16 @@ def gamma(n: int, rng: np.random.Generator, rate: float, burstiness: float = 1.0
     return np.cumsum(rng.gamma(b, 1.0 / (rate * b), size=n))
 
 
+#: Largest burst (requests arriving together): as many as a generated trace may hold.
+MAX_BURST = 10_000_000
+
+
 def bursts(n: int, size: int, interval: float) -> np.ndarray:
     """Bursts of `size` requests at t = 0, interval, 2 * interval, ..."""
     _check_n(n)
     require_positive("burst size", size)
+    if size > MAX_BURST:
+        raise ConfigError(f"burst size must be at most {MAX_BURST:,}, got {size!r:.40}")
     if not (isinstance(interval, (int, float)) and interval >= 0 and np.isfinite(interval)):
         raise ConfigError(f"burst interval must be a number of seconds >= 0, got {interval!r}")
     return (np.arange(n, dtype=np.int64) // size).astype(np.float64) * float(interval)

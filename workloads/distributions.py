@@ -69,6 +69,12 @@ _SIGMAS: dict[str, float] = {
 
 #: Upper length bound of the named workloads ("up to about 2,000 tokens").
 MAX_LEN = 2048
+#: Largest length a distribution's support may reach: the pmf is an array over the
+#: support, so a spec of 10^30 tokens must be refused, not allocated (8 MiB at 2^20).
+MAX_SUPPORT = 1 << 20
+#: Range of a normal's std or a log-normal's sigma: a spread of 1e-320 overflows the
+#: edges (k - mean) / std to infinity; below 1e-3 a distribution is a fixed length.
+SPREAD_RANGE = (1e-3, 1e9)
 
 
 @dataclass(frozen=True)
@@ -151,8 +157,9 @@ def uniform(lo: int, hi: int) -> LengthDistribution:
 def clipped_normal(mean: float, std: float, lo: int, hi: int) -> LengthDistribution:
     """round(N(mean, std)) clipped to [lo, hi]: the tails pile up on lo and hi."""
     _check_bounds(lo, hi)
-    if not std > 0:
-        raise ConfigError(f"normal std must be > 0, got {std!r}")
+    _check_spread("normal std", std)
+    if not math.isfinite(mean):
+        raise ConfigError(f"normal mean must be finite, got {mean!r}")
     k = np.arange(lo, hi + 1, dtype=np.float64)
     upper = ndtr((k + 0.5 - mean) / std)
     lower = ndtr((k - 0.5 - mean) / std)
@@ -174,8 +181,7 @@ def fit_lognormal(target_mean: float, sigma: float, lo: int = 1, hi: int = MAX_L
     _check_bounds(lo, hi)
     if not lo < target_mean < hi:
         raise ConfigError(f"target mean {target_mean!r} must lie strictly inside [{lo}, {hi}]")
-    if not sigma > 0:
-        raise ConfigError(f"lognormal sigma must be > 0, got {sigma!r}")
+    _check_spread("lognormal sigma", sigma)
     k = np.arange(lo, hi + 1, dtype=np.float64)
 
     def mean_at(mu: float) -> float:
@@ -333,6 +339,14 @@ def parse_distribution(spec: str) -> LengthDistribution:
 
 def _check_len(what: str, n: int) -> None:
     require_positive(what, n)
+    if n > MAX_SUPPORT:
+        raise ConfigError(f"{what} must be at most {MAX_SUPPORT:,} tokens, got {n!r:.40}")
+
+
+def _check_spread(what: str, value: float) -> None:
+    lo, hi = SPREAD_RANGE
+    if not (isinstance(value, (int, float)) and lo <= value <= hi):
+        raise ConfigError(f"{what} must be a number in [{lo:g}, {hi:g}], got {value!r}")
 
 
 def _check_bounds(lo: int, hi: int) -> None:

@@ -39,11 +39,31 @@ Loading validates everything and raises `TraceError` naming the line number, the
 and the bad value: malformed or truncated JSON, a missing or unknown field, a wrong type,
 a negative length, an output length of 0, an arrival out of order, a duplicate id, or
 fewer request lines than the header promises.
+
+Every number is bounded, so no value that reads as a number can exhaust memory or
+overflow what is derived from it downstream (a request, imported or made in Python,
+is checked the same way):
+
+    arrival                 finite, in [0, MAX_ARRIVAL_S] = [0, 2^22 s] (48.5 days)
+    prompt_len, output_len  in [1, MAX_TOKENS] = [1, 2^24] (16,777,216 tokens)
+    n, beam_width           in [1, MAX_SAMPLES] = [1, 1024]
+    token ids               in [0, MAX_TOKEN_ID] = [0, 2^63 - 1] (prompt, output_tokens)
+
+Why these: the serving engine keeps time as integer picoseconds and reports seconds as
+float64; up to 2^22 s a float64 of seconds resolves 2^-30 s (under 1 ns), so every
+latency (a difference of two such times) is exact to 1 ns, and the picosecond clock
+(4.2e18 at the latest arrival) stays under 2^63 with as much again for serving. A
+week-long production trace (604,800 s) fits seven times over. (At 10^27 s, a float64's
+step is 2^37 s: the difference of two nearly equal times comes out as -6.9e10 s.)
+2^24 tokens is past the longest context any released model serves (10M, Llama 4
+Scout) and is exactly SYNTH_BASE, the id span of one request's synthetic prompt, so
+synthetic prompts never overlap. Token ids are int64 in the prefix cache's block keys.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import numbers
 import os
 from collections.abc import Collection, Iterable, Iterator, Sequence
@@ -80,6 +100,14 @@ SYNTH_BASE = 1 << 24
 BLOCK_ID_BASE = 1 << 56
 #: Largest block id * prompt_block_tokens + position that stays inside that range.
 MAX_BLOCK_SPAN = (1 << 63) - BLOCK_ID_BASE
+#: Longest prompt, and longest output, of one request [tokens] (module docstring).
+MAX_TOKENS = SYNTH_BASE
+#: Most parallel samples (n) or beams (beam_width) of one request.
+MAX_SAMPLES = 1024
+#: Latest arrival [s]: 2^22 s, 48.5 days (module docstring: latencies exact to 1 ns).
+MAX_ARRIVAL_S = float(1 << 22)
+#: Largest token id (the prefix cache's block keys encode ids as int64).
+MAX_TOKEN_ID = (1 << 63) - 1
 
 
 class BlockTokenIds(KnownIds):
@@ -190,6 +218,8 @@ class TraceRequest:
 
     def __post_init__(self) -> None:
         _validate_request(self, line=0)
+        if isinstance(self.arrival, float) and self.arrival == 0.0:
+            object.__setattr__(self, "arrival", 0.0)  # -0.0 reads (and is written) as 0.0
 
     def prompt_ids(self, index: int) -> Sequence[int]:
         """The prompt's token ids: the given ones (a tuple), the ids synthesized from
@@ -335,14 +365,19 @@ class Trace:
         version = header.get("version")
         if isinstance(version, bool) or version not in READ_VERSIONS:
             raise TraceError(
-                f"unsupported version {version!r} (this kvbench reads "
+                f"unsupported version {_short(version)} (this kvbench reads "
                 f"{' and '.join(map(str, READ_VERSIONS))})",
                 1,
                 "version",
             )
         expected = header.get("num_requests")
-        if isinstance(expected, bool) or not isinstance(expected, int) or expected < 0:
-            raise TraceError(f"must be an integer >= 0, got {expected!r}", 1, "num_requests")
+        if isinstance(expected, bool) or not isinstance(expected, int) or not 0 <= expected < 2**31:
+            raise TraceError(
+                f"must be an integer in [0, 2^31) (a file of more request lines would hold "
+                f"over 100 GB), got {_short(expected)}",
+                1,
+                "num_requests",
+            )
         meta = header.get("meta", {})
         if not isinstance(meta, dict):
             raise TraceError(f"must be an object, got {meta!r}", 1, "meta")
@@ -396,7 +431,9 @@ def _parse_object(raw: str, lineno: int) -> dict[str, Any]:
     return obj
 
 
-def _int_field(obj: dict[str, Any], name: str, lineno: int, minimum: int, default: int | None):
+def _int_field(
+    obj: dict[str, Any], name: str, lineno: int, minimum: int, default: int | None, maximum: int
+):
     if name not in obj:
         if default is None:
             raise TraceError("missing required field", lineno, name)
@@ -404,17 +441,25 @@ def _int_field(obj: dict[str, Any], name: str, lineno: int, minimum: int, defaul
     value = obj[name]
     if isinstance(value, bool) or not isinstance(value, int):
         raise TraceError(f"must be an integer, got {value!r}", lineno, name)
-    if value < minimum:
-        raise TraceError(f"must be >= {minimum}, got {value!r}", lineno, name)
+    if not minimum <= value <= maximum:
+        raise TraceError(f"must be in [{minimum}, {maximum:,}], got {_short(value)}", lineno, name)
     return value
+
+
+def _short(value: object) -> str:
+    """`repr(value)`, cut to 40 characters (a 10^400 written in digits stays readable)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def _token_list(value: Any, lineno: int, name: str) -> tuple[int, ...]:
     if not isinstance(value, list):
         raise TraceError(f"must be a list of token ids, got {type(value).__name__}", lineno, name)
     for t in value:
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise TraceError(f"token id {t!r} is not an integer >= 0", lineno, name)
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_TOKEN_ID:
+            raise TraceError(
+                f"token id {_short(t)} is not an integer in [0, 2^63 - 1]", lineno, name
+            )
     return tuple(value)
 
 
@@ -429,14 +474,12 @@ def _request_from_obj(obj: dict[str, Any], lineno: int) -> TraceRequest:
         raise TraceError(f"must be a string or integer, got {rid!r}", lineno, "id")
     if "arrival" not in obj:
         raise TraceError("missing required field", lineno, "arrival")
-    arrival = obj["arrival"]
-    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)):
-        raise TraceError(f"must be a number of seconds, got {arrival!r}", lineno, "arrival")
-    output_len = _int_field(obj, "output_len", lineno, 1, None)
+    arrival = check_arrival(obj["arrival"], lineno)
+    output_len = _int_field(obj, "output_len", lineno, 1, None, MAX_TOKENS)
     prompt = _token_list(obj["prompt"], lineno, "prompt") if "prompt" in obj else None
     if prompt is None and "prompt_len" not in obj:
         raise TraceError("missing: give 'prompt' or 'prompt_len'", lineno, "prompt_len")
-    prompt_len = _int_field(obj, "prompt_len", lineno, 1, len(prompt) if prompt else 0)
+    prompt_len = _int_field(obj, "prompt_len", lineno, 1, len(prompt) if prompt else 0, MAX_TOKENS)
     salt = obj.get("salt")
     if salt is not None and not isinstance(salt, str):
         raise TraceError(f"must be a string or null, got {salt!r}", lineno, "salt")
@@ -455,17 +498,19 @@ def _request_from_obj(obj: dict[str, Any], lineno: int) -> TraceRequest:
     elif "prompt_block_tokens" in obj:
         raise TraceError("given without 'prompt_blocks'", lineno, "prompt_block_tokens")
     block_tokens = (
-        _int_field(obj, "prompt_block_tokens", lineno, 1, None) if blocks is not None else None
+        _int_field(obj, "prompt_block_tokens", lineno, 1, None, MAX_TOKENS)
+        if blocks is not None
+        else None
     )
     values = dict(
         id=rid,
-        arrival=float(arrival),
+        arrival=arrival,
         prompt_len=prompt_len,
         output_len=output_len,
         prompt=prompt,
         salt=salt,
-        n=_int_field(obj, "n", lineno, 1, 1),
-        beam_width=_int_field(obj, "beam_width", lineno, 1, 1),
+        n=_int_field(obj, "n", lineno, 1, 1, MAX_SAMPLES),
+        beam_width=_int_field(obj, "beam_width", lineno, 1, 1, MAX_SAMPLES),
         output_tokens=out_tokens,
         prompt_blocks=blocks,
         prompt_block_tokens=block_tokens,
@@ -476,19 +521,47 @@ def _request_from_obj(obj: dict[str, Any], lineno: int) -> TraceRequest:
         raise TraceError(str(exc).split(": ", 1)[-1], lineno, exc.field) from None
 
 
+def check_arrival(value: object, line: int = 0, field: str = "arrival") -> float:
+    """An arrival as a float of seconds: a finite number in [0, MAX_ARRIVAL_S] (-0 reads
+    as 0), else TraceError naming `line` and `field` (module docstring: why the bound)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TraceError(f"must be a number of seconds, got {_short(value)}", line, field)
+    try:
+        seconds = float(value) + 0.0
+    except OverflowError:  # an int past float's range
+        seconds = math.inf
+    if not 0.0 <= seconds <= MAX_ARRIVAL_S:  # NaN fails both comparisons
+        raise TraceError(
+            f"must be a number of seconds in [0, {MAX_ARRIVAL_S:,.0f}] (2^22 s, 48.5 days: "
+            f"latencies stay exact to 1 ns), got {_short(value)}",
+            line,
+            field,
+        )
+    return seconds
+
+
 def _validate_request(req: TraceRequest, line: int) -> None:
     """Cross-field checks shared by construction and loading."""
     if isinstance(req.id, bool) or not isinstance(req.id, (str, int)):
-        raise TraceError(f"must be a string or integer, got {req.id!r}", line, "id")
-    if (
-        not (isinstance(req.arrival, numbers.Real) and req.arrival >= 0)
-        or req.arrival != req.arrival
-    ):
-        raise TraceError(f"must be a number of seconds >= 0, got {req.arrival!r}", line, "arrival")
-    for name, minimum in (("prompt_len", 1), ("output_len", 1), ("n", 1), ("beam_width", 1)):
+        raise TraceError(f"must be a string or integer, got {_short(req.id)}", line, "id")
+    check_arrival(req.arrival, line)
+    bounds = (("prompt_len", MAX_TOKENS), ("output_len", MAX_TOKENS))
+    for name, maximum in (*bounds, ("n", MAX_SAMPLES), ("beam_width", MAX_SAMPLES)):
         value = getattr(req, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise TraceError(f"must be an integer >= {minimum}, got {value!r}", line, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+            raise TraceError(
+                f"must be an integer in [1, {maximum:,}], got {_short(value)}", line, name
+            )
+    for name in ("prompt", "output_tokens"):
+        ids = getattr(req, name)
+        try:
+            top = max(ids) if ids else 0  # C speed: this runs for every request built
+        except TypeError:
+            continue  # not all numbers: the cache's own id checks name the bad one
+        if isinstance(top, int) and top > MAX_TOKEN_ID:
+            raise TraceError(
+                f"token id {_short(top)} is not an integer in [0, 2^63 - 1]", line, name
+            )
     if req.prompt is not None and len(req.prompt) != req.prompt_len:
         raise TraceError(
             f"prompt_len {req.prompt_len} disagrees with the prompt's {len(req.prompt)} ids",

@@ -19,9 +19,14 @@ Arrivals: Mooncake's timestamp / 1000 seconds; Azure's seconds since the first r
 
 Every line is checked before anything is returned, and the first bad one raises
 `TraceError` naming the file, the line number (1-based, as an editor counts) and the
-field: missing or extra fields, a length that is not an integer >= 1, hash ids that do
-not cover the prompt (ceil(input_length / 512) of them), a timestamp that goes backwards
-or is unreadable, non-UTF-8 bytes, a truncated line, an empty file, a folder.
+field: missing or extra fields, a length that is not an integer in [1, 2^24] (a length
+written as 10^30 in digits is refused, not imported for `kvbench hitrate` to exhaust
+memory on), hash ids that do not cover the prompt (ceil(input_length / 512) of them), a
+timestamp that goes backwards, is unreadable, NaN or infinite, or whose arrival (after
+`speed`) lies past 2^22 s (`workloads.trace.MAX_ARRIVAL_S`: a Mooncake timestamp of
+1e30 ms would reach the engine as 10^27 s, where float64 seconds step by 2^37 s and
+latencies come out negative), non-UTF-8 bytes, a truncated line, an empty file, a
+folder. The bounds are the trace format's own (`workloads.trace`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,13 @@ from typing import Any
 
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.time_scale import check_time_scale
-from kvbench.workloads.trace import Trace, TraceError, TraceRequest
+from kvbench.workloads.trace import (
+    MAX_ARRIVAL_S,
+    MAX_TOKENS,
+    Trace,
+    TraceError,
+    TraceRequest,
+)
 
 #: Tokens per Mooncake hash id.
 MOONCAKE_BLOCK_TOKENS = 512
@@ -76,10 +87,22 @@ def read_text_lines(path: str | Path) -> list[str]:
     return text.splitlines()
 
 
+#: Trace fields named as each format names them (an error from the trace's own checks).
+_MOONCAKE_NAMES = {
+    "arrival": "timestamp",
+    "prompt_len": "input_length",
+    "output_len": "output_length",
+    "prompt_blocks": "hash_ids",
+}
+
+
 def _length(obj: dict[str, Any], name: str, lineno: int) -> int:
     value = obj[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TraceError(f"must be an integer >= 1, got {value!r}", lineno, name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS:
+        text = repr(value) if len(repr(value)) <= 40 else f"an integer of {len(repr(value))} digits"
+        raise TraceError(
+            f"must be an integer in [1, {MAX_TOKENS:,}] (2^24), got {text}", lineno, name
+        )
     return value
 
 
@@ -89,6 +112,21 @@ def _arrival(seconds: float, last: float, lineno: int, name: str, raw: object) -
             f"timestamp {raw!r} goes backwards (before the previous line's)", lineno, name
         )
     return seconds
+
+
+def _scaled(seconds: float, speed: float, lineno: int, name: str, raw: object) -> float:
+    """`seconds / speed`, refused (naming the line and field) past MAX_ARRIVAL_S."""
+    scaled = seconds / speed
+    if not scaled <= MAX_ARRIVAL_S:
+        at = f" / speed {speed:g} = {scaled:.4g} s" if speed != 1.0 else ""
+        raise TraceError(
+            f"{raw!r:.40} is {seconds:.4g} s from the start{at}, past the latest arrival a "
+            f"trace may have, {MAX_ARRIVAL_S:,.0f} s (2^22 s, 48.5 days: latencies stay "
+            "exact to 1 ns)",
+            lineno,
+            name,
+        )
+    return scaled
 
 
 def _mooncake_request(raw: str, lineno: int, index: int, last: float, speed: float):
@@ -109,13 +147,18 @@ def _mooncake_request(raw: str, lineno: int, index: int, last: float, speed: flo
         if name not in MOONCAKE_FIELDS:
             raise TraceError(f"unknown field (value {obj[name]!r:.40})", lineno, name)
     ts = obj["timestamp"]
-    if (
-        isinstance(ts, bool)
-        or not isinstance(ts, (int, float))
-        or not (math.isfinite(ts) and ts >= 0)
-    ):
-        raise TraceError(f"must be milliseconds >= 0, got {ts!r}", lineno, "timestamp")
-    arrival = _arrival(ts / 1000.0, last, lineno, "timestamp", ts)
+    seconds = math.nan
+    if not isinstance(ts, bool) and isinstance(ts, (int, float)):
+        try:
+            seconds = ts / 1000.0 + 0.0  # -0 reads as 0
+        except OverflowError:  # an integer past float's range
+            seconds = math.inf
+    if not 0.0 <= seconds < math.inf:  # NaN fails too
+        raise TraceError(
+            f"must be a finite number of milliseconds >= 0, got {ts!r:.40}", lineno, "timestamp"
+        )
+    arrival = _arrival(seconds, last, lineno, "timestamp", ts)
+    scaled = _scaled(seconds, speed, lineno, "timestamp", ts)
     prompt_len = _length(obj, "input_length", lineno)
     output_len = _length(obj, "output_length", lineno)
     ids = obj["hash_ids"]
@@ -134,14 +177,15 @@ def _mooncake_request(raw: str, lineno: int, index: int, last: float, speed: flo
     try:
         req = TraceRequest(
             index,
-            arrival / speed,
+            scaled,
             prompt_len,
             output_len,
             prompt_blocks=tuple(ids),
             prompt_block_tokens=MOONCAKE_BLOCK_TOKENS,
         )
     except TraceError as exc:
-        raise TraceError(str(exc).split(": ", 1)[-1], lineno, exc.field or "hash_ids") from None
+        name = _MOONCAKE_NAMES.get(exc.field or "prompt_blocks", exc.field)
+        raise TraceError(str(exc).split(": ", 1)[-1], lineno, name) from None
     return req, arrival
 
 
@@ -156,7 +200,7 @@ def parse_wall_clock(text: str) -> int:
     return seconds * 10**9 + int(frac.ljust(9, "0")[:9] or 0)
 
 
-def _azure_request(raw: str, lineno: int, index: int, last: float, first: int | None):
+def _azure_request(raw: str, lineno: int, index: int, last: float, first: int | None, speed: float):
     parts = raw.split(",")
     if len(parts) != len(AZURE_HEADER):
         which = AZURE_HEADER[len(parts)] if len(parts) < len(AZURE_HEADER) else None
@@ -174,16 +218,19 @@ def _azure_request(raw: str, lineno: int, index: int, last: float, first: int | 
         ) from None
     origin = stamp if first is None else first
     arrival = _arrival((stamp - origin) / 1e9, last, lineno, "TIMESTAMP", parts[0])
+    scaled = _scaled(arrival, speed, lineno, "TIMESTAMP", parts[0])
     lengths = []
     for name, text in zip(AZURE_HEADER[1:], parts[1:], strict=True):
         try:
             value = int(text.strip())
         except ValueError:
-            raise TraceError(f"not an integer: {text!r}", lineno, name) from None
-        if value < 1:
-            raise TraceError(f"must be >= 1, got {value}", lineno, name)
+            raise TraceError(f"not an integer: {text!r:.40}", lineno, name) from None
+        if not 1 <= value <= MAX_TOKENS:
+            raise TraceError(
+                f"must be in [1, {MAX_TOKENS:,}] (2^24), got {text.strip()!r:.40}", lineno, name
+            )
         lengths.append(value)
-    return (index, arrival, lengths[0], lengths[1]), arrival, origin
+    return (index, scaled, lengths[0], lengths[1]), arrival, origin
 
 
 def read_mooncake(path: str | Path, speed: float = 1.0) -> Trace:
@@ -218,9 +265,9 @@ def read_azure(path: str | Path, speed: float = 1.0) -> Trace:
         for lineno, raw in enumerate(lines[1:], start=2):
             if not raw.strip():
                 raise TraceError("empty line (each line must be one request)", lineno)
-            row, last, first = _azure_request(raw, lineno, len(rows), last, first)
+            row, last, first = _azure_request(raw, lineno, len(rows), last, first, speed)
             rows.append(row)
-    requests = tuple(TraceRequest(i, a / speed, p, o) for i, a, p, o in rows)
+    requests = tuple(TraceRequest(i, a, p, o) for i, a, p, o in rows)
     return Trace(requests, _meta("azure", path, speed, None))
 
 

@@ -50,7 +50,7 @@ def float_range(
     """An argparse type: a finite number in [lo, hi] (open ends with lo_open / hi_open)."""
 
     def parse(text: str) -> float:
-        value = float(_number(text, float))
+        value = float(_number(text, float)) + 0.0  # -0 reads as 0
         bad = not math.isfinite(value)
         if lo is not None:
             bad = bad or value < lo or (lo_open and value == lo)

@@ -25,9 +25,12 @@ sustained rate: the highest rate (time scale) whose mean normalized latency stay
 `--bound` (s/token; default 10 x the set-up's one-sequence decode step), and, with an
 SLO, the highest rate (time scale) whose p99 TTFT and p99 TPOT stay within it
 (`paged.serving.replay.slo_search`). Everything is modeled. Bad values (a rate, scale, bound or
-SLO that is not a finite number > 0, an unknown system, workload or set-up, options that
-do not go together) and a set-up whose weights and KV exceed its devices are refused
-before anything runs: exit 2, one line.
+SLO outside its range, an unknown system, workload or set-up, options that do not go
+together) and a set-up whose weights and KV exceed its devices are refused before
+anything runs: exit 2, one line. Ranges: rates [1e-3, 1e6] requests/s, time scales
+[1e-6, 1e6] (and the trace's last arrival divided by each within 2^22 s,
+`workloads.trace.MAX_ARRIVAL_S`), --duration [1e-3, 86,400] s, --bound [1e-6, 3,600]
+s/token, and the load options' (`load_args`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import math
 from collections.abc import Callable
 
 from kvbench.suites.cli.argtypes import float_range, int_range
-from kvbench.suites.cli.load_args import add_load_args, slo_from_args
+from kvbench.suites.cli.load_args import MIN_BOUND_S, add_load_args, slo_from_args
 from kvbench.suites.cli.workload import MAX_REQUESTS
 from kvbench.workloads.errors import ConfigError
 
@@ -53,6 +56,21 @@ _COLUMNS = (
     "tok/s",
 )
 _SLO_COLUMNS = ("goodput", "SLO met")
+#: Range of a request rate given with --rates [requests/s]: below one request in 1,000 s
+#: the first arrival alone can pass the latest arrival a trace may have (2^22 s).
+RATE_RANGE = (1e-3, 1e6)
+
+
+def _within(what: str, lo: float, hi: float, check: Callable[[float], float]):  # type: ignore[no-untyped-def]
+    """`check`, then ConfigError naming `what` for a value outside [lo, hi]."""
+
+    def checked(value: float) -> float:
+        value = check(value)
+        if not lo <= value <= hi:
+            raise ConfigError(f"{what} {value:g} is outside [{lo:g}, {hi:g}]")
+        return value
+
+    return checked
 
 
 def _floats(text: str, what: str, check: Callable[[float], float]) -> list[float]:
@@ -99,7 +117,13 @@ def run(args: argparse.Namespace) -> int:
     from kvbench.paged.serving.simulation import setup_time_model
     from kvbench.workloads.setups import SETUPS, get_setup
     from kvbench.workloads.sharing import generate
-    from kvbench.workloads.time_scale import check_time_scale, time_scaled
+    from kvbench.workloads.time_scale import (
+        MAX_TIME_SCALE,
+        MIN_TIME_SCALE,
+        check_scaled_arrivals,
+        check_time_scale,
+        time_scaled,
+    )
     from kvbench.workloads.trace import Trace
 
     if args.list:
@@ -117,14 +141,17 @@ def run(args: argparse.Namespace) -> int:
     bound = 10 * floor if args.bound is None else check_bound(args.bound)
     cap = args.max_concurrency or 0
     if args.trace is not None:
-        loads = _floats(args.time_scale or "1", "time scale", check_time_scale)
+        scale = _within("--time-scale", MIN_TIME_SCALE, MAX_TIME_SCALE, check_time_scale)
+        loads = _floats(args.time_scale or "1", "--time-scale", scale)
         trace = Trace.read(args.trace)
+        for x in loads:
+            check_scaled_arrivals(trace, x, "--time-scale")
 
         def measure(system: str, x: float) -> dict[str, float]:
             return run_system(
                 setup,
                 system,
-                time_scaled(trace, x),
+                time_scaled(trace, x, "time scale"),
                 max_concurrency=cap,
                 slo=slo,
                 prefix_caching=True,
@@ -132,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
 
         unit, limit, what = "x", math.inf, f"{args.trace}, time scale"
     else:
-        loads = _floats(args.rates or "1,2,3,4", "rate", check_rate)
+        loads = _floats(args.rates or "1,2,3,4", "rate", _within("rate", *RATE_RANGE, check_rate))
         duration = 300.0 if args.duration is None else check_positive("duration", args.duration)
         need = int(max(loads) * duration * 4) + 64
         if need > MAX_REQUESTS:
@@ -235,13 +262,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_load_args(p, "gamma arrivals of this shape (1: Poisson, the default; < 1 burstier)")
     p.add_argument(
         "--bound",
-        type=float_range(0.0, 3600.0, lo_open=True),
+        type=float_range(MIN_BOUND_S, 3600.0),
         default=None,
         help="latency bound, s/token",
     )
     p.add_argument(
         "--duration",
-        type=float_range(0.0, 86_400.0, lo_open=True),
+        type=float_range(1e-3, 86_400.0),
         default=None,
         help="seconds of arrivals (300)",
     )

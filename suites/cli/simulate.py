@@ -26,6 +26,15 @@ let in). With `--slo-ttft` / `--slo-tpot` (seconds) a third table gives each kin
 goodput (requests/s meeting both bounds, DistServe's definition as vLLM computes it)
 and SLO attainment (the fraction that does; `paged.serving.slo`). Modeled, like every time here.
 
+Overload: when the prompt tokens arriving per second (those the run had to compute, over
+the span of the arrivals) exceed the most the set-up can prefill per second (modeled:
+steps of --max-batched-tokens prompt tokens, no decoding), a warning line says so on
+stderr and after the tables, and each summary row carries `arriving_prompt_tps`,
+`prefill_capacity_tps` and `prefill_overloaded` (`paged.serving.overload`: how both are
+computed). `--max-seq-len` bounds the contiguous caches only (the longest request they
+take, and what contiguous-max reserves per request); the paged cache is bounded by its
+pool, and every trace by its format's 2^24 tokens per prompt and output.
+
 Layer-group models (`--model mistral-7b` or `gemma-2-9b`: sliding windows, hybrid) run
 over the layer-group serving cache, optionally tensor parallel with `--tp N`
 (`suites.cli.simulate_spec`, which also names what it refuses); `--tp` > 1 for the
@@ -45,6 +54,7 @@ from tqdm import tqdm
 
 from kvbench.paged.cache_spec import CACHE_KINDS, CacheSpec
 from kvbench.paged.serving.latency import LATENCY_METRICS, LATENCY_STATS
+from kvbench.paged.serving.overload import prefill_load
 from kvbench.paged.serving.rate import served_throughput
 from kvbench.paged.serving.simulation import simulate, time_model_for
 from kvbench.paged.serving.slo import SLO, goodput
@@ -58,7 +68,7 @@ from kvbench.suites.cli.argtypes import (
 from kvbench.suites.cli.load_args import add_load_args, slo_from_args
 from kvbench.suites.cli.workload import add_generator_args, trace_from_args
 from kvbench.workloads.errors import ConfigError
-from kvbench.workloads.time_scale import time_scaled
+from kvbench.workloads.time_scale import MAX_TIME_SCALE, MIN_TIME_SCALE, time_scaled
 from kvbench.workloads.trace import Trace
 from kvbench.workloads.units import format_bytes
 
@@ -224,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     slo = slo_from_args(args)
     trace = Trace.read(args.trace) if args.trace else trace_from_args(args)
     if args.time_scale is not None:
-        trace = time_scaled(trace, args.time_scale)
+        trace = time_scaled(trace, args.time_scale, "--time-scale")
     kinds = _kinds(args.cache)
     if args.cache == "all" and any(r.beam_width > 1 for r in trace.requests):
         kinds = tuple(k for k in kinds if k.startswith("paged"))
@@ -242,10 +252,8 @@ def run(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency or 0,
     )
     out = Path(args.out) if args.out else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        trace.write(out / "trace.jsonl")
-    rows = []
+    rows: list[dict] = []
+    warnings: list[str] = []
     for kind in kinds:
         spec = replace(base, kind=kind)
         with tqdm(
@@ -267,8 +275,20 @@ def run(args: argparse.Namespace) -> int:
         if slo is not None:
             row.update(goodput(result.records, slo).as_dict())
             row.update(served_throughput(result))
+        load = prefill_load(trace, result.records, time_model, args.max_batched_tokens)
+        row.update(
+            arriving_prompt_tps=load.arriving_tps if load else None,
+            prefill_capacity_tps=load.capacity_tps if load else None,
+            prefill_overloaded=bool(load and load.overloaded),
+        )
+        if load is not None and load.overloaded:
+            warnings.append(f"warning: {kind}: {load.describe()}")
+            sys.stderr.write(f"kvbench simulate: {warnings[-1]}\n")
         rows.append(row)
         if out is not None:
+            if len(rows) == 1:  # created once a run has succeeded: a refused run writes nothing
+                out.mkdir(parents=True, exist_ok=True)
+                trace.write(out / "trace.jsonl")
             with (out / "summary.jsonl").open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(row) + "\n")
             with (out / f"records-{kind}.jsonl").open("w", encoding="utf-8") as fh:
@@ -286,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(format_latency(rows) + "\n")
     if slo is not None:
         sys.stdout.write(_slo_rows(rows, slo) + "\n")
+    for line in warnings:
+        sys.stdout.write(line + "\n")
     return 0
 
 
@@ -306,7 +328,7 @@ def _run_spec(args: argparse.Namespace) -> int:
         )
     trace = Trace.read(args.trace) if args.trace else trace_from_args(args)
     if args.time_scale is not None:
-        trace = time_scaled(trace, args.time_scale)
+        trace = time_scaled(trace, args.time_scale, "--time-scale")
     config = SchedulerConfig(
         max_batched_tokens=args.max_batched_tokens, max_num_seqs=args.max_num_seqs,
         chunked_prefill=not args.no_chunked_prefill, preemption=args.policy,
@@ -331,7 +353,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--kv-budget", default="42GB")
     p.add_argument("--block-size", type=int_range(1, 1 << 16), default=16)
-    p.add_argument("--max-seq-len", type=int_range(1, 1 << 24), default=2048)
+    p.add_argument(
+        "--max-seq-len",
+        type=int_range(1, 1 << 24),
+        default=2048,
+        help="longest request (prompt + output tokens) the contiguous caches take; "
+        "contiguous-max reserves this many slots for every request. It does not bound the "
+        "paged cache: a paged request is bounded by the pool (and a trace's 2^24 tokens)",
+    )
     p.add_argument("--watermark", type=float_range(0.0, 1.0, hi_open=True), default=0.01)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--policy", default="auto", help="preemption: swap | recompute | auto")
@@ -350,9 +379,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_load_args(p, "with --arrivals poisson:RATE: gamma gaps of this shape (1 = Poisson)")
     p.add_argument(
         "--time-scale",
-        type=float_range(0.0, 1e6, lo_open=True),
+        type=float_range(MIN_TIME_SCALE, MAX_TIME_SCALE),
         default=None,
-        help="divide every arrival by this (2 = twice as fast)",
+        help="divide every arrival by this (2 = twice as fast; in [1e-6, 1e6], and every "
+        "arrival after it within 2^22 s)",
     )
     p.add_argument("--mode", default="event", help="event | token")
     p.add_argument("--out", default=None, help="folder for trace, summaries and records")

@@ -7,9 +7,13 @@ Examples:
     kvbench workload --import azure:AzureLLMInferenceTrace_conv.csv --speed 2 --out az.jsonl
 
 `--import FORMAT:PATH` reads a production trace (`workloads.trace_import`: mooncake JSONL
-or azure CSV, also gzip-compressed) instead of generating; `--speed S` divides its
-arrival times by S. A bad file is refused (exit 2, one line naming the line and field)
-and nothing is written.
+or azure CSV, also gzip-compressed) instead of generating; `--speed S` (in [1e-6, 1e6])
+divides its arrival times by S. A bad file is refused (exit 2, one line naming the line
+and field) and nothing is written: every length must lie in [1, 2^24] tokens and every
+arrival, after the speed, in [0, 2^22 s] (`workloads.trace`: the bounds and why).
+Generated traces are held to the same bounds: a spec whose arrivals or lengths would
+pass them (`--arrivals poisson:1e-300`, `--input-dist fixed:10^30`) is refused naming
+the option.
 """
 
 from __future__ import annotations
@@ -22,6 +26,17 @@ from kvbench.workloads.arrivals import parse_arrivals
 from kvbench.workloads.distributions import parse_distribution
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.sharing import SHARING_PATTERNS, WORKLOAD_NAMES, generate
+from kvbench.workloads.time_scale import MAX_TIME_SCALE, MIN_TIME_SCALE
+from kvbench.workloads.trace import TraceError
+
+#: The generator option a trace field's value comes from (an out-of-bounds request).
+_FIELD_OPTIONS = {
+    "arrival": "--arrivals",
+    "prompt_len": "--input-dist",
+    "output_len": "--output-dist",
+    "n": "--n",
+    "beam_width": "--beam-width",
+}
 
 #: Bounds of the generator options: far past any sweep, small enough to fit in memory.
 MAX_REQUESTS = 10_000_000
@@ -51,22 +66,46 @@ def add_generator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dist", default=None, help="override output lengths (spec string)")
 
 
+def _dist(option: str, spec: str | None):  # type: ignore[no-untyped-def]
+    """The length distribution `spec` names (ConfigError naming `option`), or None."""
+    if not spec:
+        return None
+    try:
+        return parse_distribution(spec)
+    except ConfigError as exc:
+        raise ConfigError(f"{option} {spec!r}: {exc}") from None
+
+
 def trace_from_args(args: argparse.Namespace):
-    """Build the trace the generator options describe."""
-    return generate(
-        args.workload,
-        args.requests,
-        seed=args.seed,
-        arrivals=parse_arrivals(args.arrivals),
-        sharing=args.sharing,
-        system_tokens=args.system_tokens,
-        tenants=args.tenants,
-        turns=args.turns,
-        n=args.n,
-        beam_width=args.beam_width,
-        prompt=parse_distribution(args.input_dist) if args.input_dist else None,
-        output=parse_distribution(args.output_dist) if args.output_dist else None,
-    )
+    """Build the trace the generator options describe; a request the trace format
+    refuses (an arrival past 2^22 s, a length past 2^24) is refused naming the option
+    it came from."""
+    try:
+        arrivals = parse_arrivals(args.arrivals)
+    except ConfigError as exc:
+        raise ConfigError(f"--arrivals {args.arrivals!r}: {exc}") from None
+    try:
+        return generate(
+            args.workload,
+            args.requests,
+            seed=args.seed,
+            arrivals=arrivals,
+            sharing=args.sharing,
+            system_tokens=args.system_tokens,
+            tenants=args.tenants,
+            turns=args.turns,
+            n=args.n,
+            beam_width=args.beam_width,
+            prompt=_dist("--input-dist", args.input_dist),
+            output=_dist("--output-dist", args.output_dist),
+        )
+    except TraceError as exc:
+        option = _FIELD_OPTIONS.get(exc.field or "", "the generator options")
+        given = {"--arrivals": args.arrivals}.get(option)
+        raise ConfigError(
+            f"{option}{f' {given!r}' if given else ''} makes a request the trace format "
+            f"refuses: {str(exc).split(': ', 1)[-1]}"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,8 +142,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--speed",
-        type=float_range(0.0, 1e6, lo_open=True),
+        type=float_range(MIN_TIME_SCALE, MAX_TIME_SCALE),
         default=1.0,
-        help="divide an imported trace's arrival times by this (2 = twice as fast)",
+        help="divide an imported trace's arrival times by this (2 = twice as fast; in "
+        "[1e-6, 1e6], and every arrival after it within 2^22 s)",
     )
     p.set_defaults(func=run)

@@ -1,5 +1,6 @@
 """The hostile-input battery, Python API: bad calls on both caches of the contract
-(ContiguousKVCache and PagedKVCache). Hypothesis draws the bad value of each kind (an
+(ContiguousKVCache and PagedKVCache), and requests and time scales with extreme
+magnitudes (1e30, 10^30 and 10^400 as ints, NaN, infinities, 1e-320, -0). Hypothesis draws the bad value of each kind (an
 unhashable, unknown or duplicate id; a bad prompt, output_len or salt; K/V of the wrong
 shape, dtype or type; bad token ids; a bad query, layer or scale). For each call:
 
@@ -11,6 +12,7 @@ shape, dtype or type; bad token ids; a bad query, layer or scale). For each call
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,8 @@ from kvbench.workloads.errors import (
     UnknownRequestError,
 )
 from kvbench.workloads.geometry import KVGeometry
+from kvbench.workloads.time_scale import time_scaled
+from kvbench.workloads.trace import MAX_ARRIVAL_S, MAX_TOKENS, Trace, TraceError, TraceRequest
 
 Q_HEADS = 4
 G = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=4, dtype="float32", num_q_heads=Q_HEADS)
@@ -341,3 +345,59 @@ def test_token_ids_that_are_not_a_sequence(which: str, token_ids: object) -> Non
         cache.append("a", *_kv(1), token_ids=token_ids)
     assert state(cache) == before
     TRIED["api: token ids of the wrong length"] += 1
+
+
+# ------------------------------------------------------------------ trace API, extremes
+
+_HUGE = (1e30, 10**30, 10**400, math.inf, -math.inf, math.nan)
+TRACE_EXTREMES: list[tuple[str, object]] = [
+    *(("arrival", v) for v in (*_HUGE, -1e-320, 2.0**22 * (1 + 2**-52))),
+    *(
+        (name, v)
+        for name in ("prompt_len", "output_len")
+        for v in (*_HUGE, 2**24 + 1, 1e-320, -0.0, 0)
+    ),
+    *((name, v) for name in ("n", "beam_width") for v in (*_HUGE, 1025, 1e-320, 0)),
+    ("prompt", (1, 2**63)),
+    ("prompt", (1, 10**30)),
+    ("output_tokens", (2**63, 1)),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), TRACE_EXTREMES, ids=[f"{f}={v!r:.20}" for f, v in TRACE_EXTREMES]
+)
+def test_a_trace_request_with_an_extreme_number_is_refused(field: str, value: object) -> None:
+    """Every numeric field of a request (`workloads.trace`: the bounds and why) refuses
+    magnitudes past its bound, NaN and infinities, naming the field and the value (a
+    10^400 cut short); the largest arrival (2^22 s) and length (2^24) are taken."""
+    fields: dict[str, object] = {"id": "a", "arrival": 0.0, "prompt_len": 2, "output_len": 2}
+    if field == "prompt":
+        fields["prompt"] = value
+    elif field == "output_tokens":
+        fields["output_tokens"] = value
+    else:
+        fields[field] = value
+    with pytest.raises(TraceError) as info:
+        TraceRequest(**fields)  # type: ignore[arg-type]  # deliberately bad input
+    assert info.value.field == field, info.value
+    assert len(str(info.value)) < 300
+    TRIED["api: trace extreme"] += 1
+
+
+def test_the_bounds_themselves_are_taken() -> None:
+    req = TraceRequest("a", float(MAX_ARRIVAL_S), MAX_TOKENS, MAX_TOKENS, n=1024)
+    assert req.arrival == 2.0**22 and req.prompt_len == 2**24
+    assert TraceRequest("z", -0.0, 1, 1).arrival.hex() == "0x0.0p+0"  # -0 reads as +0
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-320, 1e-6])
+def test_time_scaling_past_the_latest_arrival_is_refused(scale: float) -> None:
+    """Scaled arrivals are checked after scaling: 10 s / 1e-6 = 10^7 s is past 2^22 s
+    (the scale alone is in the flags' range); the error names the scale and request."""
+    trace = Trace((TraceRequest("early", 0.0, 1, 1), TraceRequest("late", 10.0, 1, 1)))
+    with pytest.raises(ConfigError) as info:
+        time_scaled(trace, scale, "--time-scale")
+    assert "--time-scale" in str(info.value) and "'late'" in str(info.value)
+    assert time_scaled(trace, 1e300).requests[1].arrival == 10.0 / 1e300
+    TRIED["api: trace extreme"] += 1

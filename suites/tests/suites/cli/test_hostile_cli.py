@@ -152,9 +152,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     command leaves it as it was, so the cases can share it, and one that changed it fails.
     simulate sees 8 GiB of free memory whatever this machine has, and a command that
     reached the expensive work (the gate's measurement, the kernel compile, the
-    simulation) fails at once (exit 70) instead of running for minutes."""
+    simulation, a rate run, a hit-rate pass) fails at once (exit 70) instead of running
+    for minutes (or, on a trace of 10^30-token prompts, exhausting memory)."""
     from kvbench.kernels import aot
+    from kvbench.paged.serving import rate as serving_rate
     from kvbench.suites.gate import run as gate_run
+    from kvbench.workloads import prefix_oracle
 
     def reached(what: str):  # type: ignore[no-untyped-def]
         def stop(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -170,6 +173,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         mp.setattr(gate_run, "measure", reached("the gate's measurement"))
         mp.setattr(aot, "compile_all", reached("the kernel compile"))
         mp.setattr(simulate_cmd, "simulate", reached("the simulation"))
+        mp.setattr(serving_rate, "run_system", reached("a rate run"))
+        mp.setattr(prefix_oracle, "block_accesses", reached("the hit-rate pass"))
         yield work
 
 
