@@ -11,14 +11,15 @@ installed kvbench. Each mutant is applied to the copy, its tests run in a fresh 
 process (`-x`, fixed hypothesis seed, no bytecode written, the `guard` plugin), then the
 file is restored. The C++ extension builds into `<work>/cpu_ext` (keyed by the sources,
 so a C++ mutant gets its own build and the unmutated build is shared by the other
-mutants), never the real tree's folder. First a baseline runs every selected test on the
-unmutated copy: a test that fails there would "kill" every mutant.
+mutants), never the real tree's folder. Last, the tests that killed mutants run once more
+on the unmutated copy (the baseline): a test that fails there too proves nothing, and its
+kills become errors. (Survivors need no baseline: their tests passed.)
 
 Outcomes: killed (a test failed), survived (all passed), timeout, error (pytest could not
 run the selection: a broken entry), stillborn (a C++ mutant that does not build).
 Score = killed / (mutants not marked equivalent). Exit status: 0; 1 when the score is
 below --min-score, the canary survived, or any mutant errored or was stillborn; 2 for a
-broken mutant list; 3 when the baseline fails or a run did not import the copy.
+broken mutant list; 3 when a killing test also fails unmutated or a run did not import the copy.
 """
 
 from __future__ import annotations
@@ -161,25 +162,28 @@ def run_mutant(m: Mutant, tree: Path, env: dict[str, str], mapping: dict[str, st
     )  # fmt: skip
 
 
-def baseline(mutants: list[Mutant], tree: Path, env: dict[str, str], timeout: float) -> tuple[int | None, float, str]:  # fmt: skip
-    """Every selected mutant's tests on the unmutated copy (they must pass): one pytest
-    run per distinct `-k`, over the union of those mutants' tests."""
-    groups: dict[str | None, list[str]] = {}
-    for m in mutants:
-        tests = groups.setdefault(m.k, [])
-        tests += [t for t in m.tests if t not in tests]
-    total = 0.0
-    for k, tests in groups.items():
-        code, seconds, tail = run_pytest(pytest_command(tests, k), tree, env, timeout)
-        total += seconds
-        if code != 0:
-            return code, total, f"-k {k!r}: {tail}"
-    return 0, total, ""
+def baseline(results: list[Outcome], tree: Path, env: dict[str, str], timeout: float) -> list[str]:  # fmt: skip
+    """The tests that killed mutants, run on the unmutated copy (without -x); returns
+    those that fail there too (their kills prove nothing)."""
+    nodes = sorted({n for r in results if r.outcome == "killed" for n in r.killed_by})
+    if not nodes:
+        return []
+    cmd = [c for c in pytest_command(nodes, None) if c != "-x"]
+    code, _, tail = run_pytest(cmd, tree, env, timeout)
+    if code == 0:
+        return []
+    failed = failures(tail)
+    return failed or [f"the baseline run ended with {classify(code)} (rc {code}): {tail[-500:]}"]
 
 
 def failures(text: str) -> list[str]:
     """The node ids pytest's summary reports as FAILED (what killed a mutant)."""
-    return [line.split()[1] for line in text.splitlines() if line.startswith("FAILED ")][:3]
+    found = [
+        ln.split(" ", 1)[1].split(" - ")[0].strip()
+        for ln in text.splitlines()
+        if ln.startswith(("FAILED ", "ERROR "))
+    ]
+    return found[:3]
 
 
 def summarize(results: list[Outcome]) -> dict[str, object]:
@@ -206,10 +210,27 @@ def table(results: list[Outcome]) -> str:
 
 
 def select(only: list[str]) -> list[Mutant]:
-    """The mutants whose id contains one of `only` (all when empty), the canary first."""
+    """The mutants whose id contains one of `only` (all when empty), the canary first
+    and the C++ mutants last."""
     chosen = [m for m in MUTANTS if not only or any(o in m.id for o in only)]
     canary = next(m for m in MUTANTS if m.id == CANARY)
-    return [canary, *(m for m in chosen if m.id != CANARY)]
+    rest = [m for m in chosen if m.id != CANARY]
+    # C++ mutants last: each one rebuilds the extension (minutes)
+    return [canary, *(m for m in rest if not m.is_cpp), *(m for m in rest if m.is_cpp)]
+
+
+def write_report(out: Path, results: list[Outcome], began: float, load_before: list[str], done: bool, **extra: object) -> dict[str, object]:  # fmt: skip
+    """Write report.json and report.md for the mutants run so far; returns the summary."""
+    summary = summarize(results) | extra
+    summary["complete"] = done
+    summary["wall_s"] = round(time.perf_counter() - began, 1)
+    summary["loadavg_before"] = load_before
+    summary["loadavg_now"] = Path("/proc/loadavg").read_text().split()[:3] if load_before else []  # fmt: skip
+    summary["python"] = sys.version.split()[0]
+    report = {"summary": summary, "mutants": [asdict(r) for r in results]}
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(table(results) + "\n", encoding="utf-8")
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,34 +264,34 @@ def main(argv: list[str] | None = None) -> int:
     mapping = {k: str(v.relative_to(tree)) for k, v in package_dirs(tree).items()}
     env = session_env(tree, work)
     out.mkdir(parents=True, exist_ok=True)
-    if not args.no_baseline:
-        limit = args.timeout * 4 + CPP_BUILD_TIMEOUT
-        code, seconds, tail = baseline(mutants, tree, env, limit)
-        print(f"baseline (unmutated copy): {classify(code)} in {seconds:.0f} s", flush=True)
-        if code != 0:
-            print(tail, file=sys.stderr)
-            print("the selected tests do not pass on the unmutated copy", file=sys.stderr)
-            return 3
     results: list[Outcome] = []
+    summary: dict[str, object] = {}
     for i, m in enumerate(mutants, 1):
         r = run_mutant(m, tree, env, mapping, args.timeout)
         results.append(r)
         print(f"[{i}/{len(mutants)}] {r.outcome:9} {r.seconds:6.1f} s  {m.id}", flush=True)
+        # written after every mutant: an interrupted session still leaves its results
+        summary = write_report(out, results, began, load_before, done=i == len(mutants))
         if r.outcome == "miswired":
             print(r.tail, file=sys.stderr)
             break
-    summary = summarize(results)
-    summary["wall_s"] = round(time.perf_counter() - began, 1)
-    summary["loadavg_before"] = load_before
-    summary["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3] if load_before else []  # fmt: skip
-    summary["python"] = sys.version.split()[0]
-    report = {"summary": summary, "mutants": [asdict(r) for r in results]}
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    (out / "report.md").write_text(table(results) + "\n", encoding="utf-8")
+    if not args.no_baseline and summary["killed"]:
+        bad = baseline(results, tree, env, args.timeout * 4 + CPP_BUILD_TIMEOUT)
+        print(f"baseline (killing tests on the unmutated copy): {len(bad)} fail", flush=True)
+        for r in results:
+            if r.outcome == "killed" and set(r.killed_by) & set(bad):
+                r.outcome = "error"
+                r.tail = f"killed by {r.killed_by}, which fail(s) unmutated too"
+        complete = summary["complete"] is True
+        summary = write_report(out, results, began, load_before, complete, baseline_failures=bad)
+        if bad:
+            print("tests that fail on the unmutated copy:\n  " + "\n  ".join(bad), file=sys.stderr)
     print(table(results))
     print(json.dumps(summary))
     if summary["miswired"]:
         print("a run did not import the mutated copy (see above): nothing was tested", file=sys.stderr)  # fmt: skip
+        return 3
+    if summary.get("baseline_failures"):
         return 3
     failed = []
     if summary["canary"] != "killed":

@@ -96,3 +96,5 @@ def test_outcomes_and_the_score() -> None:
     assert summary["canary"] == "killed"
     assert "| b | f | survived |" in run.table(rows)
     assert run.failures("x\nFAILED suites/a.py::test_b - boom\n") == ["suites/a.py::test_b"]
+    text = "FAILED a.py::t[window smaller than a block-gather] - assert 1\nERROR b.py::u\n"
+    assert run.failures(text) == ["a.py::t[window smaller than a block-gather]", "b.py::u"]
