@@ -48,7 +48,9 @@ KERNELS: list[Mutant] = [
         "    return (x.to(torch.float32) * scale.view(1, -1, 1, 1)).to(dtype)",
         "    return (x.to(torch.float32) / scale.view(1, -1, 1, 1)).to(dtype)",
         "the torch path dequantizes fp8 by dividing by the scale",
-        (FP8 + "::test_fp8_prefill_torch_matches_float64_over_dequantized_kv",),
+        # ops' "torch" fp8 prefill runs the C++ kernel where it builds: the gather path is
+        # called directly (test_fp8_prefill_torch_... let this mutant survive)
+        (C + "test_kernels_fp8_gather.py",),
     ),
     Mutant(
         "kernels.torch_ops.write_kv_skips_slot_zero",

@@ -210,7 +210,7 @@ PAGED: list[Mutant] = [
         "                    short = ids[: limits[k]]",
         "                    short = ids[: limits[k] - 1]",
         "a capacity sweep truncates an over-long prompt one token shorter than a single replay",
-        (HITRATE,),
+        (C + "test_paged_block_chain.py",),
     ),
     Mutant(
         "paged.layer_groups.window_start_late",
