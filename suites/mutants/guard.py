@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, Phase, settings
 
 #: pytest exit status: the run does not test the mutated copy.
 MISWIRED = 86
@@ -27,6 +28,20 @@ MISWIRED = 86
 STILLBORN = 87
 #: The file the runner writes into the copy naming the applied mutant.
 MARKER = ".mutant.json"
+#: The hypothesis profile of mutation runs (KVBENCH_HYPOTHESIS_PROFILE, which
+#: suites/conftest.py loads): the ci profile's examples without shrinking (a mutant is
+#: killed by the first failing example; shrinking one can take minutes) and without the
+#: example database (one mutant's failures must not be replayed against the next).
+PROFILE = "mutants"
+settings.register_profile(
+    PROFILE,
+    max_examples=25,
+    deadline=None,
+    database=None,
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+    print_blob=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 #: Packages whose files must all come from the copy.
 PACKAGES = (
     "kvbench",

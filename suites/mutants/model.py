@@ -60,12 +60,12 @@ class Mutant:
 
 
 _TEST_DEF = re.compile(
-    r"^(?:\s*(?:async\s+)?def\s+(test\w*)\s*\(|class\s+(Test\w*)\b|(Test\w*)\s*=)",
+    r"^(?:\s*(?:async\s+)?def\s+(test\w*)\s*\(|class\s+(Test\w*)\b|([Tt]est\w*)\s*=)",
     re.MULTILINE,
 )
 
 
-def test_functions(path: Path) -> set[str]:
+def defined_tests(path: Path) -> set[str]:
     """Names of the tests a test file defines (functions, classes, and test cases assigned
     from a hypothesis state machine), read as text: nothing is imported."""
     found = _TEST_DEF.findall(path.read_text(encoding="utf-8"))
@@ -107,7 +107,7 @@ def problems(mutants: list[Mutant], root: Path) -> list[str]:
             if rest:
                 name = rest.split("::")[0].split("[")[0]
                 if file not in defs:
-                    defs[file] = test_functions(test_file)
+                    defs[file] = defined_tests(test_file)
                 if name not in defs[file]:
                     out.append(f"{m.id}: no test function {name} in {file}")
     if CANARY not in seen:

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvbench.suites.mutants.catalog import MUTANTS
-from kvbench.suites.mutants.guard import MARKER, MISWIRED, STILLBORN
+from kvbench.suites.mutants.guard import MARKER, MISWIRED, PROFILE, STILLBORN
 from kvbench.suites.mutants.model import CANARY, Mutant, problems
 from kvbench.suites.typecheck import TREE, build_tree, package_dirs
 
@@ -93,6 +93,8 @@ def session_env(tree: Path, work: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(tree / TREE)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"  # a run killed on timeout still shows how far it got
+    env["KVBENCH_HYPOTHESIS_PROFILE"] = PROFILE  # no shrinking (`guard.PROFILE`)
     env["KVBENCH_MUTANT_ROOT"] = str(tree)
     env["KVBENCH_CPU_EXT_DIR"] = str(work / "cpu_ext")
     env["TRITON_CACHE_DIR"] = str(work / "triton")

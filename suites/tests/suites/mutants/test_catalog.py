@@ -11,7 +11,7 @@ import pytest
 
 from kvbench.suites.mutants import guard, run
 from kvbench.suites.mutants.catalog import MUTANTS
-from kvbench.suites.mutants.model import CANARY, Mutant, problems
+from kvbench.suites.mutants.model import CANARY, Mutant, defined_tests, problems
 from kvbench.suites.typecheck import package_dirs
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -47,6 +47,12 @@ def test_problems_name_what_is_wrong(tmp_path: Path) -> None:
                  "one line", "no tests", "no test file suites/nope.py",
                  "no test function test_missing", "occurs", "canary"):  # fmt: skip
         assert text in found, text
+
+
+def test_test_names_include_state_machines_assigned_to_a_name() -> None:
+    names = defined_tests(ROOT / "suites/conformance/test_paged_hybrid.py")
+    assert "test_hybrid_and_cross_attention_paged_vs_reference" in names  # Machine.TestCase
+    assert "test_hybrid_gemma_like_groups_share_one_pool" in names
 
 
 def test_apply_refuses_a_snippet_that_is_not_unique() -> None:
