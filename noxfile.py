@@ -193,3 +193,19 @@ def report(session: nox.Session) -> None:
     """
     install_project(session)
     session.run("kvbench", "report", *session.posargs)
+
+
+@nox.session(python=_python())
+def mutants(session: nox.Session) -> None:
+    """Would the conformance tests catch a real defect? kvbench's own mutation check: a
+    fixed list of hand-written mutants (suites/mutants/catalog*.py) of paged/, reference/,
+    kernels/ (torch, Triton, C++) and workloads/, each applied to a copy of the tree and
+    run against the tests that should kill it; a table and out/mutants/report.json.
+    Exits 1 below a 95% score or when the canary survives (see docs/mutants.md). Takes
+    tens of minutes on 2 cores; not part of CI.
+
+    Posargs go to `python -m kvbench.suites.mutants`, e.g. `-- --only paged.cache`,
+    `-- --list`, `-- --timeout 600`.
+    """
+    install_project(session, "test")
+    session.run("python", "-m", "kvbench.suites.mutants", *session.posargs)
