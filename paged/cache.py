@@ -327,6 +327,14 @@ class PagedKVCache:
         _, hits = self._match(prompt, (salt, adapter_id))
         return self._admission_cost(len(prompt), hits)
 
+    def prefix_hit(
+        self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None
+    ) -> int:
+        """Prompt tokens an admission of `prompt` would serve from the prefix cache now
+        (full blocks, the last token never; 0 without prefix caching); changes nothing.
+        vLLM v1's scheduler sizes a first chunk from this before it allocates."""
+        return len(self._match(prompt, (salt, adapter_id))[1]) * self.block_size
+
     def can_admit(
         self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None
     ) -> bool:
