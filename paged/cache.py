@@ -160,8 +160,11 @@ class PagedKVCache:
         k_scale: ScaleSpec | None = None,
         v_scale: ScaleSpec | None = None,
         scale_granularity: str = "tensor",
+        index_duplicates: bool = False,
     ) -> None:
         validate_geometry(geometry)
+        if not isinstance(index_duplicates, bool):
+            raise ConfigError(f"index_duplicates must be a bool, got {index_duplicates!r}")
         self.kv_quant = make_kv_quant(geometry, k_scale, v_scale, scale_granularity)
         make_queue(eviction_policy)  # ConfigError on an unknown name, before anything
         # block ids and slots go to kernels as int32; checked before anything is allocated
@@ -189,7 +192,11 @@ class PagedKVCache:
             store_kv=store_kv, backend=kernel_backend,
         )  # fmt: skip
         # the pool's bookkeeping after the tensors: a pool too big to hold fails first there
-        self.prefix = PrefixCache(key_fn) if enable_prefix_caching else None
+        self.prefix = (
+            PrefixCache(key_fn, index_duplicates=index_duplicates)
+            if enable_prefix_caching
+            else None
+        )
         self.pool = BlockPool(num_blocks, block_size, self.prefix, eviction_policy)
         cpu = CpuBlockPool(
             num_cpu_blocks,
