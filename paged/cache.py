@@ -336,11 +336,14 @@ class PagedKVCache:
 
     def prefix_hit(
         self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None
-    ) -> int:
-        """Prompt tokens an admission of `prompt` would serve from the prefix cache now
-        (full blocks, the last token never; 0 without prefix caching); changes nothing.
-        vLLM v1's scheduler sizes a first chunk from this before it allocates."""
-        return len(self._match(prompt, (salt, adapter_id))[1]) * self.block_size
+    ) -> tuple[int, int]:
+        """(prompt tokens an admission of `prompt` would serve from the prefix cache
+        now: full blocks, the last token never, 0 without prefix caching; the blocks it
+        would take from the free count, as `blocks_needed_to_admit`), from one match;
+        changes nothing. vLLM v1's scheduler sizes a first chunk from the hit and admits
+        only when the whole sequence fits."""
+        hits = self._match(prompt, (salt, adapter_id))[1]
+        return len(hits) * self.block_size, self._admission_cost(len(prompt), hits)
 
     def can_admit(
         self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None

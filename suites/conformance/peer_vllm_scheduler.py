@@ -258,6 +258,36 @@ _LLAMA: dict[str, Any] = {
 }
 
 
+def vllm_loop(drv: VllmDriver, trace: Trace, token_of: Callable[[int, int], int]) -> int:
+    """vLLM's scheduler serving `trace` (every request added at once) to the end, with
+    nothing but the loop itself: add, schedule, answer, update. Returns the steps."""
+    s = drv.s
+    index = {}
+    for i, r in enumerate(trace.requests):
+        drv.add(str(r.id), list(r.prompt_ids(i)), r.output_len)
+        index[str(r.id)] = i
+    steps = 0
+    requests, output = s.requests, drv.Output
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            req = requests[rid]
+            done = req.num_computed_tokens >= req.num_tokens
+            sampled.append([token_of(index[rid], req.num_tokens)] if done else [])
+        s.update_from_output(
+            out,
+            output(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=sampled,
+            ),
+        )
+        steps += 1
+    return steps
+
+
 def _kv_decision(d: V1Decision) -> Decision:
     return Decision(
         list(d.scheduled.items()), sorted(d.preempted), sorted(d.finished), d.hits, d.used_blocks
