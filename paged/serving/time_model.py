@@ -54,6 +54,9 @@ LINEAR_KERNELS_PER_LAYER = 4
 BATCHING_POLICIES = ("continuous", "static")
 MODES = ("event", "token")
 SAMPLE_PREEMPTION = ("request", "sequence")
+#: Whose decisions the engine makes: the 2023 paper's vLLM (watermark admission, swap,
+#: decodes before prefills) or vLLM v1's scheduler (`engine.v1`).
+POLICIES = ("vllm-2023", "vllm-v1")
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,14 @@ class SchedulerConfig:
             whole family fits the cache) or "sequence" (the victim sample alone; its
             shared blocks are copied per sample when swapped). Beam groups always go
             whole.
+        policy: "vllm-2023" (the paper's scheduler, above) or "vllm-v1" (vLLM v1's
+            `Scheduler`: one token budget over running requests in order, then waiting
+            ones; allocation per chunk; recompute preemption of the last running request;
+            `kvbench.paged.serving.engine.v1`). vllm-v1 ignores `preemption` (always
+            recompute), `max_preemptions`, the cache's watermark-free admission aside.
+        long_prefill_token_threshold: vllm-v1 only: a prefill chunk is cut to this many
+            tokens while more than one request is running or waiting (0: no cut), as
+            vLLM's option of that name.
     """
 
     max_batched_tokens: int = 4096
@@ -102,6 +113,8 @@ class SchedulerConfig:
     hash_outputs: str = "auto"
     sample_preemption: str = "request"
     max_concurrency: int = 0
+    policy: str = "vllm-2023"
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_batched_tokens", "max_num_seqs", "max_preemptions"):
@@ -126,6 +139,19 @@ class SchedulerConfig:
             raise ConfigError(f"static_batch_size must be >= 0, got {self.static_batch_size!r}")
         if self.hash_outputs not in ("auto", "always", "never"):
             raise ConfigError(f"hash_outputs must be auto/always/never, got {self.hash_outputs!r}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown policy {self.policy!r}; known: {POLICIES}")
+        lpt = self.long_prefill_token_threshold
+        if isinstance(lpt, bool) or not isinstance(lpt, int) or lpt < 0:
+            raise ConfigError(f"long_prefill_token_threshold must be an integer >= 0, got {lpt!r}")
+        if self.policy == "vllm-v1" and (
+            self.preemption == "swap" or self.batching != "continuous"
+        ):
+            raise ConfigError(
+                f"policy 'vllm-v1' recomputes and batches continuously (vLLM v1 has no swap "
+                f"and no static batches), got preemption={self.preemption!r}, "
+                f"batching={self.batching!r}"
+            )
         if self.sample_preemption not in SAMPLE_PREEMPTION:
             raise ConfigError(
                 f"unknown sample_preemption {self.sample_preemption!r}; known: {SAMPLE_PREEMPTION}"

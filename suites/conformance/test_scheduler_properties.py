@@ -103,6 +103,15 @@ def traces(draw: st.DrawFn, allow_n: bool = True, allow_beams: bool = True) -> T
 @st.composite
 def configs(draw: st.DrawFn) -> SchedulerConfig:
     seqs = draw(st.integers(1, 8))
+    if draw(st.integers(0, 3)) == 0:  # vLLM v1's scheduler (recompute, continuous)
+        return SchedulerConfig(
+            max_batched_tokens=draw(st.integers(max(seqs, 4), 64)),
+            max_num_seqs=seqs,
+            chunked_prefill=draw(st.booleans()),
+            preemption="recompute",
+            policy="vllm-v1",
+            long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3, 8])),
+        )
     return SchedulerConfig(
         max_batched_tokens=draw(st.integers(max(seqs, 4), 64)),
         max_num_seqs=seqs,
@@ -175,6 +184,8 @@ def check_complete(result, trace: Trace) -> None:
 
 @given(st.data(), traces(), configs())
 def test_paged_event_equals_token_and_completes(data, trace: Trace, cfg: SchedulerConfig) -> None:
+    if cfg.policy == "vllm-v1":  # single sequences only (no n-sample or beam requests)
+        trace = data.draw(traces(allow_n=False, allow_beams=False))
     seed = data.draw(st.integers(0, 2**31))
 
     def make():
@@ -214,6 +225,11 @@ def assert_same_latency(ev, tok) -> None:
     st.integers(40, 200),
 )
 def test_contiguous_event_equals_token(trace, cfg, policy, capacity) -> None:
+    if cfg.policy == "vllm-v1":  # single sequences only
+        from dataclasses import replace
+
+        trace = Trace(tuple(replace(r, n=1) for r in trace.requests))
+
     def make():
         return ContiguousKVCache(GEOM, capacity, 48, policy, store_kv=False)
 
@@ -305,6 +321,8 @@ class CheckedPaged(WatchedPaged):
 @given(st.data(), traces(), configs())
 def test_preempted_sequences_keep_exact_kv(data, trace: Trace, cfg: SchedulerConfig) -> None:
     """...and the memory-only cache makes the same decisions as the one with tensors."""
+    if cfg.policy == "vllm-v1":
+        trace = data.draw(traces(allow_n=False, allow_beams=False))
     params: PoolOptions = {
         "num_blocks": data.draw(st.integers(8, 24)),
         "block_size": data.draw(st.sampled_from([2, 4])),

@@ -55,6 +55,7 @@ from kvbench.paged.serving.engine.sequence import (
     by_order,
 )
 from kvbench.paged.serving.engine.state import EngineState, StepHook
+from kvbench.paged.serving.engine.v1 import V1Policy
 from kvbench.paged.serving.engine.validate import SchedulerError, check_trace
 from kvbench.paged.serving.latency import summarize
 from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, StepRow, TimeModel
@@ -119,6 +120,8 @@ class Engine:
         self.arrivals_ps: list[int] = []
         self.progress: Callable[[int], None] | None = None
         self._collaborate(EngineState(cap=self.cfg.max_concurrency))
+        #: vLLM v1's decisions instead of the phases below (`engine.v1`)
+        self.v1 = V1Policy(self) if self.cfg.policy == "vllm-v1" else None
 
     def _collaborate(self, st: EngineState) -> None:
         """Take `st` as the run state and build the collaborators the phases call:
@@ -174,6 +177,8 @@ class Engine:
         self._collaborate(EngineState(cap=self.cfg.max_concurrency))
         self.progress = progress
         self.reqs = trace.requests
+        if self.v1 is not None:
+            self.v1.begin(self.reqs)
         self.arrivals_ps = [round(r.arrival * 1e12) for r in self.reqs]
         if self.tm is None and any(a > 0 for a in self.arrivals_ps):
             raise ConfigError("arrivals after t=0 need a time model (device profile)")
@@ -200,6 +205,8 @@ class Engine:
     def step(self) -> bool:
         """Run one iteration (the phases of the module docstring) at step `st.t`, or
         jump the clock to the next arrival when nothing is queued. False: all done."""
+        if self.v1 is not None:
+            return self.v1.step()
         st = self.st
         self.arrivals()
         if not st.running and not st.waiting and not st.swapped:
@@ -707,4 +714,7 @@ class Engine:
     def check(self) -> None:
         """Assert the invariants every phase relies on, between steps (tests call it,
         or pass checked=True): see `kvbench.paged.serving.engine.invariants`."""
+        if self.v1 is not None:
+            self.v1.check()
+            return
         check_state(self)
