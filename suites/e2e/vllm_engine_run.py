@@ -31,6 +31,7 @@ greedy with `ignore_eos`, so every request generates exactly its `output_len` to
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,8 @@ from kvbench.workloads.trace import Trace
 
 #: Environment the engine is built under (restored afterwards): the engine core in this
 #: process, no OpenMP thread binding (one intra-op thread, set by the caller's torch).
+#: Steps either side of a step whose host probes set its host speed (`VllmServer.serve`).
+PROBE_WINDOW = 4
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
@@ -140,7 +143,7 @@ class VllmStep:
     hits: dict[str, int]
     seconds: float = 0.0
     wall_s: float = 0.0
-    #: mean seconds of the two host probes that bracket the step (`host_probe`), 0: none
+    #: seconds of the host probes around the step, their median (`VllmServer.serve`); 0: none
     empty_s: float = 0.0
 
 
@@ -253,7 +256,10 @@ class VllmServer:
         """Serve every request of `trace` (all added at once, trace order; arrival
         times are not used) and watch each step (module docstring). `probe` (e.g.
         `host_probe`) runs before the first step and after every step, untimed by the
-        step clock; each step's `empty_s` is the mean of the two that bracket it."""
+        step clock; each step's `empty_s` is the median of the probes from PROBE_WINDOW
+        steps before it to PROBE_WINDOW after it (its bracketing pair and 4 either side:
+        one probe of ~2 ms read 1.0-1.4x its neighbours at load 18; the median keeps the
+        drift over seconds and drops that noise)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -287,7 +293,7 @@ class VllmServer:
         last: dict[str, int] = {}
         cached: dict[str, int] = {}
         self._outputs.clear()
-        before = probe() if probe is not None else 0.0
+        probes = [probe()] if probe is not None else []
         while self.engine.has_unfinished_requests():
             w0, c0 = time.perf_counter(), clock()
             outs = self.engine.step()
@@ -297,8 +303,7 @@ class VllmServer:
                 seconds = wall = 0.0  # one schedule per step()
             self._outputs.clear()
             if probe is not None:
-                after = probe()
-                steps[-1].empty_s, before = 0.5 * (before + after), after
+                probes.append(probe())
             k = len(steps) - 1
             for o in outs:
                 rid = _external(o.request_id, prompts)
@@ -307,6 +312,9 @@ class VllmServer:
                 if o.finished:
                     last[rid] = k
                     cached[rid] = int(o.num_cached_tokens or 0)
+        for k, s in enumerate(steps):  # probes k and k + 1 bracket step k
+            window = probes[max(0, k - PROBE_WINDOW) : k + PROBE_WINDOW + 2]
+            s.empty_s = float(statistics.median(window)) if window else 0.0
         missing = sorted(set(prompts) - set(last))
         if missing:
             raise RuntimeError(f"vLLM finished without requests {missing[:5]}")

@@ -12,10 +12,12 @@ vLLM's PrefixCacheStats count the hits.
 kvbench predicts the same run (`suites.e2e.vllm_engine_predict`): decisions from its
 engine's vllm-v1 policy, memory-only, same block size, blocks (vLLM's `num_gpu_blocks`
 read from the engine, less its null block) and budgets; times from the CPU step-time
-model of `paged.serving.calibration` fitted to the steps of OTHER vLLM runs (the
-calibration case: a warm-up trace, then fit traces of other seeds and shapes), each step
-at the host speed measured beside it (a fixed probe between every two steps,
-`vllm_engine_run.host_probe`; `*_constant` metrics: the same without it).
+model of `paged.serving.calibration` with its per-sequence term (vLLM's host side works
+per request every step) fitted to the steps of OTHER vLLM runs (the
+calibration case: a warm-up trace, then fit traces of other seeds and shapes), each step's
+fixed and per-sequence terms at the host speed measured beside it (a fixed probe between
+every two steps, `vllm_engine_run.host_probe`, the median of the 10 around the step;
+`*_constant` metrics: the same fit without it).
 
 Cases:
 * calibration: the fit (coefficients, fit-set error, steps, vLLM's blocks);
@@ -125,8 +127,11 @@ def _time_model(ctx: BenchContext):  # type: ignore[no-untyped-def]
 
     server = _server(ctx)
     spec = server.spec
+    # FLOPs per token: the layers' weights (the embedding is a lookup; the LM head runs on
+    # each sequence's sampled row only: the per-sequence term); bytes: every weight
+    per_token = server.params - 2 * spec.vocab_size * spec.hidden_size
     return TimeModel(
-        get_profile("cpu"), spec.geometry(), 4 * server.params, float(server.params),
+        get_profile("cpu"), spec.geometry(), 4 * server.params, float(per_token),
         spec.block_size,
     )  # fmt: skip
 
@@ -164,8 +169,10 @@ def _fit(ctx: BenchContext) -> dict[str, Any]:
         for name, shape in FIT.items():
             steps += _serve(ctx, name, shape)[2]
         tm = _time_model(ctx)
-        fit = fit_profile(tm, steps, "cpu-vllm-fit")
-        const = fit_profile(tm, without_empty_calls(steps), "cpu-vllm-fit-constant")
+        fit = fit_profile(tm, steps, "cpu-vllm-fit", per_sequence=True, host_on_overhead=True)
+        const = fit_profile(
+            tm, without_empty_calls(steps), "cpu-vllm-fit-constant", per_sequence=True
+        )
         ctx.cache["vllm_fit"] = {
             "fit": fit,
             "tm": with_profile(tm, fit.profile),
@@ -256,14 +263,15 @@ def _predicted_rows(ctx: BenchContext, name: str) -> list[Measurement]:
         ("", fitted["fit"], fitted["tm"], fitted["fit"].empty_ref),
         ("_constant", fitted["const"], fitted["const_tm"], 0.0),
     ):
-        err = step_errors(tm, priced, ref)
+        seq = fit.seq_overhead_s
+        host = fit.host_on_overhead
+        err = step_errors(tm, priced, ref, seq, host)
         p = fit.profile
-        secs = predict_seconds(tm, priced, p.step_overhead_s, p.hbm_bandwidth, p.peak_flops, ref)
+        coef = (p.step_overhead_s, p.hbm_bandwidth, p.peak_flops)
+        secs = predict_seconds(tm, priced, *coef, ref, seq, host)
         if len(pred.work) > n:  # steps vLLM did not have: at the reference speed
-            extra = pred.work[n:]
-            secs = np.concatenate(
-                [secs, predict_seconds(tm, extra, p.step_overhead_s, p.hbm_bandwidth, p.peak_flops)]
-            )
+            extra = predict_seconds(tm, pred.work[n:], *coef, 0.0, seq)
+            secs = np.concatenate([secs, extra])
         lat = latencies(pred.first_step, pred.last_step, np.cumsum(secs).tolist(), out_len)
         rows += [
             Measurement(f"step_error_mean{label}", float(err.mean()), "fraction"),
@@ -302,10 +310,12 @@ def _calibration_rows(ctx: BenchContext) -> list[Measurement]:
         Measurement("fitted_step_overhead", p.step_overhead_s, "s"),
         Measurement("fitted_bandwidth", p.hbm_bandwidth, "B/s"),
         Measurement("fitted_flops", p.peak_flops, "FLOP/s"),
+        Measurement("fitted_seq_overhead", fit.seq_overhead_s, "s"),
         Measurement("constant_fit_step_error_mean", const.error, "fraction"),
         Measurement("constant_fitted_step_overhead", const.profile.step_overhead_s, "s"),
         Measurement("constant_fitted_bandwidth", const.profile.hbm_bandwidth, "B/s"),
         Measurement("constant_fitted_flops", const.profile.peak_flops, "FLOP/s"),
+        Measurement("constant_fitted_seq_overhead", const.seq_overhead_s, "s"),
         Measurement(
             "host_probe_median",
             float(np.median(probes)) if probes else 0.0,

@@ -141,3 +141,37 @@ def test_vllm_engine_makes_kvbench_decisions_on_a_tiny_trace() -> None:
     assert pred.prefix == run.prefix and run.prefix["hits"] > 0
     assert pred.first_step == run.first_step and pred.last_step == run.last_step
     assert all(s.seconds > 0 for s in run.steps)
+
+
+def test_fit_recovers_a_per_sequence_cost_with_host_speed_on_the_host_terms() -> None:
+    """Synthetic steps of a machine with fixed 5 ms, 0.2 ms per sequence, 10 GB/s and
+    25 GFLOP/s, the host terms slowed by a known factor per step: the 4-coefficient fit
+    with the factor on the host terms finds it (error ~0); the whole-step factor and the
+    3-coefficient fit do worse on the same steps."""
+    from kvbench.paged.serving.calibration import predict_seconds, sequences
+
+    params = 1_500_000
+    tm = TimeModel(get_profile("cpu"), SPEC.geometry(), 8_000_000, float(params), 32)
+    rng = np.random.default_rng(0)
+    steps = []
+    for i in range(300):
+        d = int(rng.integers(0, 16))
+        chunks = tuple((0, int(rng.integers(16, 500))) for _ in range(int(rng.integers(0, 3))))
+        if not d and not chunks:
+            d = 1
+        steps.append(
+            StepWork(d, d * int(rng.integers(20, 600)), chunks, 1.0, 1.0 + 0.4 * (i % 5) / 4)
+        )
+    truth = predict_seconds(tm, steps, 5e-3, 10e9, 25e9, 1.2, 2e-4, host_on_overhead=True)
+    steps = [replace(s, seconds=float(t)) for s, t in zip(steps, truth, strict=True)]
+    best = fit_profile(tm, steps, per_sequence=True, host_on_overhead=True)
+    assert best.error < 0.01
+    assert best.seq_overhead_s == pytest.approx(2e-4, rel=0.05)
+    assert best.profile.peak_flops == pytest.approx(25e9, rel=0.05)
+    err = step_errors(
+        with_profile(tm, best.profile), steps, best.empty_ref, best.seq_overhead_s, True
+    )
+    assert err.mean() < 0.01
+    assert fit_profile(tm, steps).error > best.error
+    assert fit_profile(tm, steps, per_sequence=True).error > best.error
+    assert sequences(steps).sum() == sum(s.decoders + len(s.chunks) for s in steps)
