@@ -9,7 +9,8 @@ Every sweep page, figure caption, table heading and the index's sweep table name
                                 kvbench's allocator (no clock involved);
     modeled (profile ...)       the serving engine's time model on a device profile (a GPU
                                 the run did not have): numbers of the model, not a machine;
-    predicted                   the kernels' cost model over GPU profiles;
+    predicted                   a cost model's prediction (the kernels' over GPU profiles;
+                                serving.vllm_engine: kvbench's engine and CPU time model);
     measured on a GPU (Vidur)   operator times Vidur's profiles published, measured on GPUs
                                 elsewhere (read from a file, not timed here);
     compiled here               what the compiler reports for ahead-of-time builds;
@@ -82,6 +83,8 @@ LEGACY_KINDS: dict[str, tuple[str, ...]] = {
     "e2e.llama_fp8": (COMPUTED,),
     "e2e.kv_specs": (COMPUTED,),
     "serving.measured": (MEASURED, MODELED),
+    # issue 37: vLLM's engine timed here beside kvbench's prediction of the same run
+    "serving.vllm_engine": (MEASURED, PREDICTED),
     "cow.parallel_sampling": (COUNTED,),
     "cow.beam_search": (COUNTED,),
     "prefix.scenarios": (COUNTED, CLOSED_FORM),
@@ -103,7 +106,8 @@ MEANING: dict[str, str] = {
     COMPUTED: "numerical results (errors, token agreement) computed on this machine, nothing timed",
     COUNTED: "exact block / slot counts from replaying requests through kvbench's allocator",
     MODELED: "the serving engine's time model on a device profile, not a measurement",
-    PREDICTED: "the kernels' cost model over GPU profiles, not a measurement",
+    PREDICTED: "a cost model's prediction (the kernels' over GPU profiles; serving.vllm_engine: "
+    "kvbench's engine and its fitted CPU time model), not a measurement",
     PUBLISHED_GPU: "operator times measured on GPUs by Vidur's authors, read from their files",
     COMPILED: "statistics of ahead-of-time compiles, no kernel run",
     CLOSED_FORM: "arithmetic on the case's parameters",

@@ -290,10 +290,12 @@ def calibration_batch_table(frame: pd.DataFrame) -> DerivedTable | None:
 def derived_tables(suite: str, frame: pd.DataFrame) -> list[DerivedTable]:
     """The derived tables of one sweep's page (possibly none)."""
     from kvbench.reports.serving_measured import calibration_table
+    from kvbench.reports.serving_vllm_engine import comparison_table, fit_table
 
     makers = {
         "serving.rate": (sustained_table, calibration_rate_table),
         "serving.batch_table": (batch_table, calibration_batch_table),
         "serving.measured": (calibration_table,),
+        "serving.vllm_engine": (comparison_table, fit_table),
     }.get(suite, ())
     return [t for t in (make(frame) for make in makers) if t is not None]

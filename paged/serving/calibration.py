@@ -30,6 +30,28 @@ fitted at 1.7 GB/s, 20x under the copy peak, the memory term then carrying per-t
 host costs). On the same recorded steps (load ~9): constant 10.6%, additive 10.1%,
 factor 9.0% held-out error.
 
+Per-sequence cost (optional, `fit_profile(per_sequence=True)`): an engine whose host
+side works per request every step (vLLM's CPU path: input preparation, the sampled row's
+logits and sampling, output processing) costs `per_seq` seconds per scheduled sequence
+on top of the fixed term:
+
+    h x (fixed + per_seq x sequences + max(bytes / bandwidth, FLOPs / peak))
+
+Without it one FLOP/s coefficient buys a decode token's per-request cost too and prices
+a 512-token prefill step 2.3-2.7x too slow (vLLM on the build machine, serving.
+vllm_engine); with it the same steps are 1.3-1.5x. Off by default (0): kvbench's own
+steps (serving.measured) are fitted as before.
+
+Host speed on the host-side terms only (optional, `fit_profile(host_on_overhead=True)`):
+
+    h x (fixed + per_seq x sequences) + max(bytes / bandwidth, FLOPs / peak)
+
+For vLLM on the build machine the probe between steps (interpreter work and small
+matmuls) tracked its per-request host work but not its large matmuls: 512-token prefill
+steps took 61-74 ms whether the probe read h = 1.0 or 1.4, and the whole-step factor
+priced them up to 40% too slow (held-out per-step error 12.3% whole-step, 10.4% on the
+host terms, same steps).
+
 Physical bounds: given `max_bandwidth` (a copy peak measured in the same run) and
 `max_flops` (a measured multiply-add peak), the fit searches only bandwidth <= the copy
 peak and FLOP/s <= the FMA peak, so a coefficient cannot buy accuracy with a machine that
@@ -97,6 +119,11 @@ def host_factor(steps: Sequence[StepWork], empty_ref: float) -> np.ndarray:
     return out
 
 
+def sequences(steps: Sequence[StepWork]) -> np.ndarray:
+    """Sequences each step schedules (its decoders and its prefill chunks)."""
+    return np.array([s.decoders + len(s.chunks) for s in steps], dtype=float)
+
+
 def predict_seconds(
     tm: TimeModel,
     steps: Sequence[StepWork],
@@ -104,12 +131,17 @@ def predict_seconds(
     bandwidth: float,
     peak: float,
     empty_ref: float = 0.0,
+    per_seq: float = 0.0,
+    host_on_overhead: bool = False,
 ) -> np.ndarray:
-    """Modeled seconds per step: `fixed` + max(bytes / bandwidth, FLOPs / peak), scaled by
-    the step's host speed (`host_factor`: its empty call over `empty_ref`; 1 without)."""
+    """Modeled seconds per step: `fixed` + `per_seq` x sequences + max(bytes / bandwidth,
+    FLOPs / peak), scaled by the step's host speed (`host_factor`: its empty call over
+    `empty_ref`; 1 without); with `host_on_overhead` only the first two terms are."""
     nbytes, flops = _features(tm, steps)
-    base = fixed + np.maximum(nbytes / bandwidth, flops / peak)
-    out: np.ndarray = host_factor(steps, empty_ref) * base
+    overhead = fixed + per_seq * sequences(steps)
+    work = np.maximum(nbytes / bandwidth, flops / peak)
+    factor = host_factor(steps, empty_ref)
+    out: np.ndarray = factor * overhead + work if host_on_overhead else factor * (overhead + work)
     return out
 
 
@@ -130,6 +162,10 @@ class Fit:
     #: median seconds of the fit steps' empty calls: the host speed the profile describes
     #: (`host_factor`); 0 where the steps carry none (every step priced at factor 1)
     empty_ref: float = 0.0
+    #: seconds per scheduled sequence per step (`fit_profile(per_sequence=True)`), else 0
+    seq_overhead_s: float = 0.0
+    #: the host factor scales only the fixed and per-sequence terms (module docstring)
+    host_on_overhead: bool = False
 
 
 def fit_profile(
@@ -139,13 +175,17 @@ def fit_profile(
     *,
     max_bandwidth: float | None = None,
     max_flops: float | None = None,
+    per_sequence: bool = False,
+    host_on_overhead: bool = False,
 ) -> Fit:
     """The profile (fixed, bandwidth, peak) that best prices `steps` (module docstring),
     with bandwidth <= `max_bandwidth` (B/s) and FLOP/s <= `max_flops` where given.
 
     Where every step carries an empty call measured beside it (`StepWork.empty_s`), each
     step is priced at its host speed (`host_factor`, reference: the median empty call,
-    returned as `Fit.empty_ref`); the three coefficients are fitted either way."""
+    returned as `Fit.empty_ref`); the three coefficients are fitted either way, and with
+    `per_sequence` a fourth, the cost per scheduled sequence (`Fit.seq_overhead_s`);
+    `host_on_overhead` scales only the fixed and per-sequence terms by the host speed."""
     from scipy.optimize import minimize
 
     for label, cap in (("max_bandwidth", max_bandwidth), ("max_flops", max_flops)):
@@ -168,16 +208,28 @@ def fit_profile(
     upper = [0.0, _log_cap(max_bandwidth), _log_cap(max_flops)]  # fixed <= 1 s
     start = np.minimum(start, np.asarray(upper) - 1e-9)
     bounds = [(None, hi if math.isfinite(hi) else None) for hi in upper]
+    seqs = sequences(work)
 
     def loss(x: np.ndarray) -> float:
-        fixed, bw, peak = np.exp(x)
-        pred = factor * (fixed + np.maximum(nbytes / bw, flops / peak))
+        fixed, bw, peak = np.exp(x[:3])
+        overhead = fixed + (math.exp(x[3]) * seqs if len(x) > 3 else 0.0)
+        work = np.maximum(nbytes / bw, flops / peak)
+        pred = factor * overhead + work if host_on_overhead else factor * (overhead + work)
         return float(np.mean(np.abs(pred - meas) / meas))
 
     best = minimize(
         loss, start, method="Nelder-Mead", bounds=bounds, options={"maxiter": 4000, "xatol": 1e-4}
     )
-    fixed, bw, peak = (float(v) for v in np.exp(best.x))
+    per_seq = 0.0
+    if per_sequence:  # from the 3-coefficient optimum, a tenth of the fixed cost per sequence
+        x0 = np.append(best.x, best.x[0] + math.log(0.1))
+        four = minimize(
+            loss, x0, method="Nelder-Mead", bounds=[*bounds, (None, 0.0)],
+            options={"maxiter": 20000, "xatol": 1e-6, "fatol": 1e-9},
+        )  # fmt: skip
+        if four.fun < best.fun:
+            best, per_seq = four, float(math.exp(four.x[3]))
+    fixed, bw, peak = (float(v) for v in np.exp(best.x[:3]))
     bw = min(bw, max_bandwidth) if max_bandwidth is not None else bw  # exp(log) rounding
     peak = min(peak, max_flops) if max_flops is not None else peak
     caps = "".join(
@@ -189,6 +241,10 @@ def fit_profile(
         if probed
         else ""
     )
+    if per_sequence:
+        speed += f"; {per_seq * 1e3:.3g} ms per scheduled sequence"
+    if host_on_overhead and probed:
+        speed += " (host speed on the fixed and per-sequence terms)"
     profile = DeviceProfile(
         name,
         bw,
@@ -198,22 +254,32 @@ def fit_profile(
         step_overhead_s=fixed,
         interconnect_bandwidth=tm.profile.interconnect_bandwidth,
     )
-    return Fit(profile, float(best.fun), len(work), empty_ref)
+    return Fit(profile, float(best.fun), len(work), empty_ref, per_seq, host_on_overhead)
 
 
 def _log_cap(cap: float | None) -> float:
     return math.log(cap) if cap is not None else math.inf
 
 
-def step_errors(tm: TimeModel, steps: Sequence[StepWork], empty_ref: float = 0.0) -> np.ndarray:
+def step_errors(
+    tm: TimeModel,
+    steps: Sequence[StepWork],
+    empty_ref: float = 0.0,
+    per_seq: float = 0.0,
+    host_on_overhead: bool = False,
+) -> np.ndarray:
     """|modeled - measured| / measured per step, priced by `tm`'s own profile (the same
-    formula as `TimeModel.step_ps`, unrounded), each step at its host speed where
-    `empty_ref` > 0 and it carries an empty call (`host_factor`; pass the fit's)."""
+    formula as `TimeModel.step_ps`, unrounded; plus `per_seq` per scheduled sequence,
+    the fit's `seq_overhead_s`), each step at its host speed where `empty_ref` > 0 and it
+    carries an empty call (`host_factor`; pass the fit's; `host_on_overhead` as the fit's)."""
     work = [s for s in steps if s.seconds > 0 and (s.decoders or s.chunks)]
     if not work:
         return np.zeros(0)
     p = tm.profile
-    pred = predict_seconds(tm, work, p.step_overhead_s, p.hbm_bandwidth, p.peak_flops, empty_ref)
+    pred = predict_seconds(
+        tm, work, p.step_overhead_s, p.hbm_bandwidth, p.peak_flops, empty_ref, per_seq,
+        host_on_overhead,
+    )  # fmt: skip
     meas = np.array([s.seconds for s in work])
     errors: np.ndarray = np.abs(pred - meas) / meas
     return errors

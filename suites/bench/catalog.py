@@ -19,6 +19,7 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     serving_measured,
     serving_paper,
     serving_rate,
+    serving_vllm_engine,
     static,
     trace_capacity,
     trace_serving,

@@ -1,0 +1,177 @@
+"""serving.vllm_engine's plumbing without vLLM: the traces it serves, kvbench's
+prediction (decisions rebuilt into per-step work), a fake vLLM run timed by a known
+machine (the fit must recover it: zero error on held-out steps, latencies equal), and
+the skip with a reason where vLLM is absent. One test drives vLLM's real engine on a
+tiny trace and skips without it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("scipy")
+
+from kvbench.paged.serving.calibration import StepWork, fit_profile, step_errors, with_profile
+from kvbench.paged.serving.time_model import TimeModel
+from kvbench.suites.bench.context import BenchContext
+from kvbench.suites.bench.sweeps import serving_vllm_engine as sv
+from kvbench.suites.e2e.vllm_engine_predict import (
+    divergent_steps,
+    latencies,
+    predict,
+    step_work,
+)
+from kvbench.suites.e2e.vllm_engine_run import VllmEngineSpec
+from kvbench.workloads.errors import CaseSkipped, ConfigError
+from kvbench.workloads.profiles import get_profile
+
+SPEC = VllmEngineSpec()
+SMALL = (0, 10, "alpaca", 64, 300)
+
+
+def _predict(trace, blocks: int = 24):  # type: ignore[no-untyped-def]
+    return predict(
+        trace, SPEC.geometry(), block_size=SPEC.block_size, usable_blocks=blocks,
+        max_num_seqs=4, max_num_batched_tokens=128,
+    )  # fmt: skip
+
+
+def test_traces_are_vocab_ids_at_time_zero_with_shared_system_prompts() -> None:
+    trace = sv.make_trace("t", 0, SMALL)
+    assert len(trace.requests) == 10
+    assert all(r.arrival == 0.0 and r.prompt is not None for r in trace.requests)
+    assert max(max(r.prompt or ()) for r in trace.requests) < SPEC.vocab_size
+    heads = {r.prompt[:64] for i, r in enumerate(trace.requests) if i % 3 and r.prompt}
+    assert len(heads) == sv.SYSTEM_PROMPTS
+    assert sv.make_trace("t", 0, SMALL) == trace  # seeded
+
+
+def test_prediction_replays_its_own_decisions_into_work() -> None:
+    trace = sv.make_trace("t", 0, SMALL)
+    pred = _predict(trace, blocks=12)  # tight: preemptions by recompute
+    assert sum(len(p) for p in pred.preempted) > 0
+    assert set(pred.last_step) == {str(r.id) for r in trace.requests}
+    assert pred.prefix["hits"] > 0
+    tokens = sum(sum(s.values()) for s in pred.scheduled)
+    work = sum(w.decoders + sum(n for _, n in w.chunks) for w in pred.work)
+    assert tokens == work
+    for rid, k in pred.first_step.items():
+        assert k <= pred.last_step[rid]
+    assert divergent_steps(pred.scheduled, pred.scheduled) == 0
+    assert divergent_steps(pred.scheduled, pred.scheduled[:-3]) == 3
+
+
+def test_step_work_tells_decodes_from_chunks() -> None:
+    w = step_work({"a": 1, "b": 1, "c": 40}, {"a": 10, "b": 3, "c": 0}, {"a": 10, "b": 8, "c": 50})
+    assert w.decoders == 1 and w.kv_read == 11
+    assert w.chunks == ((3, 1), (0, 40))
+
+
+def test_fit_on_one_trace_prices_another_exactly_on_a_known_machine() -> None:
+    """A fake vLLM timed by fixed 4 ms + max(bytes / 20 GB/s, FLOPs / 30 GFLOP/s): the
+    fit on one trace's steps prices another trace's (held out) with ~0 error, and the
+    latencies from those times equal the fake's."""
+    params = 2_000_000
+    tm = TimeModel(get_profile("cpu"), SPEC.geometry(), 4 * params, float(params), 32)
+    machine = replace(tm.profile, hbm_bandwidth=20e9, peak_flops=30e9, step_overhead_s=4e-3)
+    truth = with_profile(tm, machine)
+
+    def timed(work: list[StepWork]) -> list[StepWork]:
+        out = []
+        for w in work:
+            ps = truth.step_ps(w.decoders, w.kv_read, list(w.chunks))
+            out.append(StepWork(w.decoders, w.kv_read, w.chunks, ps / 1e12))
+        return out
+
+    fit_trace, held = sv.make_trace("f", 1, SMALL), sv.make_trace("h", 2, SMALL)
+    fit = fit_profile(tm, timed(_predict(fit_trace).work))
+    assert fit.error < 1e-3
+    pred = _predict(held)
+    measured = timed(pred.work)
+    assert step_errors(with_profile(tm, fit.profile), measured).mean() < 1e-3
+    out_len = {str(r.id): r.output_len for r in held.requests}
+    clock = np.cumsum([s.seconds for s in measured]).tolist()
+    lat = latencies(pred.first_step, pred.last_step, clock, out_len)
+    assert lat["ttft"].shape == (10,) and (lat["e2e"] >= lat["ttft"]).all()
+    assert (lat["tpot"] > 0).all()
+
+
+def test_spec_refuses_what_vllms_cpu_backend_refuses() -> None:
+    with pytest.raises(ConfigError, match="multiple of 32"):
+        VllmEngineSpec(block_size=16)
+    with pytest.raises(ConfigError, match="max_model_len"):
+        VllmEngineSpec(num_blocks=4)
+    assert SPEC.kv_cache_bytes == 128 * 32 * SPEC.geometry().bytes_per_token
+
+
+def test_the_sweep_skips_with_the_reason_where_vllm_is_absent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sv, "vllm_missing", lambda: "vllm is not installed (test)")
+    ctx = BenchContext(torch.device("cpu"))
+    for case in sv._cases(False):
+        with pytest.raises(CaseSkipped, match="not installed"):
+            sv.serving_vllm_engine(case, ctx)
+    assert "vllm_server" not in ctx.cache
+
+
+@pytest.mark.skipif(sv.vllm_missing() is not None, reason=str(sv.vllm_missing()))
+def test_vllm_engine_makes_kvbench_decisions_on_a_tiny_trace() -> None:
+    """vLLM's engine (~1 min to build on a loaded host) serves 6 requests; kvbench's
+    vllm-v1 engine predicts every step and the prefix-cache counts exactly."""
+    from kvbench.suites.e2e.serving_run import cpu_threads
+    from kvbench.suites.e2e.vllm_engine_run import VllmServer
+
+    spec = VllmEngineSpec(num_blocks=40, max_num_seqs=4, max_num_batched_tokens=128)
+    trace = sv.make_trace("tiny", 0, (0, 6, "alpaca", 64, 300))
+    with cpu_threads(1):
+        server = VllmServer(spec)
+        try:
+            run = server.serve(trace)
+        finally:
+            server.close()
+    pred = predict(
+        trace, spec.geometry(), block_size=32, usable_blocks=server.num_blocks - 1,
+        max_num_seqs=4, max_num_batched_tokens=128,
+    )  # fmt: skip
+    assert divergent_steps(pred.scheduled, [s.scheduled for s in run.steps]) == 0
+    assert pred.prefix == run.prefix and run.prefix["hits"] > 0
+    assert pred.first_step == run.first_step and pred.last_step == run.last_step
+    assert all(s.seconds > 0 for s in run.steps)
+
+
+def test_fit_recovers_a_per_sequence_cost_with_host_speed_on_the_host_terms() -> None:
+    """Synthetic steps of a machine with fixed 5 ms, 0.2 ms per sequence, 10 GB/s and
+    25 GFLOP/s, the host terms slowed by a known factor per step: the 4-coefficient fit
+    with the factor on the host terms finds it (error ~0); the whole-step factor and the
+    3-coefficient fit do worse on the same steps."""
+    from kvbench.paged.serving.calibration import predict_seconds, sequences
+
+    params = 1_500_000
+    tm = TimeModel(get_profile("cpu"), SPEC.geometry(), 8_000_000, float(params), 32)
+    rng = np.random.default_rng(0)
+    steps = []
+    for i in range(300):
+        d = int(rng.integers(0, 16))
+        chunks = tuple((0, int(rng.integers(16, 500))) for _ in range(int(rng.integers(0, 3))))
+        if not d and not chunks:
+            d = 1
+        steps.append(
+            StepWork(d, d * int(rng.integers(20, 600)), chunks, 1.0, 1.0 + 0.4 * (i % 5) / 4)
+        )
+    truth = predict_seconds(tm, steps, 5e-3, 10e9, 25e9, 1.2, 2e-4, host_on_overhead=True)
+    steps = [replace(s, seconds=float(t)) for s, t in zip(steps, truth, strict=True)]
+    best = fit_profile(tm, steps, per_sequence=True, host_on_overhead=True)
+    assert best.error < 0.01
+    assert best.seq_overhead_s == pytest.approx(2e-4, rel=0.05)
+    assert best.profile.peak_flops == pytest.approx(25e9, rel=0.05)
+    err = step_errors(
+        with_profile(tm, best.profile), steps, best.empty_ref, best.seq_overhead_s, True
+    )
+    assert err.mean() < 0.01
+    assert fit_profile(tm, steps).error > best.error
+    assert fit_profile(tm, steps, per_sequence=True).error > best.error
+    assert sequences(steps).sum() == sum(s.decoders + len(s.chunks) for s in steps)
