@@ -406,16 +406,19 @@ def decode_fp8(
     kv_scales: tuple[torch.Tensor, torch.Tensor],
     *,
     conversion: str = "vector",
+    window: int | None = None,
 ) -> torch.Tensor:
     """Paged decode over fp8 K/V (`cpu_ext/paged_attn_fp8.cpp`) into `out`; see kernels.ops.
     One task per (sequence, KV head); scales float32 [num_kv_heads] for K and V.
     `conversion`: how bytes become float32, "vector" (the default: VW bytes at a time in
-    registers) or "table" (the first version's 256-entry lookup, kept to time against)."""
+    registers) or "table" (the first version's 256-entry lookup, kept to time against).
+    With a sliding `window` each sequence reads its last `window` tokens only, from the
+    first block they touch (entries before it are not read or checked)."""
     if conversion not in FP8_CONVERSIONS:
         raise ValueError(f"conversion={conversion!r}: expected one of {FP8_CONVERSIONS}")
     if dims.batch == 0:
         return out
-    tables, lens = _tables(block_tables, seq_lens, dims)
+    tables, lens = _tables(block_tables, seq_lens, dims, window)
     man, bias = _fp8_format(k_cache.dtype)
     ks, vs = (s.contiguous() for s in kv_scales)
     op = (
@@ -424,14 +427,12 @@ def decode_fp8(
         else torch.ops.kvbench_fp8.paged_decode_fp8_lut
     )
     op(query, k_cache.view(torch.uint8), v_cache.view(torch.uint8), tables, lens, ks, vs,
-       float(scale), out, man, bias)  # fmt: skip
+       float(scale), out, man, bias, window or 0)  # fmt: skip
     return out
 
 
 #: The fp8 byte -> float32 conversions of the C++ fp8 decode (`decode_fp8(conversion=)`).
 FP8_CONVERSIONS = ("vector", "table")
-#: Largest head dim the C++ fp8 prefill takes (its per-thread K row buffer).
-FP8_PREFILL_MAX_HEAD_DIM = 512
 
 
 def _fp8_format(kv_dtype: torch.dtype) -> tuple[int, int]:
@@ -453,26 +454,25 @@ def prefill_fp8(
     out: torch.Tensor,
     dims: AttentionDims,
     kv_scales: tuple[torch.Tensor, torch.Tensor],
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Paged prefill/extend over fp8 K/V (`cpu_ext/paged_attn_fp8.cpp`: bytes dequantized in
     registers, causal, GQA) into `out` ([total_q, Hq, D]); see kernels.ops. Tasks are
-    (sequence, KV head, tile of `prefill_tile` query tokens); scales as for `decode_fp8`."""
+    (sequence, KV head, tile of `prefill_tile` query tokens); scales as for `decode_fp8`.
+    With a sliding `window` as `prefill`: a task's key loop starts at its first row's first
+    key, and table entries before a sequence's first new token's window are not checked."""
     if dims.batch == 0 or query.shape[0] == 0:
         return out
-    if dims.cache.head_dim > FP8_PREFILL_MAX_HEAD_DIM:
-        raise ValueError(
-            f"head_dim={dims.cache.head_dim} is above the C++ fp8 prefill's "
-            f"{FP8_PREFILL_MAX_HEAD_DIM}"
-        )
-    tables, lens = _tables(block_tables, seq_lens, dims)
+    cu = _int32(cu_seqlens_q).contiguous()
+    tables, lens = _tables(block_tables, seq_lens, dims, window, cu)
     man, bias = _fp8_format(k_cache.dtype)
     ks, vs = (s.contiguous() for s in kv_scales)
-    cu = _int32(cu_seqlens_q).contiguous()
     tile = prefill_tile(dims.group, int(query.shape[0]), dims.cache.num_kv_heads,
                         torch.get_num_threads())  # fmt: skip
     torch.ops.kvbench_fp8.paged_prefill_fp8(
         query, k_cache.view(torch.uint8), v_cache.view(torch.uint8), tables, cu, lens, ks, vs,
-        float(scale), out, man, bias, tile,
+        float(scale), out, man, bias, tile, window or 0,
     )  # fmt: skip
     return out
 

@@ -27,10 +27,13 @@ take `k_scale` / `v_scale` (float32 `[num_kv_heads]`; `kernels.fp8_ops`); writes
 by the `workloads.fp8` rule (NaN/inf refused when `check_indices`, else stored as NaN),
 reads dequantize to the query dtype in registers (Triton) or after the gather (torch), or
 to float32 in registers (the C++ CPU kernels);
-copies and swaps move the bytes. On CPU tensors fp8 decode runs the C++ kernel
-(`cpu_paged.decode_fp8`), and fp8 prefill without a window the C++ fp8 prefill
-(`cpu_paged.prefill_fp8`; with a window the torch version). The Triton prefill reads fp8
-K/V too, with or without a window.
+copies and swaps move the bytes. On CPU tensors fp8 decode and prefill run the C++ fp8
+kernels (`cpu_paged.decode_fp8`, `cpu_paged.prefill_fp8`), with or without a sliding
+window, wherever the 16/32-bit ones would (`cpu_paged.supports`); the gather + dequantize
++ SDPA version runs only where the C++ kernel is not built (`cpu_paged.status()` says why,
+and bench rows carry it) or the block is longer than `cpu_paged.MAX_BLOCK_SIZE`: the same
+rule for every dtype, window or not. The Triton kernels read fp8 K/V too, with or without
+a window.
 
 Host reads: with `check_indices=False` no op reads a tensor's values on the host, so a
 call on CUDA tensors only enqueues work (no stream synchronization). The attention ops
@@ -49,7 +52,6 @@ import torch
 from kvbench.kernels import cpu_paged, fp8_ops, torch_ops
 from kvbench.kernels import validation as val
 from kvbench.workloads import fp8
-from kvbench.workloads.errors import ConfigError
 
 __all__ = [
     "choose_backend",
@@ -205,9 +207,9 @@ def paged_decode_attention(
             L - 1 only. Every backend starts at the first block the window touches (blocks
             wholly before it are never read, and their table entries may be anything, e.g.
             -1 where a cache released them) and masks the part of that block before the
-            window. None (default): full attention, unchanged. With fp8 K/V the Triton and
-            torch paths dequantize and window together; the C++ CPU fp8 decode has no
-            window (ConfigError: pass backend="torch").
+            window. None (default): full attention, unchanged. With fp8 K/V every path
+            (Triton, the C++ CPU fp8 decode, gather + SDPA) dequantizes and windows
+            together.
 
     Returns:
         [batch, num_q_heads, head_dim] in the query dtype (`out` when given).
@@ -229,14 +231,10 @@ def paged_decode_attention(
         )  # fmt: skip
     if kv_scales is not None:
         if query.device.type == "cpu" and cpu_paged.supports(dims):
-            if window is not None:
-                raise ConfigError(
-                    f"window={window} with fp8 K/V ({k_cache.dtype}): the C++ CPU fp8 decode "
-                    "has no sliding window; use backend='torch' (or the Triton interpreter)"
-                )
             return cpu_paged.decode_fp8(
-                query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, kv_scales
-            )
+                query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, kv_scales,
+                window=window,
+            )  # fmt: skip
         return torch_ops.paged_decode_attention(
             query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, window, kv_scales
         )
@@ -283,12 +281,12 @@ def paged_prefill_attention(
             maximum when checking, else min(total_q, max_seq_len)).
         k_scale, v_scale: fp8 caches only, as for `paged_decode_attention` (Triton and
             torch; on a CPU the C++ fp8 prefill `cpu_paged.prefill_fp8` where it builds,
-            without a window).
+            with or without a window).
         window: sliding window: row i, at position p = seq_lens[b] - n_b + i, sees keys
             max(0, p - window + 1) .. p only. Blocks wholly before the first new token's
             window are never read (their table entries may be -1). None (default): full
             causal attention, unchanged. Every path: Triton, the C++ CPU kernel (16-bit
-            and fp32 K/V) and gather + SDPA (fp8 on a CPU).
+            and fp32 K/V, and the C++ fp8 prefill) and gather + SDPA.
 
     Returns:
         [total_q, num_q_heads, head_dim] in the query dtype (`out` when given).
@@ -315,14 +313,8 @@ def paged_prefill_attention(
     args = (query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims)
     if choose_backend(query.device, backend) == "triton":
         return _triton().paged_prefill_attention(*args, kv_scales, window=window)
-    if (
-        kv_scales is not None
-        and window is None
-        and query.device.type == "cpu"
-        and dims.cache.head_dim <= cpu_paged.FP8_PREFILL_MAX_HEAD_DIM
-        and cpu_paged.supports(dims)
-    ):
-        return cpu_paged.prefill_fp8(*args, kv_scales)
+    if kv_scales is not None and query.device.type == "cpu" and cpu_paged.supports(dims):
+        return cpu_paged.prefill_fp8(*args, kv_scales, window=window)
     if kv_scales is not None:
         return torch_ops.paged_prefill_attention(*args, kv_scales, window=window)
     if query.device.type == "cpu" and cpu_paged.supports(dims):

@@ -28,7 +28,11 @@
 // `Fp8Lut`, selected by the `_lut` operators so the two can be timed side by side.
 //
 // Only tokens below a sequence's length (decode) or at or below a query row's position
-// (prefill) are read. Inputs are validated in Python (kernels.ops, kernels.cpu_paged) before
+// (prefill) are read; with a sliding window (`window` > 0, HF / vLLM semantics: a query at
+// position p sees keys p - window + 1 .. p) only from the first block the window touches
+// (decode: the sequence's last `window` tokens; prefill: from the tile's first row's first
+// key), and a block's tokens before the window are skipped, never multiplied by a zero
+// probability (a NaN there, or a -1 table entry before the window, changes nothing). Inputs are validated in Python (kernels.ops, kernels.cpu_paged) before
 // any call.
 #include <torch/extension.h>
 
@@ -244,10 +248,11 @@ F8_INLINE void dec_dots(const float* q, const float* k, int Dp, float scale, flo
     for (int u = 0; u < TN; ++u) s[r * sstride + u] = hsum(a[r][u]) * scale;
 }
 
-// acc rows (RN, stride Dp) = acc * alpha[r] + sum_{t < nt} p[r * pstride + t] * v[t].
+// acc rows (RN, stride Dp) = acc * alpha[r] + sum_{t0 <= t < nt} p[r * pstride + t] * v[t]
+// (rows before t0, a window's skipped tokens, are not read: 0 * NaN would poison acc).
 template <int RN>
 F8_INLINE void dec_pv(float* acc, const float* alpha, const float* p, int pstride,
-                      const float* v, int Dp, int nt) {
+                      const float* v, int Dp, int t0, int nt) {
   int d = 0;
   for (; d + 2 * VW <= Dp; d += 2 * VW) {
     vf a[RN][2];
@@ -258,7 +263,7 @@ F8_INLINE void dec_pv(float* acc, const float* alpha, const float* p, int pstrid
       a[r][0] *= alpha[r];
       a[r][1] *= alpha[r];
     }
-    for (int t = 0; t < nt; ++t) {
+    for (int t = t0; t < nt; ++t) {
       vf v0, v1;
       std::memcpy(&v0, v + t * Dp + d, sizeof(vf));
       std::memcpy(&v1, v + t * Dp + d + VW, sizeof(vf));
@@ -282,7 +287,7 @@ F8_INLINE void dec_pv(float* acc, const float* alpha, const float* p, int pstrid
       std::memcpy(&a[r], acc + r * Dp + d, sizeof(vf));
       a[r] *= alpha[r];
     }
-    for (int t = 0; t < nt; ++t) {
+    for (int t = t0; t < nt; ++t) {
       vf v0;
       std::memcpy(&v0, v + t * Dp + d, sizeof(vf));
 #pragma GCC unroll 8
@@ -322,7 +327,7 @@ F8_INLINE void dec_dots_bytes(const float* q, const uint8_t* k, int64_t kstride,
 // of VW.
 template <typename Conv, int RN>
 F8_INLINE void dec_pv_bytes(float* acc, const float* alpha, const float* p, int pstride,
-                            const uint8_t* v, int64_t vstride, int D, int nt) {
+                            const uint8_t* v, int64_t vstride, int D, int t0, int nt) {
   int d = 0;
   for (; d + 2 * VW <= D; d += 2 * VW) {
     vf a[RN][2];
@@ -333,7 +338,7 @@ F8_INLINE void dec_pv_bytes(float* acc, const float* alpha, const float* p, int 
       a[r][0] *= alpha[r];
       a[r][1] *= alpha[r];
     }
-    for (int t = 0; t < nt; ++t) {
+    for (int t = t0; t < nt; ++t) {
       const vf v0 = Conv::vec(v + t * vstride + d), v1 = Conv::vec(v + t * vstride + d + VW);
 #pragma GCC unroll 8
       for (int r = 0; r < RN; ++r) {
@@ -355,7 +360,7 @@ F8_INLINE void dec_pv_bytes(float* acc, const float* alpha, const float* p, int 
       std::memcpy(&a[r], acc + r * D + d, sizeof(vf));
       a[r] *= alpha[r];
     }
-    for (int t = 0; t < nt; ++t) {
+    for (int t = t0; t < nt; ++t) {
       const vf v0 = Conv::vec(v + t * vstride + d);
 #pragma GCC unroll 8
       for (int r = 0; r < RN; ++r) a[r] += (vf{} + p[r * pstride + t]) * v0;
@@ -369,7 +374,8 @@ template <typename T, typename Conv>
 void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                      const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                      const torch::Tensor& seq_lens, const torch::Tensor& k_scale,
-                     const torch::Tensor& v_scale, double scale, torch::Tensor& out) {
+                     const torch::Tensor& v_scale, double scale, torch::Tensor& out,
+                     int64_t window) {
   const int64_t B = query.size(0), Hq = query.size(1);
   const int64_t bs = k_cache.size(1), Hkv = k_cache.size(2);
   const int G = int(Hq / Hkv), D = int(query.size(2));
@@ -408,6 +414,9 @@ void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / nh, h0 = task % nh * HT, h1 = std::min(Hkv, h0 + HT);
       const int64_t len = lens[b];
+      // window > 0: positions lo .. len - 1 only; blocks wholly before lo are never read
+      // (their table entries may be -1) and the first block's tokens before lo are skipped
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
       for (int64_t h = h0; h < h1; ++h)
         for (int r = 0; r < G; ++r) {
           const size_t row = size_t(h - h0) * G + r;
@@ -417,9 +426,10 @@ void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
           l[row] = 0.f;
         }
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j * bs < len; ++j) {
+      for (int64_t j = lo / bs; j * bs < len; ++j) {
         const int nt = int(std::min(bs, len - j * bs));
         const int ntp = (nt + 7) / 8 * 8;
+        const int t0 = int(std::max<int64_t>(0, lo - j * bs));  // first token read
         if ((j + 1) * bs < len) {  // the next block's rows of these heads, during this one
           const int64_t next = int64_t(tables[b * ts + j + 1]) * blk;
           const int64_t nn = std::min(bs, len - (j + 1) * bs);
@@ -441,7 +451,7 @@ void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
           if (fused) {  // D % VW == 0: K and V converted as loaded, only rows < nt read
             for (; r + 4 <= G; r += 4) {
               float* sr = s.data() + size_t(r) * sst;
-              int t = 0;
+              int t = t0;
               for (; t + 2 <= nt; t += 2)
                 dec_dots_bytes<Conv, 4, 2>(qh + size_t(r) * Dp, kb + t * tok, tok, D, sc,
                                            sr + t, sst);
@@ -451,7 +461,7 @@ void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
             }
             for (; r < G; ++r) {
               float* sr = s.data() + size_t(r) * sst;
-              int t = 0;
+              int t = t0;
               for (; t + 8 <= nt; t += 8)
                 dec_dots_bytes<Conv, 1, 8>(qh + size_t(r) * Dp, kb + t * tok, tok, D, sc,
                                            sr + t, sst);
@@ -460,7 +470,7 @@ void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                                            sr + t, sst);
             }
           } else {
-            for (int t = 0; t < nt; ++t) {  // convert this block's rows of head h once
+            for (int t = t0; t < nt; ++t) {  // convert this block's rows of head h once
               Conv::row(kb + t * tok, kf.data() + size_t(t) * Dp, D);
               Conv::row(vb_ + t * tok, vf_.data() + size_t(t) * Dp, D);
             }
@@ -478,12 +488,12 @@ void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
             const size_t st = r0 + rr;
             const vf ninf = vf{} + NEG_INF;
             vf vm = ninf;
-            for (int t = 0; t < nt; t += VW) {
+            for (int t = 0; t < nt; t += VW) {  // (from 0: whole vectors, masked below t0)
               vf x;
               std::memcpy(&x, sr + t, sizeof(vf));
               vi idx;
               for (int i = 0; i < VW; ++i) idx[i] = t + i;
-              x = idx < nt ? x : ninf;
+              x = (idx < nt) & (idx >= t0) ? x : ninf;
               std::memcpy(sr + t, &x, sizeof(vf));
               vm = x > vm ? x : vm;
             }
@@ -508,17 +518,17 @@ void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
           if (fused) {
             for (; r + 4 <= G; r += 4)
               dec_pv_bytes<Conv, 4>(ah + size_t(r) * Dp, alpha.data() + r0 + r,
-                                    s.data() + size_t(r) * sst, sst, vb_, tok, D, nt);
+                                    s.data() + size_t(r) * sst, sst, vb_, tok, D, t0, nt);
             for (; r < G; ++r)
               dec_pv_bytes<Conv, 1>(ah + size_t(r) * Dp, alpha.data() + r0 + r,
-                                    s.data() + size_t(r) * sst, sst, vb_, tok, D, nt);
+                                    s.data() + size_t(r) * sst, sst, vb_, tok, D, t0, nt);
           } else {
             for (; r + 4 <= G; r += 4)
               dec_pv<4>(ah + size_t(r) * Dp, alpha.data() + r0 + r, s.data() + size_t(r) * sst,
-                        sst, vf_.data(), Dp, nt);
+                        sst, vf_.data(), Dp, t0, nt);
             for (; r < G; ++r)
               dec_pv<1>(ah + size_t(r) * Dp, alpha.data() + r0 + r, s.data() + size_t(r) * sst,
-                        sst, vf_.data(), Dp, nt);
+                        sst, vf_.data(), Dp, t0, nt);
           }
         }
       }
@@ -556,9 +566,12 @@ struct Fp8PrefillScratch {
   std::vector<int32_t> lim;
 };
 
+// Scores of RB rows x KC keys (keys cb ..), masked to -inf where a key lies after the row's
+// position (key >= lim) or, with a sliding window (win > 0), before its window (key < lim -
+// win).
 template <int DC>
 F8_INLINE void pf_scores(const float* q, int D, const float* kt, float* s, const int32_t* lim,
-                         int cb) {
+                         int cb, int win) {
   const int Dn = DC > 0 ? DC : D;
   vf a[RB][2] = {};
   for (int d = 0; d < Dn; ++d) {
@@ -577,9 +590,10 @@ F8_INLINE void pf_scores(const float* q, int D, const float* kt, float* s, const
 #pragma GCC unroll 4
   for (int i = 0; i < RB; ++i) {
     const vi li = vi{} + lim[i];
+    const vi first = vi{} + (win > 0 ? lim[i] - win : std::numeric_limits<int32_t>::min());
     const vf ninf = vf{} + NEG_INF;
-    a[i][0] = idx < li ? a[i][0] : ninf;
-    a[i][1] = idx + VW < li ? a[i][1] : ninf;
+    a[i][0] = (idx < li) & (idx >= first) ? a[i][0] : ninf;
+    a[i][1] = (idx + VW < li) & (idx + VW >= first) ? a[i][1] : ninf;
     std::memcpy(s + i * KC, &a[i][0], sizeof(vf));
     std::memcpy(s + i * KC + VW, &a[i][1], sizeof(vf));
   }
@@ -631,7 +645,7 @@ void prefill_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                       const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                       const torch::Tensor& cu_seqlens_q, const torch::Tensor& seq_lens,
                       const torch::Tensor& k_scale, const torch::Tensor& v_scale, double scale,
-                      torch::Tensor& out, int64_t tile) {
+                      torch::Tensor& out, int64_t tile, int64_t window) {
   const int64_t B = seq_lens.size(0), Hq = query.size(1);
   const int64_t bs = k_cache.size(1), Hkv = k_cache.size(2);
   const int G = int(Hq / Hkv), D = DC > 0 ? DC : int(k_cache.size(3));
@@ -648,6 +662,9 @@ void prefill_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   const int64_t qs_t = query.stride(0), qs_h = query.stride(1);
   const int64_t os_t = out.stride(0), os_h = out.stride(1);
   const int64_t tok = Hkv * D;
+  // window > 0: row p sees keys p - win + 1 .. p (positions are int32, so a window past
+  // int32's range is the same as int32_max / 2, longer than any sequence)
+  const int win = int(std::min<int64_t>(window, std::numeric_limits<int32_t>::max() / 2));
   struct Task {
     int64_t b, start;
     int h;
@@ -661,7 +678,8 @@ void prefill_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
     Fp8PrefillScratch w;
     w.kt.resize(size_t(D) * KC);
     w.vv.resize(size_t(KC) * D);
-    float krow[512];  // one converted K row (D <= 512, checked by the caller)
+    std::vector<float> krow_(static_cast<size_t>(D));  // one converted K row
+    float* krow = krow_.data();
     for (int64_t task = begin; task < end; ++task) {
       const int h = tasks[size_t(task)].h;
       const int64_t b = tasks[size_t(task)].b, start = tasks[size_t(task)].start;
@@ -684,12 +702,18 @@ void prefill_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
         float* dst = w.q.data() + size_t(r) * D;
         for (int d = 0; d < D; ++d) dst[d] = to_f(qr[d]) * qscale;
       }
-      const int64_t keys = pos0 + nq;  // the tile sees keys 0 .. keys - 1
-      for (int64_t cb = 0; cb < keys; cb += KC) {
+      const int64_t keys = pos0 + nq;  // the tile sees keys lo .. keys - 1
+      // window: the walk starts at the tile's first row's first key (blocks wholly before
+      // it are never read; their table entries may be -1)
+      const int64_t lo = win > 0 ? std::max<int64_t>(0, pos0 - win + 1) : 0;
+      for (int64_t cb = lo; cb < keys; cb += KC) {
         const int nt = int(std::min<int64_t>(KC, keys - cb));
         int r0 = 0;  // rows before r0 see none of this chunk (rows are in position order)
         while (r0 < nr && w.lim[size_t(r0)] <= cb) ++r0;
         r0 = r0 / RB * RB;
+        int r1 = nrp;  // nor do rows from r1 on, whose windows start after the chunk
+        if (win > 0)
+          while (r1 > r0 && int64_t(w.lim[size_t(r1 - 1)]) - win >= cb + nt) --r1;
         for (int t = 0; t < KC; ++t) {
           if (t < nt) {
             const int64_t pos = cb + t;
@@ -702,10 +726,10 @@ void prefill_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
             for (int d = 0; d < D; ++d) w.kt[size_t(d) * KC + t] = 0.f;
           }
         }
-        for (int r = r0; r < nrp; r += RB) {
+        for (int r = r0; r < r1; r += RB) {
           float* s = w.s.data() + size_t(r) * KC;
           pf_scores<DC>(w.q.data() + size_t(r) * D, D, w.kt.data(), s, w.lim.data() + r,
-                        int(cb));
+                        int(cb), win);
           for (int i = 0; i < RB; ++i) {
             float* si = s + i * KC;
             vf x0, x1;
@@ -714,7 +738,8 @@ void prefill_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
             vf mxv = x0 > x1 ? x0 : x1;
             float mx = w.m[size_t(r + i)];
             for (int k = 0; k < VW; ++k) mx = std::max(mx, mxv[k]);
-            // mx is finite: every row from r0 on sees key cb (pad rows: the last row's)
+            // mx is -inf only for a row (rounded into the block) that sees none of this
+            // chunk and nothing before: its p are 0 (selected below) and corr 0
             const vf mv = vf{} + mx;
             const vf ninf = vf{} + NEG_INF;
             vf p0 = vexp(x0 - mv), p1 = vexp(x1 - mv);
@@ -774,45 +799,47 @@ template <bool LUT>
 void decode_op(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor k_scale,
                torch::Tensor v_scale, double scale, torch::Tensor out, int64_t man,
-               int64_t bias) {
+               int64_t bias, int64_t window) {
   check_format(man, bias);
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: full attention), got ", window);
   dispatch<LUT>(query, man, [&](auto t, auto conv) {
     decode_fp8_impl<decltype(t), decltype(conv)>(query, k_cache, v_cache, block_tables,
-                                                 seq_lens, k_scale, v_scale, scale, out);
+                                                 seq_lens, k_scale, v_scale, scale, out,
+                                                 window);
   });
 }
 
 void paged_decode_fp8(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                       torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor k_scale,
                       torch::Tensor v_scale, double scale, torch::Tensor out, int64_t man,
-                      int64_t bias) {
+                      int64_t bias, int64_t window) {
   decode_op<false>(query, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, scale,
-                   out, man, bias);
+                   out, man, bias, window);
 }
 
 void paged_decode_fp8_lut(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                           torch::Tensor block_tables, torch::Tensor seq_lens,
                           torch::Tensor k_scale, torch::Tensor v_scale, double scale,
-                          torch::Tensor out, int64_t man, int64_t bias) {
+                          torch::Tensor out, int64_t man, int64_t bias, int64_t window) {
   decode_op<true>(query, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, scale,
-                  out, man, bias);
+                  out, man, bias, window);
 }
 
 void paged_prefill_fp8(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                        torch::Tensor block_tables, torch::Tensor cu_seqlens_q,
                        torch::Tensor seq_lens, torch::Tensor k_scale, torch::Tensor v_scale,
                        double scale, torch::Tensor out, int64_t man, int64_t bias,
-                       int64_t tile) {
+                       int64_t tile, int64_t window) {
   check_format(man, bias);
   TORCH_CHECK(tile >= 1, "tile must be >= 1, got ", tile);
-  TORCH_CHECK(k_cache.size(3) <= 512, "head_dim above 512: ", k_cache.size(3));
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: full attention), got ", window);
   dispatch<false>(query, man, [&](auto t, auto conv) {
     using T = decltype(t);
     using C = decltype(conv);
     auto run = [&](auto dc) {
       prefill_fp8_impl<T, C, decltype(dc)::value>(query, k_cache, v_cache, block_tables,
                                                   cu_seqlens_q, seq_lens, k_scale, v_scale,
-                                                  scale, out, tile);
+                                                  scale, out, tile, window);
     };
     switch (k_cache.size(3)) {
       case 64: run(std::integral_constant<int, 64>{}); break;
@@ -848,17 +875,17 @@ TORCH_LIBRARY_FRAGMENT(kvbench_fp8, m) {
   m.def(
       "paged_decode_fp8(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor k_scale, Tensor v_scale, float scale, Tensor(a!) out, int man, "
-      "int bias) -> ()");
+      "int bias, int window) -> ()");
   m.impl("paged_decode_fp8", c10::DispatchKey::CPU, TORCH_FN(paged_decode_fp8));
   m.def(
       "paged_decode_fp8_lut(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor k_scale, Tensor v_scale, float scale, Tensor(a!) out, int man, "
-      "int bias) -> ()");
+      "int bias, int window) -> ()");
   m.impl("paged_decode_fp8_lut", c10::DispatchKey::CPU, TORCH_FN(paged_decode_fp8_lut));
   m.def(
       "paged_prefill_fp8(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
       "Tensor cu_seqlens_q, Tensor seq_lens, Tensor k_scale, Tensor v_scale, float scale, "
-      "Tensor(a!) out, int man, int bias, int tile) -> ()");
+      "Tensor(a!) out, int man, int bias, int tile, int window) -> ()");
   m.impl("paged_prefill_fp8", c10::DispatchKey::CPU, TORCH_FN(paged_prefill_fp8));
   m.def("fp8_to_float(Tensor bytes, Tensor(a!) out, int man, int bias, bool lut) -> ()");
   m.impl("fp8_to_float", c10::DispatchKey::CPU, TORCH_FN(fp8_to_float));

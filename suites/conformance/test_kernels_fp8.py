@@ -378,7 +378,7 @@ def test_fp8_launches_are_in_the_aot_table_with_the_compiled_signature(
 
 
 @pytest.mark.parametrize("kv_dtype", FP8, ids=FP8_IDS)
-@pytest.mark.parametrize("backend", ["triton", "gather"])
+@pytest.mark.parametrize("backend", ["triton", "gather", "cpp"])
 @pytest.mark.parametrize("partition", [None, 8])
 def test_fp8_windowed_decode_matches_float64_over_dequantized_window(
     kv_dtype: torch.dtype, backend: str, partition: int | None
@@ -386,7 +386,10 @@ def test_fp8_windowed_decode_matches_float64_over_dequantized_window(
     """fp8 K/V with a sliding window: dequantized in the kernel and only the window read.
     The table entries of blocks wholly before each window are -1 (released), so a path
     that read them would fail the index check or the oracle; the oracle is float64
-    attention over the dequantized K/V with the window mask."""
+    attention over the dequantized K/V with the window mask. "cpp": the ops' torch backend,
+    on a CPU the C++ fp8 decode (f4a07b7 refused a window there with a ConfigError)."""
+    if backend == "cpp" and cpu_paged.status().path != "cpp":
+        pytest.skip(f"C++ CPU kernel unavailable here: {cpu_paged.status().reason}")
     d, bs, window, lens = 48, 8, 13, [5, 13, 14, 30, 61]
     kc, vc, tables, seq_lens, keys, values, ks, vs = _fp8_batch(
         lens, 2, d, bs, kv_dtype, True, seed=3
@@ -404,7 +407,8 @@ def test_fp8_windowed_decode_matches_float64_over_dequantized_window(
         )
     else:
         ops.paged_decode_attention(
-            q, kc, vc, tables, seq_lens, out=out, backend="triton", partition_size=partition,
+            q, kc, vc, tables, seq_lens, out=out, partition_size=partition,
+            backend="triton" if backend == "triton" else "torch",
             k_scale=ks, v_scale=vs, window=window,
         )  # fmt: skip
     fmt = fp8.fp8_format(kv_dtype)
@@ -413,21 +417,3 @@ def test_fp8_windowed_decode_matches_float64_over_dequantized_window(
     ref = oracle.batched_decode_attention(q.double(), kq, vq, window=window)
     err = oracle.relative_error(out, ref)
     assert err <= oracle.tolerance(torch.float16), (backend, err)
-
-
-def test_fp8_window_on_the_cpp_decode_is_refused() -> None:
-    """The C++ CPU fp8 decode has no window: ConfigError naming the window, out untouched."""
-    status = cpu_paged.status()
-    if status.path != "cpp":
-        pytest.skip(f"C++ CPU kernel unavailable here: {status.reason}")
-    kc, vc, tables, seq_lens, _, _, ks, vs = _fp8_batch(
-        [20], 2, 48, 8, torch.float8_e4m3fn, False, seed=1
-    )
-    q = torch.randn(1, 4, 48, dtype=torch.float16)
-    out = torch.full_like(q, float("nan"))
-    with pytest.raises(ConfigError, match="window=5"):
-        ops.paged_decode_attention(
-            q, kc, vc, tables, seq_lens, out=out, backend="torch", k_scale=ks, v_scale=vs,
-            window=5,
-        )  # fmt: skip
-    assert torch.isnan(out).all()

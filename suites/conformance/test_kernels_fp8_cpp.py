@@ -191,9 +191,10 @@ def test_fp8_cpp_prefill_agrees_with_the_gather_path(kv_dtype: torch.dtype) -> N
     assert oracle.relative_error(cpp, gather) <= 1e-5
 
 
-def test_fp8_cpp_prefill_with_a_window_keeps_the_torch_path() -> None:
-    """The C++ fp8 prefill has no sliding window: with one the ops still give the windowed
-    result (torch path), checked against the float64 windowed oracle."""
+def test_fp8_cpp_prefill_with_a_window_runs_the_cpp_kernel() -> None:
+    """With a sliding window the ops run the C++ fp8 prefill too (f4a07b7 fell back to the
+    torch path without a word): the same bits as the C++ kernel called directly, and the
+    float64 windowed oracle (test_kernels_fp8_cpp_window.py holds the full battery)."""
     kc, vc, tables, seq_lens, kq, vq, ks, vs = _pool_batch(
         [30], 2, 40, 4, torch.float8_e4m3fn, True, seed=8
     )
@@ -204,6 +205,10 @@ def test_fp8_cpp_prefill_with_a_window_keeps_the_torch_path() -> None:
     )
     ref = oracle.extend_attention(q.double(), kq[0], vq[0], 0.2, window=7)
     assert oracle.relative_error(out, ref) <= oracle.tolerance(torch.float32)
+    dims = check_prefill(q, kc, vc, tables, cu, seq_lens, window=7)
+    cpp = torch.full_like(q, float("nan"))
+    cpu_paged.prefill_fp8(q, kc, vc, tables, cu, seq_lens, 0.2, cpp, dims, (ks, vs), window=7)
+    assert torch.equal(out, cpp)
 
 
 #: (seq_lens, query heads, KV heads, head dim, block size): GQA 3 at block 1 and D 40; GQA 5
