@@ -113,7 +113,7 @@ class PagedKVCache:
         kernel_backend: "torch" or "triton" to force the kernels' backend; None lets
             `kernels.ops` choose (Triton on CUDA, torch on CPU unless TRITON_INTERPRET=1).
         eviction_policy: which evictable cached block is reallocated first
-            (`paged.eviction.POLICIES`: "lru", the default, or "lfu").
+            (`paged.eviction.POLICIES`: "lru", the default, "lfu", ...).
         k_scale, v_scale, scale_granularity: fp8 geometries only (`workloads.kv_quant`):
             static scales, or None for dynamic ones set by the first append; "tensor" or
             "head". The pools then hold fp8 bytes written by the kernels' quantizing

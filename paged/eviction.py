@@ -9,8 +9,10 @@ mapping-like container the block pool drives with four operations:
     queue.popitem(last=False)    take the block to evict next: (block, None)
     iter(queue)                  the evictable blocks, next to be evicted first
 
-Policies (`POLICIES`, chosen by name; "lru" is the default and is exactly the pool's
-original queue, an OrderedDict):
+Policies (`QUEUES`, chosen by name; "lru" is the default and is exactly the pool's
+original queue, an OrderedDict). `QUEUES` is the one registry: the caches, `kvbench
+hitrate`'s --policy and the trace.prefix_capacity sweep's full grid all read it, so a new
+policy is a queue class and its entry here:
 
     lru   least recently released first.
     lfu   fewest uses first, then least recently released (as SGLang's
@@ -24,12 +26,9 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 
 from kvbench.workloads.errors import ConfigError
-
-#: Policy names `make_queue` accepts.
-POLICIES = ("lru", "lfu")
 
 
 class LFUQueue:
@@ -96,10 +95,18 @@ _BLOCK_MASK = (1 << _BLOCK_BITS) - 1
 _USES_SHIFT = _ORDER_BITS + _BLOCK_BITS  # release orders stay below 2**48
 
 
+#: Policy name -> a factory of its empty queue (the registry: module docstring).
+QUEUES: dict[str, Callable[[], MutableMapping[int, None] | LFUQueue]] = {
+    "lru": OrderedDict,
+    "lfu": LFUQueue,
+}
+#: Policy names `make_queue` accepts.
+POLICIES = tuple(QUEUES)
+
+
 def make_queue(policy: str = "lru") -> MutableMapping[int, None] | LFUQueue:
     """An empty evictable-block queue of `policy` (ConfigError naming the known ones)."""
-    if policy == "lru":
-        return OrderedDict()
-    if policy == "lfu":
-        return LFUQueue()
-    raise ConfigError(f"unknown eviction policy {policy!r}; known: {', '.join(POLICIES)}")
+    factory = QUEUES.get(policy)
+    if factory is None:
+        raise ConfigError(f"unknown eviction policy {policy!r}; known: {', '.join(POLICIES)}")
+    return factory()
