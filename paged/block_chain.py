@@ -4,8 +4,8 @@ The keys of a prompt's full blocks (`prefix_cache.block_key` chained from the ro
 on the prompt's ids, the block size and the extra keys only: not on any cache's capacity,
 eviction policy or contents. A capacity sweep replays the same prompts through many caches
 (`paged.hitrate.replay_many`), so it computes each prompt's chain once and passes it to
-`PagedKVCache.admit(..., chain=...)`: the cache then takes the keys and the block token
-tuples from the chain instead of hashing and slicing again, and decides everything else
+`PagedKVCache.admit(..., chain=...)`: the cache then takes the keys and the blocks' packed
+ids (`prefix_cache.token_bytes`) from the chain instead of hashing and packing again, and decides everything else
 (lookups with their verification, allocation, eviction, indexing) exactly as without it.
 
 A chain is bound to the very prompt object it was computed from (`prompt`): `admit` accepts
@@ -18,24 +18,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, block_key, chain_keys
+from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, block_key, packed_chain, token_bytes
 from kvbench.workloads.geometry import require_positive
 
 
 @dataclass(frozen=True, eq=False)
 class BlockChain:
-    """The keys and token tuples of the full blocks of `prompt`, root first.
+    """The keys and packed ids of the full blocks of `prompt`, root first.
 
-    keys[i] = key_fn(keys[i-1] or None, chunks[i], extra); chunks[i] = the ids of
-    positions [i * block_size, (i + 1) * block_size) of `prompt`, a tuple; there are
-    len(prompt) // block_size of each (a partial last block has no key)."""
+    keys[i] = key_fn(keys[i-1] or None, ids of block i, extra); chunks[i] = the ids of
+    positions [i * block_size, (i + 1) * block_size) of `prompt` as `token_bytes` (the
+    form an index entry keeps and verifies: 132 bytes a block of 16, no int objects);
+    there are len(prompt) // block_size of each (a partial last block has no key)."""
 
     prompt: Sequence[int]
     block_size: int
     extra: ExtraKeys
     key_fn: KeyFn
     keys: tuple[bytes, ...]
-    chunks: tuple[tuple[int, ...], ...]
+    chunks: tuple[bytes, ...]
 
     def truncated(self, length: int, prompt: Sequence[int]) -> BlockChain:
         """The chain of `prompt`, the first `length` ids of this chain's prompt (a prefix
@@ -67,13 +68,13 @@ def block_chain(
     n = len(prompt) // bs
     ids = prompt[: n * bs]
     flat = ids if isinstance(ids, tuple) else tuple(ids)
-    chunks = block_tuples(flat, bs)
     if key_fn is block_key:
-        keys = chain_keys(flat, bs, extra)
+        keys, chunks = packed_chain(flat, bs, extra)
     else:
-        keys = []
+        keys, chunks = [], []
         parent: bytes | None = None
-        for chunk in chunks:
-            parent = key_fn(parent, chunk, extra)
+        for block in block_tuples(flat, bs):
+            parent = key_fn(parent, block, extra)
             keys.append(parent)
-    return BlockChain(prompt, bs, extra, key_fn, tuple(keys), chunks)
+            chunks.append(token_bytes(block))
+    return BlockChain(prompt, bs, extra, key_fn, tuple(keys), tuple(chunks))

@@ -54,7 +54,7 @@ import torch
 
 from kvbench.kernels import ops
 from kvbench.paged.accounting import CacheAccounting, CacheLimits
-from kvbench.paged.block_chain import BlockChain, block_tuples
+from kvbench.paged.block_chain import BlockChain
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.block_table import RequestState, block_table_tensor
 from kvbench.paged.device_kv import DeviceKV
@@ -65,7 +65,8 @@ from kvbench.paged.prefix_cache import (
     PrefixCache,
     PrefixCacheStats,
     block_key,
-    chain_keys,
+    packed_chain,
+    token_bytes,
 )
 from kvbench.paged.requests import RequestTable
 from kvbench.paged.swap import CpuBlockPool, SwapSpace
@@ -113,7 +114,7 @@ class PagedKVCache:
         kernel_backend: "torch" or "triton" to force the kernels' backend; None lets
             `kernels.ops` choose (Triton on CUDA, torch on CPU unless TRITON_INTERPRET=1).
         eviction_policy: which evictable cached block is reallocated first
-            (`paged.eviction.POLICIES`: "lru", the default, or "lfu").
+            (`paged.eviction.POLICIES`: "lru", the default, "lfu", ...).
         k_scale, v_scale, scale_granularity: fp8 geometries only (`workloads.kv_quant`):
             static scales, or None for dynamic ones set by the first append; "tensor" or
             "head". The pools then hold fp8 bytes written by the kernels' quantizing
@@ -582,7 +583,7 @@ class PagedKVCache:
 
         Blocks of the prompt's head (ids not copied, `RequestState.head`) are keyed in
         bulk: from the precomputed chain where there is one, else hashed from the prompt
-        with `chain_keys` (the same keys as `block_key` block by block; a cache with
+        with `packed_chain` (the same keys as `block_key` block by block; a cache with
         another key function hashes them one by one). Later blocks are hashed one by
         one from their ids (`RequestState.known_ids`)."""
         if self.prefix is None or not req.hashable or req.tokens is None:
@@ -607,10 +608,12 @@ class PagedKVCache:
             miss, req.miss = req.miss, None
             if miss is not None and miss[0] == parent and tuple(miss[1]) == tuple(ids[:bs]):
                 # block i as the admission's match keyed it: same parent, same ids
-                hashed = [miss[2], *chain_keys(ids[bs:], bs, extra, miss[2])]
+                rest, packed = packed_chain(ids[bs:], bs, extra, miss[2])
+                hashed = [miss[2], *rest]
+                packed.insert(0, token_bytes(ids[:bs]))
             else:
-                hashed = chain_keys(ids, bs, extra, parent)
-            prefix.insert_chain(req.blocks[i:stop], hashed, block_tuples(ids, bs), parent, extra)
+                hashed, packed = packed_chain(ids, bs, extra, parent)
+            prefix.insert_chain(req.blocks[i:stop], hashed, packed, parent, extra)
             keys.extend(hashed)
             parent, i = hashed[-1], stop
         key_fn, insert, known = prefix.key_fn, prefix.insert, req.known_ids

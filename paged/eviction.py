@@ -9,8 +9,10 @@ mapping-like container the block pool drives with four operations:
     queue.popitem(last=False)    take the block to evict next: (block, None)
     iter(queue)                  the evictable blocks, next to be evicted first
 
-Policies (`POLICIES`, chosen by name; "lru" is the default and is exactly the pool's
-original queue, an OrderedDict):
+Policies (`QUEUES`, chosen by name; "lru" is the default and is exactly the pool's
+original queue, an OrderedDict). `QUEUES` is the one registry: the caches, `kvbench
+hitrate`'s --policy and the trace.prefix_capacity sweep's full grid all read it, so a new
+policy is a queue class and its entry here:
 
     lru   least recently released first.
     lfu   fewest uses first, then least recently released (as SGLang's
@@ -18,18 +20,18 @@ original queue, an OrderedDict):
           has been released to reference count 0 since it was cached (in a serial replay,
           the requests that used it); it resets when the block is evicted (its content is
           gone).
+    slru  segmented LRU: blocks released once since cached (probationary) are evicted
+          before blocks released again after a hit (protected, at most 4/5 of the
+          queue), each segment least recently released first (`SLRUQueue`).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 
 from kvbench.workloads.errors import ConfigError
-
-#: Policy names `make_queue` accepts.
-POLICIES = ("lru", "lfu")
 
 
 class LFUQueue:
@@ -96,10 +98,83 @@ _BLOCK_MASK = (1 << _BLOCK_BITS) - 1
 _USES_SHIFT = _ORDER_BITS + _BLOCK_BITS  # release orders stay below 2**48
 
 
-def make_queue(policy: str = "lru") -> MutableMapping[int, None] | LFUQueue:
+class SLRUQueue:
+    """Segmented LRU: evictable blocks in two least-recently-released queues.
+
+    A block released for the first time since it was cached joins the probationary
+    segment; released again (it was hit and revived in between) it joins the protected
+    segment. After each release the protected segment holds at most PROTECTED_SHARE of
+    the queue (len(queue) * 4 // 5): its least recently released blocks move to the
+    probationary segment's most recent end until it does. Eviction takes the least
+    recently released probationary block, or the protected one when no probationary
+    block is left. A block's history goes with its content when it is evicted.
+
+    Once-used blocks (a prompt's tail seen once) so leave before blocks that were hit,
+    whatever their release order: LRU's weakness on scans that SLRU is known for fixing
+    (Karedla et al., "Caching strategies to improve disk system performance", 1994)."""
+
+    def __init__(self) -> None:
+        self._probation: OrderedDict[int, None] = OrderedDict()
+        self._protected: OrderedDict[int, None] = OrderedDict()
+        self._seen: set[int] = set()  # released at least once since cached
+
+    def __len__(self) -> int:
+        return len(self._probation) + len(self._protected)
+
+    def __contains__(self, block: object) -> bool:
+        return block in self._probation or block in self._protected
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._probation
+        yield from self._protected
+
+    def __setitem__(self, block: int, _value: None) -> None:
+        if block in self._seen:
+            protected, probation = self._protected, self._probation
+            protected[block] = None
+            limit = len(self) * PROTECTED_SHARE[0] // PROTECTED_SHARE[1]
+            while len(protected) > limit:
+                demoted, _ = protected.popitem(last=False)
+                probation[demoted] = None
+        else:
+            self._seen.add(block)
+            self._probation[block] = None
+
+    def __delitem__(self, block: int) -> None:
+        if block in self._probation:
+            del self._probation[block]
+        else:
+            del self._protected[block]  # KeyError like a dict
+
+    def popitem(self, last: bool = True) -> tuple[int, None]:
+        """The next block to evict (module docstring), removed; its history forgotten."""
+        if last:
+            raise ConfigError("an SLRU queue evicts from the front only (last=False)")
+        segment = self._probation or self._protected
+        if not segment:
+            raise KeyError("popitem(): the SLRU queue is empty")
+        block, _ = segment.popitem(last=False)
+        self._seen.discard(block)
+        return block, None
+
+
+#: The protected segment's largest share of an SLRU queue, as (numerator, denominator).
+PROTECTED_SHARE = (4, 5)
+
+
+#: Policy name -> a factory of its empty queue (the registry: module docstring).
+QUEUES: dict[str, Callable[[], MutableMapping[int, None] | LFUQueue | SLRUQueue]] = {
+    "lru": OrderedDict,
+    "lfu": LFUQueue,
+    "slru": SLRUQueue,
+}
+#: Policy names `make_queue` accepts.
+POLICIES = tuple(QUEUES)
+
+
+def make_queue(policy: str = "lru") -> MutableMapping[int, None] | LFUQueue | SLRUQueue:
     """An empty evictable-block queue of `policy` (ConfigError naming the known ones)."""
-    if policy == "lru":
-        return OrderedDict()
-    if policy == "lfu":
-        return LFUQueue()
-    raise ConfigError(f"unknown eviction policy {policy!r}; known: {', '.join(POLICIES)}")
+    factory = QUEUES.get(policy)
+    if factory is None:
+        raise ConfigError(f"unknown eviction policy {policy!r}; known: {', '.join(POLICIES)}")
+    return factory()

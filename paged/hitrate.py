@@ -208,3 +208,163 @@ def raise_small(capacity_tokens: int, block_size: int) -> None:
         f"capacity {capacity_tokens} tokens holds no block of {block_size} tokens; give at "
         "least one block"
     )
+
+
+# ---------------------------------------------------------------- the pipeline
+#: How a hit-rate figure was produced: the real cache replayed, Belady's bound, the
+#: unbounded cache (a capacity holding the whole footprint never evicts, so its replay
+#: is the ceiling, not run), or a peer's allocator (`suites.peers`, not computed here).
+METHODS = ("replay", "optimal", "ceiling", "peer")
+
+
+@dataclass(frozen=True)
+class HitRateQuery:
+    """One point asked of `hit_rates`: a capacity [tokens] and how to compute its hits:
+    method "replay" (the real cache with eviction `policy`) or "optimal" (Belady's
+    bound; `policy` None)."""
+
+    capacity_tokens: int
+    method: str = "replay"
+    policy: str | None = "lru"
+
+
+@dataclass(frozen=True)
+class HitRatePoint:
+    """A query's answer: prefix-hit tokens and the method that produced them ("ceiling"
+    where the capacity holds the trace's footprint: the query's own method would give
+    the same number)."""
+
+    query: HitRateQuery
+    method: str
+    hit_tokens: int
+
+
+@dataclass(frozen=True)
+class HitRates:
+    """A trace's hit rates at one block size: its prompt tokens, the ceiling's hit
+    tokens (an unbounded cache), its footprint [blocks] and one point per query."""
+
+    block_size: int
+    prompt_tokens: int
+    ceiling_tokens: int
+    footprint_blocks: int
+    points: tuple[HitRatePoint, ...]
+
+    def rate(self, hit_tokens: int) -> float:
+        return hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def ceiling(self) -> float:
+        return self.rate(self.ceiling_tokens)
+
+
+def hit_rates(
+    trace: Trace,
+    block_size: int,
+    queries: Sequence[HitRateQuery],
+    *,
+    workers: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> HitRates:
+    """Every query's hits on `trace` at `block_size`, computed exactly, and the trace's
+    ceiling and footprint (`workloads.prefix_oracle`): the one hit-rate pipeline of
+    `kvbench hitrate` and the trace.prefix_capacity sweep.
+
+    Work: the block accesses once; one `replay_many` pass per eviction policy over its
+    bounded capacities (each prompt's key chain computed once per pass); one job for all
+    the optimal bounds. With `workers` > 0 the jobs after the first run in that many
+    spawned processes beside this one (a job gets the trace pickled, nothing else);
+    every job is the same call wherever it runs, so the numbers do not depend on
+    `workers`. `progress` counts this process's replayed requests. Nothing is kept
+    between calls."""
+    from kvbench.workloads import prefix_oracle
+
+    require_positive("block_size", block_size)
+    for q in queries:
+        _check_query(q, block_size)
+    acc = prefix_oracle.block_accesses(trace, block_size)
+    footprint = acc.footprint_blocks()
+    ceiling = prefix_oracle.ceiling_hit_tokens(acc)
+    bounded = [q for q in queries if q.capacity_tokens // block_size < footprint]
+    jobs: dict[str | None, tuple[int, ...]] = {}  # policy (None: optimal) -> capacities
+    for q in bounded:
+        key = q.policy if q.method == "replay" else None
+        jobs[key] = tuple(sorted({*jobs.get(key, ()), q.capacity_tokens}))
+    found = _run_jobs(trace, acc, block_size, footprint, jobs, workers, progress)
+    points = []
+    for q in queries:
+        if q.capacity_tokens // block_size >= footprint:
+            points.append(HitRatePoint(q, "ceiling", ceiling))
+        else:
+            key = q.policy if q.method == "replay" else None
+            points.append(HitRatePoint(q, q.method, found[key][q.capacity_tokens]))
+    return HitRates(block_size, acc.prompt_tokens, ceiling, footprint, tuple(points))
+
+
+def _check_query(q: HitRateQuery, block_size: int) -> None:
+    """ConfigError naming a query's bad method, policy or capacity."""
+    from kvbench.paged.eviction import POLICIES
+    from kvbench.workloads.errors import ConfigError
+
+    if q.method == "replay":
+        if q.policy not in POLICIES:
+            raise ConfigError(f"unknown eviction policy {q.policy!r}; known: {', '.join(POLICIES)}")
+    elif q.method == "optimal":
+        if q.policy is not None:
+            raise ConfigError(f"the optimal bound takes no eviction policy, got {q.policy!r}")
+    else:
+        raise ConfigError(f"method {q.method!r} is not computed here; known: replay, optimal")
+    require_positive("capacity_tokens", q.capacity_tokens)
+    if q.capacity_tokens < block_size:
+        raise_small(q.capacity_tokens, block_size)
+
+
+def _run_jobs(
+    trace: Trace,
+    acc: object,
+    block_size: int,
+    footprint: int,
+    jobs: dict[str | None, tuple[int, ...]],
+    workers: int,
+    progress: Callable[[int], None] | None,
+) -> dict[str | None, dict[int, int]]:
+    """Hit tokens by capacity of each job (policy: one replay pass; None: the bounds),
+    the first here, the rest in `workers` spawned processes (or here, in order)."""
+    order = list(jobs)
+    if workers < 1 or len(order) < 2:
+        return {k: _job(trace, block_size, footprint, k, jobs[k], acc, progress) for k in order}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing inherited
+    with ProcessPoolExecutor(min(workers, len(order) - 1), mp_context=ctx) as pool:
+        futures = {
+            k: pool.submit(_job, trace, block_size, footprint, k, jobs[k]) for k in order[1:]
+        }
+        out = {
+            order[0]: _job(trace, block_size, footprint, order[0], jobs[order[0]], acc, progress)
+        }
+        out.update({k: f.result() for k, f in futures.items()})
+    return out
+
+
+def _job(
+    trace: Trace,
+    block_size: int,
+    footprint: int,
+    policy: str | None,
+    caps: tuple[int, ...],
+    acc: object = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict[int, int]:
+    """One job of `hit_rates` (here or in a worker): a `replay_many` pass of `policy`
+    over `caps`, or (policy None) Belady's bound at each of them."""
+    from kvbench.workloads import prefix_oracle
+
+    if policy is None:
+        if not isinstance(acc, prefix_oracle.BlockAccesses):
+            acc = prefix_oracle.block_accesses(trace, block_size)
+        return {c: prefix_oracle.belady_hit_tokens(acc, c) for c in caps}
+    configs = [ReplayConfig(c, policy) for c in caps]
+    results = replay_many(trace, configs, block_size, pool_limit=footprint, progress=progress)
+    return {r.capacity_tokens: r.hit_tokens for r in results}

@@ -43,10 +43,18 @@ def block_key(parent: bytes | None, tokens: Sequence[int], extra: ExtraKeys) -> 
         head = _PARENT32 + parent
     else:
         head = _head(parent)
+    tail = _EXTRA_BYTES.get(extra) or _extra_bytes(extra)
+    return sha256(head + token_bytes(tokens) + tail).digest()
+
+
+def token_bytes(tokens: Sequence[int]) -> bytes:
+    """A block's ids as `block_key` encodes them: the count (u32 LE), then each id as
+    int64 LE. Index entries keep their ids in this form (4 + 8 bytes an id: 132 bytes
+    for a block of 16, where a tuple of int objects took ~700), and a hit is verified
+    by comparing it."""
     n = len(tokens)
     packer = _TOKEN_STRUCTS.get(n) or _token_struct(n)
-    tail = _EXTRA_BYTES.get(extra) or _extra_bytes(extra)
-    return sha256(head + packer.pack(n, *tokens) + tail).digest()
+    return packer.pack(n, *tokens)
 
 
 def chain_keys(
@@ -56,20 +64,31 @@ def chain_keys(
     (the first block's parent `parent`): the same keys as calling `block_key` block by
     block, with the ids packed once for the whole prompt (a capacity sweep keys 10^7
     blocks)."""
+    return packed_chain(tokens, block_size, extra, parent)[0]
+
+
+def packed_chain(
+    tokens: Sequence[int], block_size: int, extra: ExtraKeys, parent: bytes | None = None
+) -> tuple[list[bytes], list[bytes]]:
+    """(`chain_keys`, each full block's `token_bytes`): the keys and the ids in the form
+    an index entry keeps them, both from one packing of the prompt."""
     n = len(tokens) // block_size
     if n == 0:
-        return []
+        return [], []
     flat = tokens[: n * block_size]
     packed = struct.pack(f"<{n * block_size}q", *flat)
     count = _U32.pack(block_size)
     tail = _EXTRA_BYTES.get(extra) or _extra_bytes(extra)
     step = 8 * block_size
     keys: list[bytes] = []
+    chunks: list[bytes] = []
     for i in range(n):
         head = _head(parent)
-        parent = sha256(head + count + packed[i * step : (i + 1) * step] + tail).digest()
+        chunk = count + packed[i * step : (i + 1) * step]
+        parent = sha256(head + chunk + tail).digest()
         keys.append(parent)
-    return keys
+        chunks.append(chunk)
+    return keys, chunks
 
 
 def _head(parent: bytes | None) -> bytes:
@@ -117,12 +136,19 @@ _KEY_MEMO_IDS = 1 << 18
 
 
 class _Entry(NamedTuple):
-    """What an index entry verifies a hit against (a tuple: one is made per full block)."""
+    """What an index entry verifies a hit against (a tuple: one is made per full block);
+    the block's ids as `token_bytes` (`tokens` unpacks them)."""
 
     key: bytes
     parent: bytes | None
-    tokens: tuple[int, ...]
+    packed: bytes
     extra: ExtraKeys
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The block's ids (unpacked from `packed`)."""
+        n = _U32.unpack_from(self.packed)[0]
+        return struct.unpack_from(f"<{n}q", self.packed, 4)
 
 
 #: Builds an `_Entry` from one tuple without the named tuple's Python-level __new__.
@@ -183,9 +209,12 @@ class PrefixCache:
         #: computed, it was not cached), or None; lets the admission that follows key that
         #: block once, not again when it fills. Not state: snapshots leave it out.
         self.miss: tuple[bytes | None, Sequence[int], bytes] | None = None
-        #: `match`'s memo of block_key by exact content (parent, ids, extra); cleared
-        #: when it holds _KEY_MEMO_IDS token ids. Not state: snapshots leave it out.
-        self._key_memo: dict[tuple[bytes | None, tuple[int, ...], ExtraKeys], bytes] = {}
+        #: `match`'s memo of (block_key, token_bytes) by exact content (parent, ids,
+        #: extra); cleared when it holds _KEY_MEMO_IDS token ids. Not state: snapshots
+        #: leave it out.
+        self._key_memo: dict[
+            tuple[bytes | None, tuple[int, ...], ExtraKeys], tuple[bytes, bytes]
+        ] = {}
 
     def __len__(self) -> int:
         return len(self._by_block)
@@ -209,7 +238,7 @@ class PrefixCache:
         if block is None:
             return None
         entry = self._by_block[block]
-        if entry.parent != parent or entry.extra != extra or entry.tokens != tuple(tokens):
+        if entry.parent != parent or entry.extra != extra or entry.packed != token_bytes(tokens):
             return None  # a hash collision: never serve another prefix's KV
         return block
 
@@ -224,24 +253,32 @@ class PrefixCache:
         key_fn, by_key, by_block = self.key_fn, self._by_key, self._by_block
         memo = self._key_memo if key_fn is block_key else None
         self.miss = None
+        tail = _EXTRA_BYTES.get(extra) or _extra_bytes(extra)
         for i in range(max_blocks):
             chunk = tokens[i * block_size : (i + 1) * block_size]
             if memo is not None and type(chunk) is tuple:
                 # block_key is a pure function: a shared prefix is hashed once, not once
                 # per admission (an exact-content memo, so the keys are block_key's)
                 content = (parent, chunk, extra)
-                key = memo.get(content)
-                if key is None:
-                    key = block_key(parent, chunk, extra)
+                found = memo.get(content)
+                if found is None:
+                    packed = token_bytes(chunk)
+                    head = _ROOT if parent is None else _head(parent)
+                    key = sha256(head + packed + tail).digest()  # block_key, inline
                     if len(memo) * block_size >= _KEY_MEMO_IDS:
                         memo.clear()
-                    memo[content] = key
+                    memo[content] = (key, packed)
+                else:
+                    key, packed = found
             else:
                 key = key_fn(parent, chunk, extra)
+                packed = b""  # packed below only if the key is indexed
             block = by_key.get(key)  # `get`, inline: this runs once per prompt block
             if block is not None:
                 entry = by_block[block]
-                if entry.parent != parent or entry.extra != extra or entry.tokens != tuple(chunk):
+                if entry.parent != parent or entry.extra != extra:
+                    block = None
+                elif entry.packed != (packed or token_bytes(chunk)):
                     block = None  # a hash collision: never serve another prefix's KV
             if block is None:
                 self.miss = (parent, chunk, key)
@@ -254,12 +291,13 @@ class PrefixCache:
     def match_keyed(
         self,
         keys: Sequence[bytes],
-        chunks: Sequence[tuple[int, ...]],
+        chunks: Sequence[bytes],
         extra: ExtraKeys,
         max_blocks: int,
     ) -> tuple[list[bytes], list[int]]:
-        """`match` with the chain's keys and block tuples given (`paged.block_chain`):
-        the same walk and the same verification of every hit, without hashing."""
+        """`match` with the chain's keys and blocks' `token_bytes` given
+        (`paged.block_chain`): the same walk and the same verification of every hit,
+        without hashing."""
         by_key, by_block = self._by_key, self._by_block
         blocks: list[int] = []
         parent: bytes | None = None
@@ -269,7 +307,7 @@ class PrefixCache:
             if block is None:
                 break
             entry = by_block[block]
-            if entry.parent != parent or entry.extra != extra or entry.tokens != chunk:
+            if entry.parent != parent or entry.extra != extra or entry.packed != chunk:
                 break  # a hash collision: never serve another prefix's KV
             blocks.append(block)
             parent = key
@@ -297,21 +335,20 @@ class PrefixCache:
             )
             return True
         by_key[key] = block
-        by_block[block] = _new_entry(
-            _Entry, (key, parent, tokens if type(tokens) is tuple else tuple(tokens), extra)
-        )
+        by_block[block] = _new_entry(_Entry, (key, parent, token_bytes(tokens), extra))
         return True
 
     def insert_chain(
         self,
         blocks: Sequence[int],
         keys: Sequence[bytes],
-        chunks: Sequence[tuple[int, ...]],
+        chunks: Sequence[bytes],
         parent: bytes | None,
         extra: ExtraKeys,
     ) -> None:
-        """`insert` each (blocks[i], keys[i], chunks[i]) of a chain in order, the parent
-        of each the key before it (`parent` for the first): a replay's bulk indexing."""
+        """`insert` each (blocks[i], keys[i], chunks[i]) of a chain in order, chunks[i]
+        the block's `token_bytes`, the parent of each the key before it (`parent` for
+        the first): a replay's bulk indexing."""
         by_key, by_block = self._by_key, self._by_block
         if self.index_duplicates:
             for block, key, chunk in zip(blocks, keys, chunks, strict=True):
@@ -382,4 +419,4 @@ class PrefixCache:
         for key, block in self._by_key.items():
             entry = self._by_block[block]
             assert entry.key == key, f"block {block} indexed under a key not its own"
-            assert entry.tokens, f"block {block} cached with no tokens"
+            assert len(entry.packed) > 4, f"block {block} cached with no tokens"

@@ -27,6 +27,8 @@ def prefix_capacity(frame: pd.DataFrame) -> Verdict:
         policy="lru",
         block_size=512,
     )
+    if "method" in rows.columns:  # runs before the method column: policy rows are replays
+        rows = rows[rows["method"].isna() | (rows["method"] == "replay")]
     at = {int(c): float(v) for c, v in zip(rows["capacity_tokens"], rows["value"], strict=True)}
     if 3_000_000 not in at or 50_000_000 not in at:
         return _missing("run the trace.prefix_capacity sweep (LRU, block 512, 3M and 50M tokens)")

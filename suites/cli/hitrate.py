@@ -6,10 +6,13 @@ Examples:
     kvbench hitrate --trace out/traces/mc.jsonl --capacity 1e6 --policy lfu
 
 For each capacity (tokens; 3e6 = 3M) it prints the hit rate (prefix-hit tokens / prompt
-tokens), the ceiling (an unbounded cache) and their ratio, computed exactly. Policies:
-`lru` (default) and `lfu` replay the trace through kvbench's PagedKVCache (memory-only)
-with that eviction policy, requests one at a time in trace order (`paged.hitrate`);
-`optimal` is the offline optimal bound (Belady). Any kvbench trace works, imported or
+tokens), the ceiling (an unbounded cache), their ratio and the method that gave the
+number, computed exactly by `paged.hitrate.hit_rates` (the pipeline of the bench sweep
+trace.prefix_capacity). Policies: every eviction policy of `paged.eviction` (`lru` the
+default, `lfu`, ...) replays the trace through kvbench's PagedKVCache (memory-only) with
+that policy, requests one at a time in trace order (method "replay"); `optimal` is the
+offline optimal bound (Belady). A capacity that holds the trace's footprint never evicts:
+its row is the ceiling (method "ceiling"). Any kvbench trace works, imported or
 generated. Bad values (a capacity that is not a number >= one block, an unknown policy,
 a missing or malformed trace, a trace whose block accesses would need more than half the
 free memory) exit 2 with one line.
@@ -21,11 +24,13 @@ import argparse
 import math
 import sys
 
+from kvbench.paged.eviction import POLICIES as EVICTION_POLICIES
 from kvbench.suites.cli.argtypes import check_input_file, int_range
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.units import format_bytes
 
-POLICIES = ("lru", "lfu", "optimal")
+#: `--policy` values: every eviction policy (a replay of the real cache), and Belady's bound.
+POLICIES = (*EVICTION_POLICIES, "optimal")
 #: Largest capacity accepted [tokens] (past any trace's footprint).
 MAX_CAPACITY = 10**12
 #: Host bytes per block access a hit-rate pass may hold at its peak: the accesses'
@@ -76,8 +81,7 @@ def _check_memory(trace, args: argparse.Namespace) -> None:  # type: ignore[no-u
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from kvbench.paged.hitrate import ReplayConfig, replay_many
-    from kvbench.workloads import prefix_oracle
+    from kvbench.paged.hitrate import HitRateQuery, hit_rates
     from kvbench.workloads.trace import Trace
 
     if args.policy not in POLICIES:
@@ -88,38 +92,30 @@ def run(args: argparse.Namespace) -> int:
     if not len(trace):
         raise ConfigError(f"trace {args.trace!r} has no requests")
     _check_memory(trace, args)
-    acc = prefix_oracle.block_accesses(trace, args.block_size)
-    ceiling = prefix_oracle.ceiling_hit_tokens(acc) / acc.prompt_tokens
-    footprint = acc.footprint_blocks()
+    method = "replay" if args.policy in EVICTION_POLICIES else "optimal"
+    policy = args.policy if method == "replay" else None
+    queries = [HitRateQuery(cap, method, policy) for cap in capacities]
+    with tqdm(
+        total=len(trace),
+        desc=f"{len(capacities)} capacities",
+        unit="req",
+        disable=args.quiet or None,
+        file=sys.stderr,
+        leave=False,
+    ) as bar:  # one pass: every capacity's cache replays the trace side by side
+        rates = hit_rates(trace, args.block_size, queries, progress=bar.update)
     print(
-        f"{args.trace}: {len(trace)} requests, {acc.prompt_tokens:,} prompt tokens, block "
+        f"{args.trace}: {len(trace)} requests, {rates.prompt_tokens:,} prompt tokens, block "
         f"{args.block_size}, policy {args.policy}; computed exactly (requests one at a time)"
     )
-    if args.policy == "optimal":
-        hit_tokens = [prefix_oracle.belady_hit_tokens(acc, cap) for cap in capacities]
-    else:  # one pass: every capacity's cache replays the trace side by side
-        with tqdm(
-            total=len(trace),
-            desc=f"{len(capacities)} capacities",
-            unit="req",
-            disable=args.quiet or None,
-            file=sys.stderr,
-            leave=False,
-        ) as bar:
-            results = replay_many(
-                trace,
-                [ReplayConfig(cap, args.policy) for cap in capacities],
-                args.block_size,
-                pool_limit=footprint,
-                progress=bar.update,
-            )
-        hit_tokens = [r.hit_tokens for r in results]
-    print(f"{'capacity [tokens]':>18}  {'hit rate':>9}  {'ceiling':>9}  {'fraction':>9}")
-    for cap, hits in zip(capacities, hit_tokens, strict=True):
-        rate = hits / acc.prompt_tokens
+    ceiling = rates.ceiling
+    print(f"{'capacity [tokens]':>18}  {'hit rate':>9}  {'ceiling':>9}  {'fraction':>9}  method")
+    for point in rates.points:
+        rate = rates.rate(point.hit_tokens)
         # a trace that shares nothing (no prefix ids, e.g. Azure) has no ceiling to reach
         fraction = f"{rate / ceiling:>9.2%}" if ceiling else f"{'n/a':>9}"
-        print(f"{cap:>18,}  {rate:>9.2%}  {ceiling:>9.2%}  {fraction}")
+        cap = point.query.capacity_tokens
+        print(f"{cap:>18,}  {rate:>9.2%}  {ceiling:>9.2%}  {fraction}  {point.method}")
     return 0
 
 

@@ -213,3 +213,87 @@ def test_the_lfu_queue_evicts_as_a_plain_minimum_over_uses_then_release_order(
             del uses[want]
         assert list(queue) == sorted(live, key=live.__getitem__)
         assert len(queue) == len(live)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["release", "revive", "evict"]), st.integers(0, 11)),
+        max_size=120,
+    )
+)
+def test_the_slru_queue_evicts_as_its_definition_written_out(ops: list[tuple[str, int]]) -> None:
+    """SLRUQueue (two OrderedDicts and a set) against segmented LRU written out with
+    plain lists: a block's first release since it was cached appends it to probation, a
+    later one to protected; then protected's oldest move to probation's end while
+    protected holds more than 4/5 of both; eviction takes probation's oldest, else
+    protected's, and forgets the block; the same block popped, the same order listed,
+    after every call."""
+    from kvbench.paged.eviction import SLRUQueue
+
+    queue = SLRUQueue()
+    probation: list[int] = []
+    protected: list[int] = []
+    seen: set[int] = set()
+    for kind, block in ops:
+        live = probation + protected
+        if kind == "release" and block not in live:
+            queue[block] = None
+            if block in seen:
+                protected.append(block)
+                while len(protected) > (len(probation) + len(protected)) * 4 // 5:
+                    probation.append(protected.pop(0))
+            else:
+                seen.add(block)
+                probation.append(block)
+        elif kind == "revive" and block in live:
+            del queue[block]
+            (probation if block in probation else protected).remove(block)
+        elif kind == "evict":
+            if not live:
+                with pytest.raises(KeyError):
+                    queue.popitem(last=False)
+                continue
+            want = (probation or protected).pop(0)
+            assert queue.popitem(last=False) == (want, None)
+            seen.discard(want)
+        assert list(queue) == probation + protected
+        assert len(queue) == len(probation) + len(protected)
+        assert all(b in queue for b in probation + protected)
+
+
+def test_slru_keeps_a_hit_block_past_once_used_ones_and_runs_in_the_cache() -> None:
+    """The example behind the policy: a block hit once survives blocks released after it
+    but used once (LRU would evict it first); the pool under SLRU keeps its invariants
+    and the replay names it."""
+    from kvbench.paged.eviction import SLRUQueue
+
+    q = SLRUQueue()
+    for block in (1, 2, 3, 4, 5):
+        q[block] = None
+    del q[1]
+    q[1] = None  # hit, then released again: protected
+    q[6] = None
+    assert list(q) == [2, 3, 4, 5, 6, 1]
+    assert [q.popitem(last=False)[0] for _ in range(6)] == [2, 3, 4, 5, 6, 1]
+    with pytest.raises(KeyError):
+        q.popitem(last=False)
+    q[1] = None  # evicted: its history is gone, probation again
+    q[7] = None
+    assert list(q) == [1, 7]
+    for policy, second in (("slru", 3), ("lru", 0)):
+        prefix = PrefixCache()
+        pool = BlockPool(4, 2, prefix, policy)
+        blocks = pool.allocate_many(4)
+        for i, b in enumerate(blocks):
+            prefix.insert(b, bytes([i]) * 32, None, (i, i), (None, None))
+        pool.release(blocks[:2])  # queue: 1, 0 (tail first)
+        pool.incref(blocks[0])  # a hit on block 0, released again
+        pool.release([blocks[0]])
+        pool.release(blocks[2:])  # once used, released after block 0: 3, 2
+        pool.check()
+        # SLRU keeps the hit block past the once-used ones; LRU evicts it second
+        assert [pool.allocate(), pool.allocate()] == [blocks[1], blocks[second]], policy
+        pool.check()
+    result = replay(_mooncake_head(), 200_000, 512, "slru")
+    assert result.policy == "slru" and result.hit_tokens > 0
