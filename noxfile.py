@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import nox
@@ -183,6 +184,26 @@ def bench(session: nox.Session) -> None:
     session.run("kvbench", "bench", *session.posargs)
     if not any(arg.startswith(("--shard", "--list")) for arg in session.posargs):
         session.run("kvbench", "report")
+
+
+@nox.session(python=_python())
+def gpu(session: nox.Session) -> None:
+    """The first GPU run, one bounded command (under 8 minutes on one H100): the gpu-marked
+    tests, every Triton kernel case of the default grid timed with CUDA graphs beside
+    kernel.predicted's time for that GPU (and the host cost per call), the report, and a
+    short summary (`kvbench gpu`; files in out/gpu/<run-id>/).
+
+    `nox -s gpu -- --dry-run` prints the plan and each part's expected seconds on any
+    machine. Without CUDA the run exits 2 with one line, before installing anything.
+    """
+    if "--dry-run" not in session.posargs and not has_cuda():
+        sys.stderr.write(
+            "nox -s gpu: no CUDA device here (no nvidia-smi, no /dev/nvidia0); "
+            "`nox -s gpu -- --dry-run` prints the plan on any machine\n"
+        )
+        sys.exit(2)  # nox itself exits 1 on a failed session; 2 says "not runnable here"
+    install_project(session, "test")
+    session.run("kvbench", "gpu", *session.posargs)
 
 
 @nox.session(python=_python())

@@ -55,14 +55,20 @@ NUM_KV_HEADS = 8
 HEAD_DIM = 128
 
 
-def _default_dtypes(full: bool) -> list[str]:
-    if torch.cuda.is_available():
+def _on_gpu(gpu: bool | None) -> bool:
+    """`gpu`, or whether CUDA is here when None (the grid a machine plans for itself; the
+    GPU plan, `kvbench gpu --dry-run`, asks for the GPU grid on any machine)."""
+    return torch.cuda.is_available() if gpu is None else gpu
+
+
+def _default_dtypes(full: bool, gpu: bool | None = None) -> list[str]:
+    if _on_gpu(gpu):
         return ["float16", "bfloat16", "float32"] if full else ["float16"]
     return ["float32", "bfloat16"] if full else ["float32"]
 
 
-def _decode_cases(full: bool) -> list[Case]:
-    dtypes = _default_dtypes(full)
+def _decode_cases(full: bool, gpu: bool | None = None) -> list[Case]:
+    dtypes = _default_dtypes(full, gpu)
     if full:
         return [
             {"block_size": bs, "ctx_len": L, "batch": b, "dtype": dt, "gqa": g}
@@ -72,7 +78,7 @@ def _decode_cases(full: bool) -> list[Case]:
             for L in (128, 256, 512, 1024, 2048, 4096, 8192)
             for bs in (8, 16, 32, 64, 128)
         ]
-    gpu = torch.cuda.is_available()
+    gpu = _on_gpu(gpu)
     batch = 32 if gpu else 8
     seq = [
         {"block_size": 16, "ctx_len": L, "batch": batch, "dtype": dtypes[0], "gqa": 4}
@@ -383,8 +389,8 @@ def _cpp_ran(dev: torch.device) -> bool:
     return cpu_paged.status().path == "cpp"
 
 
-def _prefill_cases(full: bool) -> list[Case]:
-    dtypes = _default_dtypes(full)
+def _prefill_cases(full: bool, gpu: bool | None = None) -> list[Case]:
+    dtypes = _default_dtypes(full, gpu)
     if full:
         return [
             {"block_size": bs, "ctx_len": L, "q_len": q, "batch": b, "dtype": dt, "gqa": 4}
