@@ -184,7 +184,8 @@ def _mooncake_request(raw: str, lineno: int, index: int, last: float, speed: flo
             prompt_block_tokens=MOONCAKE_BLOCK_TOKENS,
         )
     except TraceError as exc:
-        name = _MOONCAKE_NAMES.get(exc.field or "prompt_blocks", exc.field)
+        field = exc.field or "prompt_blocks"
+        name = _MOONCAKE_NAMES.get(field, field)
         raise TraceError(str(exc).split(": ", 1)[-1], lineno, name) from None
     return req, arrival
 

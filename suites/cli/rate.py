@@ -141,7 +141,12 @@ def run(args: argparse.Namespace) -> int:
     bound = 10 * floor if args.bound is None else check_bound(args.bound)
     cap = args.max_concurrency or 0
     if args.trace is not None:
-        scale = _within("--time-scale", MIN_TIME_SCALE, MAX_TIME_SCALE, check_time_scale)
+        scale = _within(
+            "--time-scale",
+            MIN_TIME_SCALE,
+            MAX_TIME_SCALE,
+            lambda v: check_time_scale(v, "--time-scale"),
+        )
         loads = _floats(args.time_scale or "1", "--time-scale", scale)
         trace = Trace.read(args.trace)
         for x in loads:
