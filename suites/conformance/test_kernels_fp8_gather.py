@@ -1,11 +1,12 @@
 """The gather + SDPA fp8 prefill (`kernels.torch_ops`), called directly.
 
 On a CPU where the C++ kernel builds, `ops.paged_prefill_attention(..., backend="torch")`
-sends fp8 prefill without a window to the C++ fp8 prefill, so the torch version runs only
-with `KVBENCH_CPU_KERNEL=torch` or without a compiler; the mutation check found that no
-test then reached its dequantization (an inverted scale survived). This pins it: per-head
-scales 4x apart, against the float64 extend oracle over the dequantized K/V.
-"""
+sends fp8 prefill without a window to the C++ fp8 prefill (`kernels.ops`), so the torch
+version runs only with `KVBENCH_CPU_KERNEL=torch`, without a compiler, or with a window;
+test_fp8_prefill_torch_matches_float64_over_dequantized_kv, despite its name, cannot
+catch a defect in it (the mutation check's first choice of test for an inverted scale).
+This pins it: per-head scales 4x apart, with and without a window, against the float64
+extend oracle over the dequantized K/V."""
 
 from __future__ import annotations
 

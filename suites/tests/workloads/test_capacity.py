@@ -165,3 +165,14 @@ def test_bad_geometry_names_the_value(kwargs: dict, names: str) -> None:
 def test_bad_capacity_input_names_the_value(call, names: str) -> None:
     with pytest.raises(ConfigError, match=names):
         call()
+
+
+def test_watermark_blocks_is_the_least_integer_at_or_above_the_fraction() -> None:
+    """A fractional watermark rounds up (0.01 of 150 blocks keeps 2, not 1: the mutation
+    check's `int()` in place of `ceil` survived every test whose product was whole), and
+    float noise above a whole number does not add a block."""
+    assert cap.watermark_blocks(0.01, 150) == 2  # 1.5 blocks
+    assert cap.watermark_blocks(0.25, 10) == 3  # 2.5 blocks
+    assert cap.watermark_blocks(0.2, 10) == 2  # exactly 2
+    assert 0.07 * 100 > 7 and cap.watermark_blocks(0.07, 100) == 7  # 7.000000000000001
+    assert cap.watermark_blocks(0.0, 1000) == 0
