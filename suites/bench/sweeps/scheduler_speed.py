@@ -4,7 +4,8 @@ Both serve the same memory-only trace to the end with the same decisions (the sc
 differential, suites/conformance/test_peers_vllm_scheduler.py, holds them equal step by
 step): kvbench's ShareGPT workload (`workloads.sharing`: log-normal fits to the
 PagedAttention paper's ShareGPT means, prompt + output <= 2,048) behind one shared
-200-token system prompt, all arriving at once, block 16, max_num_seqs 256, 8,192 tokens a step, a pool of `num_blocks` blocks.
+200-token system prompt, all arriving at once, max_num_seqs 256, 8,192 tokens a step,
+160k token slots in blocks of 16 or of 32 (vLLM's CPU backend takes multiples of 32).
 vLLM's side is its `Scheduler` driven in process with no model (add every request,
 schedule, answer one token per finished prefill or decode, update, until none is left);
 kvbench's side is `Engine.run` in event mode over a memory-only PagedKVCache (vLLM's
@@ -45,13 +46,14 @@ def _cases(full: bool) -> list[Case]:
     return [
         {
             "requests": n,
-            "block_size": 16,
-            "num_blocks": 10_000,
+            "block_size": bs,
+            "num_blocks": 160_000 // bs,  # 160k token slots either way
             "max_num_seqs": 256,
             "max_batched_tokens": 8_192,
             "mode": "event",
         }
         for n in sizes
+        for bs in (16, 32)
     ]
 
 
