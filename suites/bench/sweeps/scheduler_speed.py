@@ -2,8 +2,10 @@
 
 Both serve the same memory-only trace to the end with the same decisions (the scheduler
 differential, suites/conformance/test_peers_vllm_scheduler.py, holds them equal step by
-step): ShareGPT-like requests behind 4 shared 200-token system prompts, all arriving at
-once, block 16, max_num_seqs 256, 8,192 tokens a step, a pool of `num_blocks` blocks.
+step): kvbench's ShareGPT workload (`workloads.sharing`: log-normal fits to the
+PagedAttention paper's ShareGPT means, prompt + output <= 2,048) behind one shared
+200-token system prompt, all arriving at once, max_num_seqs 256, 8,192 tokens a step,
+160k token slots in blocks of 16 or of 32 (vLLM's CPU backend takes multiples of 32).
 vLLM's side is its `Scheduler` driven in process with no model (add every request,
 schedule, answer one token per finished prefill or decode, update, until none is left);
 kvbench's side is `Engine.run` in event mode over a memory-only PagedKVCache (vLLM's
@@ -13,7 +15,7 @@ each time (building vLLM's scheduler is not timed).
 Metrics (measured here, host seconds): time (kvbench's run), time_vllm, ratio_vllm_over_kvbench
 (median of the per-repeat ratios; the spread holds every repeat's ratio), steps (both
 sides, equal or the case fails), load_avg (1-minute load average at the start, from
-/proc/loadavg: this machine is shared). 2,000 requests by default; 10,000 as well under
+/proc/loadavg: this machine is shared). 1,000 requests by default; 10,000 as well under
 --full. Skipped (left out of the grid with the reason) where vLLM is absent.
 """
 
@@ -40,17 +42,18 @@ def _cases(full: bool) -> list[Case]:
     if missing is not None:
         log.info("peers.scheduler_speed left out: %s", missing)
         return []
-    sizes = (2_000, 10_000) if full else (2_000,)
+    sizes = (1_000, 10_000) if full else (1_000,)
     return [
         {
             "requests": n,
-            "block_size": 16,
-            "num_blocks": 6_000,
+            "block_size": bs,
+            "num_blocks": 160_000 // bs,  # 160k token slots either way
             "max_num_seqs": 256,
             "max_batched_tokens": 8_192,
             "mode": "event",
         }
         for n in sizes
+        for bs in (16, 32)
     ]
 
 
@@ -75,15 +78,12 @@ def scheduler_speed(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.suites.conformance.peer_vllm_scheduler import (
         Case as Pair,
     )
-    from kvbench.suites.conformance.peer_vllm_scheduler import (
-        VllmDriver,
-        engine_for,
-        sharegpt_like,
-        vllm_loop,
-    )
+    from kvbench.suites.conformance.peer_vllm_scheduler import VllmDriver, engine_for, vllm_loop
+    from kvbench.workloads.sharing import system_prompt, workload
 
     n = case["requests"]
-    trace = sharegpt_like(n, ctx.seed, systems=4, system_len=200)
+    w = workload("sharegpt")
+    trace = system_prompt(n, 200, w.prompt, w.output, seed=ctx.seed)
     pair = Pair(
         f"speed-{n}",
         trace,
