@@ -143,6 +143,7 @@ def peers(session: nox.Session) -> None:
         "suites/conformance/test_peers_vllm_fp8.py",
         "suites/conformance/test_peers_vllm_aot.py",
         "suites/conformance/test_peers_vllm_sliding_window_prefix.py",
+        "suites/conformance/test_peers_vllm_scheduler.py",
         "suites/tests/suites/bench/test_peer_sweeps.py",
         "suites/tests/suites/bench/test_serving_vllm_engine.py",
         "-rs",

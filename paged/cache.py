@@ -160,8 +160,11 @@ class PagedKVCache:
         k_scale: ScaleSpec | None = None,
         v_scale: ScaleSpec | None = None,
         scale_granularity: str = "tensor",
+        index_duplicates: bool = False,
     ) -> None:
         validate_geometry(geometry)
+        if not isinstance(index_duplicates, bool):
+            raise ConfigError(f"index_duplicates must be a bool, got {index_duplicates!r}")
         self.kv_quant = make_kv_quant(geometry, k_scale, v_scale, scale_granularity)
         make_queue(eviction_policy)  # ConfigError on an unknown name, before anything
         # block ids and slots go to kernels as int32; checked before anything is allocated
@@ -189,7 +192,11 @@ class PagedKVCache:
             store_kv=store_kv, backend=kernel_backend,
         )  # fmt: skip
         # the pool's bookkeeping after the tensors: a pool too big to hold fails first there
-        self.prefix = PrefixCache(key_fn) if enable_prefix_caching else None
+        self.prefix = (
+            PrefixCache(key_fn, index_duplicates=index_duplicates)
+            if enable_prefix_caching
+            else None
+        )
         self.pool = BlockPool(num_blocks, block_size, self.prefix, eviction_policy)
         cpu = CpuBlockPool(
             num_cpu_blocks,
@@ -329,11 +336,14 @@ class PagedKVCache:
 
     def prefix_hit(
         self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None
-    ) -> int:
-        """Prompt tokens an admission of `prompt` would serve from the prefix cache now
-        (full blocks, the last token never; 0 without prefix caching); changes nothing.
-        vLLM v1's scheduler sizes a first chunk from this before it allocates."""
-        return len(self._match(prompt, (salt, adapter_id))[1]) * self.block_size
+    ) -> tuple[int, int]:
+        """(prompt tokens an admission of `prompt` would serve from the prefix cache
+        now: full blocks, the last token never, 0 without prefix caching; the blocks it
+        would take from the free count, as `blocks_needed_to_admit`), from one match;
+        changes nothing. vLLM v1's scheduler sizes a first chunk from the hit and admits
+        only when the whole sequence fits."""
+        hits = self._match(prompt, (salt, adapter_id))[1]
+        return len(hits) * self.block_size, self._admission_cost(len(prompt), hits)
 
     def can_admit(
         self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None

@@ -41,6 +41,8 @@ class CacheSpec:
         store_kv: hold real KV tensors (slow; for small geometries in tests).
         geometry: overrides the preset's geometry (tests use tiny ones).
         num_blocks: overrides the budget's block count (tests).
+        index_duplicates: index a block that fills with content already cached too, as
+            vLLM's BlockHashToBlockMap (paged; `PrefixCache`); the vllm-v1 replays do.
     """
 
     kind: str = "paged"
@@ -54,6 +56,7 @@ class CacheSpec:
     store_kv: bool = False
     geometry: KVGeometry | None = None
     num_blocks: int | None = None
+    index_duplicates: bool = False
 
     def resolved_geometry(self) -> KVGeometry:
         return self.geometry or get_preset(self.model).geometry
@@ -77,6 +80,7 @@ class CacheSpec:
                 num_cpu_blocks=self.cpu_blocks or blocks,
                 enable_prefix_caching=self.prefix_caching,
                 store_kv=self.store_kv,
+                index_duplicates=self.index_duplicates,
             )
         if self.kind.startswith("contiguous-"):
             policy = self.kind.split("-", 1)[1]

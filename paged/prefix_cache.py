@@ -158,12 +158,22 @@ class PrefixCache:
     the block pool owns block states and calls `drop` when it evicts a cached block.
 
     Invariant: `_by_key` and `_by_block` are inverse bijections (checked by `check`).
+
+    `index_duplicates=True` indexes a block that fills with content another indexed
+    block already holds as well, as vLLM's BlockHashToBlockMap does (`_dups[key]`, in
+    insertion order): a lookup serves the oldest surviving block of the key; a duplicate
+    counts as cached, so it is freed to the LRU tail and evicted (`drop`) like any cached
+    block, and when the served block is evicted the next duplicate serves the key. The
+    default leaves the duplicate unindexed (a fresh block, reused first when freed).
     """
 
-    def __init__(self, key_fn: KeyFn = block_key) -> None:
+    def __init__(self, key_fn: KeyFn = block_key, *, index_duplicates: bool = False) -> None:
         self.key_fn = key_fn
         self._by_key: dict[bytes, int] = {}
         self._by_block: dict[int, _Entry] = {}
+        self.index_duplicates = index_duplicates
+        #: later blocks of a key already served by `_by_key` (index_duplicates only)
+        self._dups: dict[bytes, list[int]] = {}
         self.lookups = 0
         self.queried_tokens = 0
         self.hit_blocks = 0
@@ -178,7 +188,7 @@ class PrefixCache:
         self._key_memo: dict[tuple[bytes | None, tuple[int, ...], ExtraKeys], bytes] = {}
 
     def __len__(self) -> int:
-        return len(self._by_key)
+        return len(self._by_block)
 
     def is_cached(self, block: int) -> bool:
         return block in self._by_block
@@ -276,8 +286,16 @@ class PrefixCache:
         """Index a full block under `key`; False (nothing changes) if the key is taken
         (another block already holds this prefix) or the block is already indexed."""
         by_key, by_block = self._by_key, self._by_block
-        if key in by_key or block in by_block:
+        if block in by_block:
             return False
+        if key in by_key:
+            if not self.index_duplicates:
+                return False
+            self._dups.setdefault(key, []).append(block)
+            by_block[block] = _new_entry(
+                _Entry, (key, parent, tokens if type(tokens) is tuple else tuple(tokens), extra)
+            )
+            return True
         by_key[key] = block
         by_block[block] = _new_entry(
             _Entry, (key, parent, tokens if type(tokens) is tuple else tuple(tokens), extra)
@@ -295,6 +313,11 @@ class PrefixCache:
         """`insert` each (blocks[i], keys[i], chunks[i]) of a chain in order, the parent
         of each the key before it (`parent` for the first): a replay's bulk indexing."""
         by_key, by_block = self._by_key, self._by_block
+        if self.index_duplicates:
+            for block, key, chunk in zip(blocks, keys, chunks, strict=True):
+                self.insert(block, key, parent, chunk, extra)
+                parent = key
+            return
         for block, key, chunk in zip(blocks, keys, chunks, strict=True):
             if key not in by_key and block not in by_block:
                 by_key[key] = block
@@ -304,12 +327,29 @@ class PrefixCache:
     def drop(self, block: int) -> None:
         """Forget a block (the pool is reallocating it)."""
         entry = self._by_block.pop(block)
-        del self._by_key[entry.key]
+        self._unkey(entry.key, block)
         self.evictions += 1
+
+    def _unkey(self, key: bytes, block: int) -> None:
+        """Take `block` out of the key index (its next duplicate then serves the key)."""
+        dups = self._dups.get(key) if self._dups else None
+        if dups is None:
+            del self._by_key[key]
+        elif self._by_key[key] == block:
+            self._by_key[key] = dups.pop(0)
+        else:
+            dups.remove(block)
+        if dups is not None and not dups:
+            del self._dups[key]
 
     def drop_many(self, blocks: Sequence[int]) -> None:
         """`drop` each block in order (the pool is reallocating them)."""
         pop, by_key = self._by_block.pop, self._by_key
+        if self._dups:
+            for block in blocks:
+                self._unkey(pop(block)[0], block)
+                self.evictions += 1
+            return
         for block in blocks:
             del by_key[pop(block)[0]]
             self.evictions += 1
@@ -325,6 +365,7 @@ class PrefixCache:
         return (
             dict(self._by_key),
             dict(self._by_block),
+            {k: list(v) for k, v in self._dups.items()},
             self.lookups,
             self.queried_tokens,
             self.hit_blocks,
@@ -334,7 +375,10 @@ class PrefixCache:
 
     def check(self) -> None:
         """Assert the index is a bijection and every entry's key matches its content."""
-        assert len(self._by_key) == len(self._by_block)
+        assert len(self._by_key) + sum(map(len, self._dups.values())) == len(self._by_block)
+        for key, blocks in self._dups.items():
+            assert blocks and key in self._by_key, f"duplicates of an unserved key {key!r}"
+            assert all(self._by_block[b].key == key for b in blocks), "a duplicate's key"
         for key, block in self._by_key.items():
             entry = self._by_block[block]
             assert entry.key == key, f"block {block} indexed under a key not its own"

@@ -64,6 +64,10 @@ class ServingSetup:
     weight_bytes: int = 0
     quoted_slots: int = 0
     kv_dtype: str = ""
+    #: whose scheduling decisions replays of this set-up make by default
+    #: (`SchedulerConfig.policy`): the paper's set-ups the 2023 paper's vLLM, a modern
+    #: one vLLM v1's scheduler
+    scheduler: str = "vllm-2023"
 
     @property
     def preset(self) -> ModelPreset:
@@ -169,6 +173,7 @@ SETUPS: dict[str, ServingSetup] = {
             "activations per GPU leaves ~50 GB of KV per GPU, taken as 400 GiB (1.31M "
             "slots); 128K-token context (Llama 3.1), which the trace's longest request "
             "(126,527 tokens) needs",
+            scheduler="vllm-v1",
         ),
     )
 }

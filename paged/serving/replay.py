@@ -48,19 +48,34 @@ def serve_trace(
 ) -> SimulationResult:
     """Replay `trace` at `time_scale` on `setup`'s paged cache with prefix caching
     (preemption by the cost model, the engine's event mode unless `config` says
-    otherwise). `result.info["kv_blocks"]` is the cache's block count."""
-    spec = setup_spec(setup, "paged", block_size, prefix_caching=True)
+    otherwise; the set-up's scheduler policy, `ServingSetup.scheduler`, unless `config`
+    is given). Under policy vllm-v1 the cache is vLLM v1's: no watermark (vLLM's
+    default 0) and duplicate full blocks indexed. `result.info["kv_blocks"]` is the
+    cache's block count."""
+    config = config or SchedulerConfig(policy=setup.scheduler)
+    v1 = config.policy == "vllm-v1"
+    spec = setup_spec(
+        setup,
+        "paged",
+        block_size,
+        prefix_caching=True,
+        **({"watermark": 0.0, "index_duplicates": True} if v1 else {}),
+    )
     with gc_paused():  # a whole-trace replay holds millions of index entries
         result = simulate(
             time_scaled(trace, time_scale),
             spec,
             profile=setup.profile,
-            config=replace(config or SchedulerConfig(), preemption="auto"),
+            config=replace(config, preemption="auto"),
             progress=progress,
             time_model=setup_time_model(setup, block_size),
         )
     result.info.update(
-        setup=setup.name, time_scale=float(time_scale), kv_blocks=spec.blocks(), modeled=True
+        setup=setup.name,
+        time_scale=float(time_scale),
+        kv_blocks=spec.blocks(),
+        modeled=True,
+        scheduler=config.policy,
     )
     return result
 

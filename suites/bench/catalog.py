@@ -11,6 +11,7 @@ from kvbench.suites.bench.sweeps import (  # noqa: F401
     kv_specs,
     peers,
     predicted,
+    scheduler_speed,
     scheduling,
     serving,
     serving_kv_dtype,

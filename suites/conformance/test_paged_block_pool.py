@@ -163,3 +163,40 @@ def test_a_hash_collision_is_a_miss_not_wrong_kv() -> None:
     assert cache.match([4, 5, 0], extra, 2, 1)[1] == []  # same key, other tokens
     assert cache.match([1, 2, 0], ("s", None), 2, 1)[1] == []  # same key, other salt
     assert not cache.insert(4, b"same", None, [4, 5], extra)  # the key is taken
+
+
+@pytest.mark.parametrize("index_duplicates", [False, True])
+def test_a_duplicate_full_block_is_indexed_only_under_vllms_rule(index_duplicates: bool) -> None:
+    """Two blocks fill with the same content: kvbench's default leaves the second
+    unindexed (a fresh block, reused first when freed); `index_duplicates` indexes both
+    as vLLM's BlockHashToBlockMap does: the first serves the key, the second is cached
+    (freed to the LRU tail) and serves the key once the first is evicted."""
+    pool = BlockPool(4, 2, PrefixCache(index_duplicates=index_duplicates))
+    assert pool.prefix is not None
+    a, b = pool.allocate(), pool.allocate()
+    key = _cache(pool, a, [7, 7])
+    dup = pool.prefix.insert(b, key, None, [7, 7], (None, None))
+    pool.set_fill(b, 2)
+    assert dup == index_duplicates
+    assert pool.prefix.is_cached(b) == index_duplicates
+    assert pool.prefix.get(key, None, [7, 7], (None, None)) == a
+    pool.check()
+    pool.release([a])
+    pool.release([b])
+    if index_duplicates:  # both evictable, LRU: a then b
+        assert pool.lru_order() == [a, b]
+        pool.allocate_many(3)  # the two never-used blocks, then a is evicted
+        assert pool.prefix.get(key, None, [7, 7], (None, None)) == b
+    else:  # b went back to the free stack, reused before any cached block
+        assert pool.free_stack()[-1] == b
+        assert pool.allocate() == b
+    pool.check()
+
+
+def test_index_duplicates_must_be_a_bool() -> None:
+    from kvbench.paged.cache import PagedKVCache
+    from kvbench.workloads.errors import ConfigError
+    from kvbench.workloads.geometry import KVGeometry
+
+    with pytest.raises(ConfigError, match="index_duplicates must be a bool, got 'yes'"):
+        PagedKVCache(KVGeometry(1, 1, 4, "float32"), 8, 4, index_duplicates="yes")  # type: ignore[arg-type]

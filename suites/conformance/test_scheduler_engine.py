@@ -193,3 +193,52 @@ def test_simulate_cli(tmp_path, capsys) -> None:
     assert sum(row["span"] for row in timeline) == rows[0]["steps"]
     assert main(["simulate", "--requests", "5", "--cache", "bogus", "--quiet"]) == 2
     assert "bogus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"policy": "vllm-v2"}, "unknown policy 'vllm-v2'"),
+        ({"policy": "vllm-v1", "preemption": "swap"}, "preemption='swap'"),
+        ({"policy": "vllm-v1", "batching": "static"}, "batching='static'"),
+        ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold .* -1"),
+        ({"long_prefill_token_threshold": True}, "long_prefill_token_threshold .* True"),
+    ],
+)
+def test_bad_scheduler_policy_names_the_value(kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        SchedulerConfig(**kwargs)
+
+
+def test_vllm_v1_refuses_n_sample_and_beam_requests_before_the_run() -> None:
+    cache = PagedKVCache(GEOM, 16, 4, store_kv=False)
+    cfg = SchedulerConfig(max_num_seqs=4, preemption="recompute", policy="vllm-v1")
+    for extra in ({"n": 2}, {"beam_width": 2}):
+        trace = Trace((TraceRequest("a", 0.0, 8, 4), TraceRequest("b", 0.0, 8, 4, **extra)))
+        with pytest.raises(ConfigError, match="trace line 3: request 'b'"):
+            Engine(cache, cfg, TM).run(trace)
+        assert cache.request_ids() == []
+
+
+def test_vllm_v1_budget_goes_in_running_order() -> None:
+    """An older request still prefilling takes the budget before younger decoders: with
+    a threshold, two long prompts share the budget and a decoder admitted between them
+    waits while the first uses it up (vLLM's running order, not decodes first)."""
+    reqs = (
+        TraceRequest("long", 0.0, 40, 2),
+        TraceRequest("short", 0.0, 4, 6),
+    )
+    cfg = SchedulerConfig(
+        max_batched_tokens=8, max_num_seqs=4, preemption="recompute", policy="vllm-v1",
+        mode="token",
+    )  # fmt: skip
+    seen: list[dict[str, int]] = []
+    eng = Engine(PagedKVCache(GEOM, 64, 4, store_kv=False), cfg, TM)
+    assert eng.v1 is not None
+    eng.v1.on_step = lambda d: seen.append(dict(d.scheduled))
+    eng.run(Trace(reqs))
+    # step 0: "long" takes all 8 tokens (it is first); "short" waits for budget
+    assert seen[0] == {"long": 8}
+    # "long" prefills 40 tokens in 5 steps; "short" is admitted only once budget is left
+    assert [s.get("short", 0) for s in seen[:5]] == [0, 0, 0, 0, 0]
+    assert seen[5] == {"long": 1, "short": 4}

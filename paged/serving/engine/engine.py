@@ -18,6 +18,10 @@ relies on and leaves, and `Engine.check` asserts those invariants between steps)
 7. `skip_quiet` (event mode): the stretch of steps in which nothing but non-allocating
    decode happens is skipped, its time and metrics summed in closed form.
 
+Under `SchedulerConfig(policy="vllm-v1")` a step is vLLM v1's instead
+(`engine.v1.V1Policy.step`: one budget over running requests in order, then waiting
+ones), over the same state, decoder lines and records.
+
 The phases are methods of `Engine`; what they share is passed, never inherited. The run
 state is `st` (`state.EngineState`: queues, calendar, aggregates, totals, and the queue
 operations add_running / remove_running / finish), and the phases call three named

@@ -48,14 +48,15 @@ decisions and times as stepping them (the property suite compares both modes).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
-from kvbench.paged.serving.engine.clock import arrival_step, span_ps
-from kvbench.paged.serving.engine.sequence import NEVER, RUNNING, WAITING, Seq
+from kvbench.paged.serving.engine.sequence import RUNNING, WAITING, Seq, by_order
+from kvbench.paged.serving.engine.validate import SchedulerError
 from kvbench.workloads.errors import CapacityError, ConfigError
 from kvbench.workloads.trace import TraceRequest
 
@@ -102,7 +103,7 @@ class V1Policy:
         cache = engine.cache
         traits = engine.traits
         self.prefix = traits.prefix_caching
-        self.hit_of: Callable[..., int] | None = getattr(cache, "prefix_hit", None)
+        self.hit_of: Callable[..., tuple[int, int]] | None = getattr(cache, "prefix_hit", None)
         if self.prefix and self.hit_of is None:
             raise ConfigError(
                 f"{type(cache).__name__} caches prefixes but has no prefix_hit(): the "
@@ -111,6 +112,8 @@ class V1Policy:
         self.bs = traits.block_size
         self.stats = V1Stats()
         self.on_step: Callable[[V1Decision], None] | None = None
+        #: contexts of the decoders the budget starved in this step (not priced)
+        self.starved: list[int] = []
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -120,7 +123,12 @@ class V1Policy:
         p = len(prompt)
         if b <= p:
             return list(prompt[a:b])
-        out = [seq.token(i) for i in range(max(a, p), b)]
+        lo = max(a, p)
+        given = seq.out_tokens
+        if given is None:  # synthetic outputs: consecutive ids from out_base
+            out = list(range(seq.out_base + lo - p, seq.out_base + b - p))
+        else:
+            out = list(given[lo - p : b - p])
         return list(prompt[a:p]) + out if a < p else out
 
     def _grow(self, seq: Seq, start: int, n: int) -> None:
@@ -129,12 +137,23 @@ class V1Policy:
         self.e.lines.append(seq, start, n, self.ids(seq, start, start + n) if self.prefix else None)
 
     def _preempt(self, victim: Seq) -> None:
-        """Recompute: free the victim, reset it and queue it at its arrival place."""
-        st = self.e.st
-        self.e.cache.free(victim.sid)
-        if victim in st.prefilling:
+        """Recompute: free the victim (a decoder's deferred tokens flushed first, so its
+        full blocks are keyed as vLLM's are), reset it and queue it at its place."""
+        e = self.e
+        st = e.st
+        if victim.decoding:
+            t = st.t
+            c = victim.base_c + (t - victim.base_step)
+            victim.generated = victim.base_g + (t - victim.base_step)
+            if c > victim.synced:  # deferred tokens, keyed as vLLM keys them
+                self._grow(victim, victim.synced, c - victim.synced)
+                st.agg_sync += c - victim.synced
+                victim.synced = c
+            e.lines.stop(victim)
+        elif victim in st.prefilling:
             st.prefilling.remove(victim)
-        victim.state, victim.decoding, victim.computed = WAITING, False, 0
+        e.cache.free(victim.sid)
+        victim.state, victim.computed = WAITING, 0
         victim.target = len(victim.prompt) + victim.generated
         heappush(st.waiting, (victim.order, victim))
         victim.rec.preemptions += 1
@@ -152,14 +171,18 @@ class V1Policy:
         cache = e.cache
         total = len(seq.prompt) + seq.generated
         tokens = seq.prompt if total == len(seq.prompt) else self.ids(seq, 0, total)
-        hit = self.hit_of(tokens, salt=seq.salt) if self.hit_of is not None and self.prefix else 0
+        hit = need = 0
+        if self.hit_of is not None:
+            hit, need = self.hit_of(tokens, salt=seq.salt)
+        elif self.bs:
+            need = cache.blocks_needed_to_admit(tokens, salt=seq.salt)
         n = total - hit
         if 0 < thr < n:
             n = thr
         if not e.cfg.chunked_prefill and n > budget:
             return None
         n = min(n, budget)
-        if self.bs and cache.blocks_needed_to_admit(tokens, salt=seq.salt) > cache.num_free_blocks:
+        if self.bs and need > cache.num_free_blocks:
             return None  # the whole sequence must fit now (scheduler_reserve_full_isl)
         part = tokens if hit + n == total else tokens[: hit + n]
         try:
@@ -186,7 +209,10 @@ class V1Policy:
         nothing is queued); False when the run is over."""
         e = self.e
         st, cfg = e.st, e.cfg
+        joined = st.next_arrival
         e.arrivals()
+        if st.next_arrival != joined:
+            st.epoch += 1  # the queue grew: the chunk threshold may apply now
         running, waiting = st.running, st.waiting
         if not running and not waiting:
             if st.next_arrival >= len(e.reqs):
@@ -196,133 +222,242 @@ class V1Policy:
         t = st.t
         st.processed += 1
         st.preempted = False
-        budget = cfg.max_batched_tokens
         thr = cfg.long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0
-        sched: list[tuple[Seq, int, int]] = []
-        dec = self.on_step is not None
-        decision = V1Decision(t) if dec else None
-        i = 0
-        while i < len(running) and budget > 0:
-            seq = running[i]
-            start = seq.computed
-            n = len(seq.prompt) + seq.generated - start
-            if 0 < thr < n:
-                n = thr
-            if n > budget:
-                n = budget
-            while True:
-                try:
-                    self._grow(seq, start, n)
-                    break
-                except CapacityError:
-                    victim = running.pop()
-                    self._preempt(victim)
-                    if decision is not None:
-                        decision.preempted.append(victim.sid)
-                    if victim is seq:
-                        break
-            if seq.state is not RUNNING:
-                break
-            sched.append((seq, start, n))
-            budget -= n
-            i += 1
+        log = V1Decision(t) if self.on_step is not None else None
+        chunks, decoded, used = self._run_running(t, thr, log)
         admitted = False
         if not st.preempted:
-            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-                seq = waiting[0][1]
-                got = self._admit(seq, budget, thr)
-                if got is None:
-                    break
-                hit, n = got
-                heappop(waiting)
-                admitted = True
-                st.epoch += 1
-                st.events += 1
-                seq.state, seq.computed = RUNNING, hit
-                if seq.rec.admit_step < 0:
-                    seq.rec.admit_step = t
-                    seq.rec.cached_tokens = hit
-                running.append(seq)
-                st.prefilling.append(seq)
-                self._grow(seq, hit, n)
-                sched.append((seq, hit, n))
-                budget -= n
-                if decision is not None:
-                    decision.hits[seq.sid] = hit
-        self._finish_step(t, sched, decision, admitted)
+            admitted = self._admit_waiting(t, cfg.max_batched_tokens - used, thr, chunks, log)
+        self._finish_step(t, chunks, decoded, admitted, log)
         return True
 
-    def _finish_step(
-        self, t: int, sched: list[tuple[Seq, int, int]], decision: V1Decision | None, admitted: bool
-    ) -> None:
-        """The model's part: sample, finish and free, price and record step t; then,
-        in event mode, skip the quiet stretch that follows."""
+    def _run_running(
+        self, t: int, thr: int, log: V1Decision | None
+    ) -> tuple[list[tuple[Seq, int, int]], list[tuple[Seq, int]], int]:
+        """The running pass: budget in running order (a decoder 1 token, a prefill its
+        chunk), allocation with recompute preemption of the last running request; the
+        decoders with no event this step advance on their lines without a cache call.
+        Returns the prefill chunks (seq, start, n), the decoders that appended here
+        (seq, context) and the budget used."""
         e = self.e
-        st = e.st
-        decoders = kv_read = 0
-        chunks: list[tuple[int, int]] = []
-        wins = e.lines.windows
-        excess = [0] * len(wins)
-        finished: list[Seq] = []
-        for seq, start, n in sched:
-            seq.computed = start + n
+        st, lines = e.st, e.lines
+        running = st.running
+        budget = e.cfg.max_batched_tokens
+        items = sorted((*lines.due(t), *st.prefilling), key=by_order)
+        chunks: list[tuple[Seq, int, int]] = []
+        decoded: list[tuple[Seq, int]] = []
+        chunked = prefills_before = 0
+        cutoff = -1  # running index from which nothing gets budget
+        last = -1
+        broke = False
+        for seq in items:
+            if seq.state is not RUNNING:
+                continue  # preempted earlier in this step
+            j = bisect_left(running, seq.order, key=by_order)
+            left = budget - (j - prefills_before) - chunked
+            if left <= 0:
+                cutoff, broke = j, True
+                break
+            last = j
             if seq.decoding:
-                decoders += 1
-                kv_read += start + 1
-                for k, w in enumerate(wins):
-                    if start + 1 > w:
-                        excess[k] += start + 1 - w
+                c = seq.base_c + (t - seq.base_step)
+                if not self._append(seq, seq.synced, c + 1 - seq.synced, log):
+                    broke = True
+                    break
+                self._advance(seq, t, c)
+                decoded.append((seq, c))
             else:
-                chunks.append((start, n))
+                start = seq.computed
+                n = len(seq.prompt) + seq.generated - start
+                if 0 < thr < n:
+                    n = thr
+                n = min(n, left)
+                if not self._append(seq, start, n, log):
+                    broke = True
+                    break
+                chunks.append((seq, start, n))
+                chunked += n
+                prefills_before += 1
+        if not broke:  # the decoders after the last item take a token each, if left
+            spent = (last + 1 - prefills_before) + chunked
+            if spent + len(running) - 1 - last > budget:
+                cutoff = last + 1 + (budget - spent)
+        if st.preempted:
+            return chunks, decoded, budget  # no admission after a preemption
+        if cutoff >= 0:
+            self._starve(t, running[cutoff:])
+            return chunks, decoded, budget
+        return chunks, decoded, len(running) - len(st.prefilling) + chunked
+
+    def _append(self, seq: Seq, start: int, n: int, log: V1Decision | None) -> bool:
+        """Append n tokens of `seq` from `start`, preempting the last running request
+        until they fit; False when `seq` itself was preempted."""
+        st = self.e.st
+        while True:
+            try:
+                self._grow(seq, start, n)
+                return True
+            except CapacityError:
+                victim = st.running.pop()
+                self._preempt(victim)
+                if log is not None:
+                    log.preempted.append(victim.sid)
+                if victim is seq:
+                    return False
+
+    def _advance(self, seq: Seq, t: int, c: int) -> None:
+        """A decoder appended its step-t token at position c (with its deferred ones):
+        synced, its line rebased (the aggregates unchanged), its next event queued or
+        its finish noted."""
+        st, lines, bs = self.e.st, self.e.lines, self.bs
+        g = seq.base_g + (t - seq.base_step)
+        st.agg_sync += c + 1 - seq.synced
+        seq.synced = c + 1
+        if bs and (c % bs == 0 or (seq.hashed and (c + 1) % bs == 0)):
+            st.epoch += 1  # allocated a block, or filled one a prompt could match
+        seq.generated = g + 1
+        seq.base_step, seq.base_c, seq.base_g = t + 1, c + 1, g + 1
+        if lines.windows:
+            lines.classify(seq, c - t, c + 1)
+        if g + 1 >= seq.req.output_len:
+            seq.version += 1  # no further events
+            st.finished_now.append(seq)
+        else:
+            lines.schedule(seq, t + 1)
+
+    def _starve(self, t: int, seqs: list[Seq]) -> None:
+        """The budget ran out before these running requests: a decoder among them
+        does not advance in step t (its line restarts at t + 1 where it is now)."""
+        lines = self.e.lines
+        for seq in seqs:
+            if not seq.decoding:
+                continue
+            c = seq.base_c + (t - seq.base_step)
+            g = seq.base_g + (t - seq.base_step)
+            synced = seq.synced
+            lines.stop(seq)
+            seq.generated = g
+            self.starved.append(c)
+            lines.start(seq, t + 1, c, synced)
+
+    def _admit_waiting(
+        self,
+        t: int,
+        budget: int,
+        thr: int,
+        chunks: list[tuple[Seq, int, int]],
+        log: V1Decision | None,
+    ) -> bool:
+        """Waiting requests FCFS while budget and max_num_seqs allow and the cache
+        admits them (event mode does not retry a refusal until the cache, the queue
+        head, the running count or the budget changed: `fail_key`)."""
+        e = self.e
+        st, cfg = e.st, e.cfg
+        waiting, running = st.waiting, st.running
+        admitted = False
+        if not waiting:
+            return False
+        key = (st.epoch, waiting[0][0], len(running), budget)
+        if e.event_mode and key == st.fail_key:
+            return False
+        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            seq = waiting[0][1]
+            got = self._admit(seq, budget, thr)
+            if got is None:
+                break
+            hit, n = got
+            heappop(waiting)
+            admitted = True
+            st.epoch += 1
+            st.events += 1
+            seq.state, seq.computed = RUNNING, hit
+            # output blocks are keyed at every append (`_grow`); their fills are events
+            # only where a prompt could hold output ids (the engine's "auto" rule)
+            seq.hashed = self.prefix and (seq.out_tokens is not None or e.big_prompt_ids)
+            if seq.rec.admit_step < 0:
+                seq.rec.admit_step = t
+                seq.rec.cached_tokens = hit
+            running.append(seq)
+            st.prefilling.append(seq)
+            self._grow(seq, hit, n)
+            chunks.append((seq, hit, n))
+            budget -= n
+            if log is not None:
+                log.hits[seq.sid] = hit
+        if waiting:
+            st.fail_key = (st.epoch, waiting[0][0], len(running), budget)
+        return admitted
+
+    def _finish_step(
+        self,
+        t: int,
+        chunks: list[tuple[Seq, int, int]],
+        decoded: list[tuple[Seq, int]],
+        admitted: bool,
+        log: V1Decision | None,
+    ) -> None:
+        """The model's part: chunks advance, completed prefills sample and become
+        decoders; price, retire, record step t; then (event mode) skip what is quiet."""
+        e = self.e
+        st, lines = e.st, e.lines
+        wins = lines.windows
+        d = st.agg_d
+        kv_read = st.agg_a + d * t + d  # every decoder's c + 1 (a starved one's c)
+        excess = [a + n * (t + 1 - w) for a, n, w in zip(st.win_a, st.win_d, wins, strict=True)]
+        for c in self.starved:  # a starved decoder reads nothing in step t
+            d -= 1
+            kv_read -= c
+            for k, w in enumerate(wins):
+                if c > w:
+                    excess[k] -= c - w
+        self.starved.clear()
+        st.kv_excess = excess
+        cost: list[tuple[int, int]] = []
+        finished = st.finished_now
+        for seq, start, n in chunks:
+            seq.computed = start + n
+            cost.append((start, n))
             if seq.computed < len(seq.prompt) + seq.generated:
                 continue  # a chunk of a prefill that goes on
-            if not seq.decoding:
-                seq.decoding = True
-                st.prefilling.remove(seq)
+            st.prefilling.remove(seq)
             seq.generated += 1
             if seq.rec.first_token_step < 0:
                 seq.rec.first_token_step = t
                 st.first_now.append(seq.rec)
             if seq.generated >= seq.req.output_len:
                 finished.append(seq)
-        st.kv_excess = excess
-        step_ps = e._price(decoders, kv_read, chunks)
-        if e.step_hook is not None:  # decoders (id, context) and chunks (id, start, n)
-            ran = [(s.sid, a) for s, a, n in sched if s.decoding and s not in finished]
-            log = [(s.sid, a, n) for s, a, n in sched if not (s.decoding and a == s.computed - 1)]
-            measured = e.step_hook(t, ran, log, step_ps)
+            else:
+                lines.start(seq, t + 1, seq.computed, seq.computed)
+        step_ps = e._price(d, kv_read, cost)
+        if e.step_hook is not None:  # token mode: every decoder appended here
+            ran = [(s.sid, c) for s, c in decoded if s.state is RUNNING]
+            logged = [(s.sid, a, n) for s, a, n in chunks]
+            measured = e.step_hook(t, ran, logged, step_ps)
             step_ps = step_ps if measured is None else int(measured)
         st.peak = max(st.peak, len(st.running))
-        for seq in finished:
-            st.running.remove(seq)
-            seq.decoding = False
-            e.cache.free(seq.sid)
-            st.epoch += 1
-            st.finish(seq, t)
-        st.agg_d = decoders
-        occupancy = e.cache.occupancy()
-        e._record(t, 1, occupancy, occupancy[3], occupancy[3], step_ps)
+        had_finishes = bool(finished)
+        if log is not None:
+            sched = [(s, 1) for s, _ in decoded] + [(s, n) for s, _, n in chunks]
+            sched.sort(key=lambda x: x[0].order)
+            log.scheduled = {s.sid: n for s, n in sched}
+            log.finished = sorted(s.sid for s in finished)
+        e.retire(t)
+        occupancy = e._record_step(t, step_ps)
         e._stamp_times()
         e._report_progress()
-        if decision is not None and self.on_step is not None:
-            decision.scheduled = {s.sid: n for s, _, n in sched}
-            decision.finished = [s.sid for s in finished]
-            decision.used_blocks = occupancy[1]
-            self.on_step(decision)
-        self._guard(t, bool(sched or finished), admitted)
+        if log is not None and self.on_step is not None:
+            log.used_blocks = occupancy[1]
+            self.on_step(log)
+        self._guard(bool(decoded or chunks or had_finishes or d), admitted)
         st.t = t + 1
-        quiet = not chunks and not finished and not admitted and not st.preempted
-        if e.event_mode and quiet and decoders and decoders == len(st.running):
-            self._skip(t + 1, occupancy)
+        if e.event_mode and not st.prefilling and not had_finishes and not st.preempted:
+            st.t = e.skip_quiet(t, occupancy)
 
-    def _guard(self, t: int, progressed: bool, admitted: bool) -> None:
+    def _guard(self, progressed: bool, admitted: bool) -> None:
         """A queue head that can never be admitted (nothing running, nothing held):
         SchedulerError instead of looping."""
-        from kvbench.paged.serving.engine.validate import SchedulerError
-
         st = self.e.st
         if progressed or admitted or st.running:
-            st.barren = 0
             return
         if st.waiting and not self.e.cache.request_ids():
             head = st.waiting[0][1]
@@ -330,60 +465,6 @@ class V1Policy:
                 f"request {head.req.id!r} cannot be admitted even into an empty cache "
                 f"({len(head.prompt) + head.generated} tokens)"
             )
-
-    def _skip(self, first: int, occupancy: tuple[int, int, int, int, int]) -> None:
-        """Event mode: run the quiet steps first .. stop - 1 (module docstring) as one
-        append per decoder and one timeline row."""
-        e = self.e
-        st = e.st
-        bs = self.bs
-        wins = e.lines.windows
-        watch_fills = bool(st.waiting) and self.prefix
-        k = NEVER
-        total = 0
-        for seq in st.running:
-            c = seq.computed  # KV length at the start of step `first`
-            total += c
-            j = seq.req.output_len - seq.generated - 1  # steps before its last token
-            if bs:
-                j = min(j, (-c) % bs)  # before the step that needs a block
-                if watch_fills:
-                    j = min(j, (-c - 1) % bs)  # before the step that fills one
-            for w in wins:
-                if c < w:
-                    j = min(j, w - c)  # before its context passes the window
-            k = min(k, j)
-        if k <= 0 or k >= NEVER:
-            return
-        d = len(st.running)
-        a = total - d * first
-        if st.next_arrival < len(e.reqs) and not e.capped():
-            arrival = e.arrivals_ps[st.next_arrival]
-            wins_agg = self._wins(first)
-            stop = arrival_step(first, st.now_ps, arrival, a, d, e.tm, first + k, wins_agg)
-            k = min(k, stop - first)
-            if k <= 0:
-                return
-        cost = span_ps(e.tm, first, k, a, d, self._wins(first))
-        for seq in st.running:
-            c = seq.computed
-            self._grow(seq, c, k)
-            seq.computed = c + k
-            seq.generated += k
-        base = occupancy[3]
-        live_first = base + d
-        live_sum = k * base + d * k * (k + 1) // 2
-        st.agg_d = d
-        e._record(first, k, occupancy, live_first, live_sum, cost)
-        st.t = first + k
-
-    def _wins(self, first: int) -> tuple[tuple[int, int, int], ...]:
-        """(window, a_W, d_W) of the running decoders at step `first` (`clock`)."""
-        out = []
-        for w in self.e.lines.windows:
-            past = [s.computed for s in self.e.st.running if s.computed >= w]
-            out.append((w, sum(past) - len(past) * first, len(past)))
-        return tuple(out)
 
     def begin(self, requests: Sequence[TraceRequest]) -> None:
         """Refuse what vLLM v1's scheduler has no rule for here: n-sample and beam
@@ -406,8 +487,18 @@ class V1Policy:
         assert all(s.state is RUNNING for s in running), "a running sequence is not RUNNING"
         assert all(s.state is WAITING for _, s in st.waiting), "a waiting one is not WAITING"
         assert set(cache.request_ids()) == {s.sid for s in running}, "cache != running"
+        t = st.t
+        decoders = [s for s in running if s.decoding]
         for s in running:
-            assert cache.seq_len(s.sid) == s.computed, f"{s.sid}: cache length != computed"
             assert s.decoding == (s not in st.prefilling), f"{s.sid}: decoding flag"
-            total = len(s.prompt) + s.generated
-            assert s.computed == total - 1 if s.decoding else s.computed < total, s.sid
+            if not s.decoding:
+                assert cache.seq_len(s.sid) == s.computed, f"{s.sid}: cache length != computed"
+                assert s.computed < len(s.prompt) + s.generated, f"{s.sid}: prefill done"
+                continue
+            c = s.base_c + (t - s.base_step)
+            assert cache.seq_len(s.sid) == s.synced <= c, f"{s.sid}: synced past its line"
+            assert c == len(s.prompt) + s.base_g + (t - s.base_step) - 1, f"{s.sid}: line"
+            assert s.event_step >= t, f"{s.sid}: an event in the past"
+        assert st.agg_d == len(decoders), "decoder count"
+        assert st.agg_a == sum(s.base_c - s.base_step for s in decoders), "aggregate A"
+        assert st.agg_sync == sum(s.synced for s in decoders), "synced sum"

@@ -76,6 +76,7 @@ def _cases(full: bool) -> list[Case]:
         "window_s": window,
         "slo_ttft_s": SLO_TTFT_S,
         "slo_tpot_s": SLO_TPOT_S,
+        "scheduler": "vllm-v1",  # the set-up's policy (`ServingSetup.scheduler`)
     }
     out: list[Case] = [{**base, "view": "grid", "time_scale": s} for s in TIME_SCALES]
     out.append({**base, "view": "search"})
