@@ -52,6 +52,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "kernel.static": (COMPILED,),
     "peers.pool_ops": (MEASURED,),
     "peers.trace_replay": (MEASURED,),
+    "peers.scheduler_speed": (MEASURED,),
     "peers.cpu_decode": (MEASURED,),
     "serving.batch": (COUNTED, MODELED),
     "serving.block_size": (COUNTED, MODELED),

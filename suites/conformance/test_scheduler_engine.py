@@ -213,8 +213,9 @@ def test_bad_scheduler_policy_names_the_value(kwargs: dict, match: str) -> None:
 def test_vllm_v1_refuses_n_sample_and_beam_requests_before_the_run() -> None:
     cache = PagedKVCache(GEOM, 16, 4, store_kv=False)
     cfg = SchedulerConfig(max_num_seqs=4, preemption="recompute", policy="vllm-v1")
-    for extra in ({"n": 2}, {"beam_width": 2}):
-        trace = Trace((TraceRequest("a", 0.0, 8, 4), TraceRequest("b", 0.0, 8, 4, **extra)))
+    for n, width in ((2, 1), (1, 2)):
+        b = TraceRequest("b", 0.0, 8, 4, n=n, beam_width=width)
+        trace = Trace((TraceRequest("a", 0.0, 8, 4), b))
         with pytest.raises(ConfigError, match="trace line 3: request 'b'"):
             Engine(cache, cfg, TM).run(trace)
         assert cache.request_ids() == []

@@ -27,6 +27,9 @@ from kvbench.suites.peers.kvbench_adapter import KVBenchAllocator, KVBenchAttent
 from kvbench.workloads.errors import KVBenchError
 
 PEER_SWEEPS = ("peers.pool_ops", "peers.trace_replay", "peers.cpu_decode")
+#: every peers.* sweep, in registration order (scheduler_speed: vLLM's Scheduler loop
+#: against kvbench's vllm-v1 engine; no impl parameter, both sides in every case)
+ALL_PEER_SWEEPS = (*PEER_SWEEPS, "peers.scheduler_speed")
 FAST = TimingConfig(warmup=0, repeats=2, min_sample_s=0.0)
 
 
@@ -83,11 +86,11 @@ def plugins(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ---------------------------------------------------------------- sweeps
 def test_peer_sweeps_register_outside_the_default_run() -> None:
-    for name in PEER_SWEEPS:
+    for name in ALL_PEER_SWEEPS:
         sw = get_sweep(name)
         assert not sw.in_default and "peers" in sw.tags
-    assert [s.name for s in select(["peers."])] == list(PEER_SWEEPS)
-    assert not {s.name for s in select(None, full=False)} & set(PEER_SWEEPS)
+    assert [s.name for s in select(["peers."])] == list(ALL_PEER_SWEEPS)
+    assert not {s.name for s in select(None, full=False)} & set(ALL_PEER_SWEEPS)
     for name in PEER_SWEEPS:  # kvbench is always in the grid, first among its peers
         impls = [c["impl"] for c in get_sweep(name).cases(False)]
         assert "kvbench" in impls
