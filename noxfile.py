@@ -124,7 +124,8 @@ def peers(session: nox.Session) -> None:
     conformance tests (allocators under eviction, vLLM's CPU op, vLLM's Triton kernels and
     FlexAttention under the interpreter, the sm_80 / sm_90 compile of vLLM's kernels), the
     side-by-side static table (`kvbench kernels --peers`), then the peer sweeps (`kvbench
-    bench --only peers.`) and the report site for that run (out/site/peers.html).
+    bench --only peers. serving.vllm_engine`: the latter serves traces through vLLM's
+    engine, ~5-6 min on 2 busy cores) and the report site for that run (out/site/peers.html).
 
     Posargs: `--no-bench` runs the tests only; `--full` runs the whole peer grid (the
     100k-request trace, decode batch 8-32 x context 512-4096); the rest go to pytest.
@@ -145,6 +146,7 @@ def peers(session: nox.Session) -> None:
         "suites/conformance/test_peers_vllm_sliding_window_prefix.py",
         "suites/conformance/test_peers_vllm_scheduler.py",
         "suites/tests/suites/bench/test_peer_sweeps.py",
+        "suites/tests/suites/bench/test_serving_vllm_engine.py",
         "-rs",
         "--durations=10",
         *args,
@@ -153,7 +155,11 @@ def peers(session: nox.Session) -> None:
         # vLLM's Triton kernels beside kvbench's, compiled for sm_80 / sm_90 (cached in
         # out/aot): a report, never a failure (exit 1 / 2 accepted), so CI has no use for it
         session.run("kvbench", "kernels", "--peers", success_codes=[0, 1, 2])
-        session.run("kvbench", "bench", "--only", "peers.", *(["--full"] if full else []))
+        # peers.* and serving.vllm_engine (vLLM's engine timed beside kvbench's prediction)
+        session.run(
+            "kvbench", "bench", "--only", "peers.", "serving.vllm_engine",
+            *(["--full"] if full else []),
+        )  # fmt: skip
         session.run("kvbench", "report")
 
 

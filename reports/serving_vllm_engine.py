@@ -63,8 +63,9 @@ def comparison_table(frame: pd.DataFrame) -> DerivedTable | None:
         "CPU time (median [q1-q3] over the steps); latencies on that clock, every request "
         "at t = 0. Predicted: kvbench's vllm-v1 engine's decisions (memory-only, vLLM's "
         "blocks and budgets), each step priced by the CPU time model fitted to other vLLM "
-        "runs at the host speed probed beside vLLM's step. Per-step error: mean |predicted "
-        "- measured| / measured over the steps (goal <= 15%); latency errors: (predicted - "
+        "runs, its host terms at the host speed probed beside vLLM's step. Per-step error: "
+        "mean |predicted - measured| / measured over the steps (goal <= 15%); latency "
+        "errors: (predicted - "
         "measured) / measured (goal within 15%); load: 1-minute load average.",
         [
             "trace", "steps measured here / predicted", "divergent steps (predicted)",
@@ -138,9 +139,10 @@ def fit_table(frame: pd.DataFrame) -> DerivedTable | None:
         return None
     table = DerivedTable(
         "The CPU time model of the prediction, fitted to other vLLM runs",
-        "step seconds = h x (fixed + per-sequence x sequences + max(bytes read / bandwidth, "
-        "FLOPs / FLOP/s)) (paged.serving.calibration), h = the step's host probe over its "
-        "fit-set median; FLOPs = 2 x the layers' parameters per token + attention.",
+        "step seconds = h x (fixed + per-sequence x sequences) + max(bytes read / bandwidth, "
+        "FLOPs / FLOP/s) (paged.serving.calibration), h = the median host probe around the "
+        "step over its fit-set median (measured, never fitted); FLOPs = 2 x the layers' "
+        "parameters per token + attention.",
         ["quantity", "value", "unit", "source"],
         numeric_columns=(1,),
     )

@@ -119,7 +119,6 @@ def save_model(spec: VllmEngineSpec, directory: str) -> int:
         vocab_size=spec.vocab_size,
         max_position_embeddings=max(2048, spec.max_model_len),
         head_dim=spec.head_dim,
-        torch_dtype="float32",
     )
     state = torch.random.get_rng_state()
     torch.manual_seed(spec.seed)
@@ -217,7 +216,8 @@ class VllmServer:
         finally:
             torch.set_num_threads = set_threads
         self.engine = self.llm.llm_engine
-        core = self.engine.engine_core.engine_core  # InprocClient -> EngineCore
+        client: Any = self.engine.engine_core  # InprocClient (in-process engine core)
+        core = client.engine_core  # -> EngineCore
         self.scheduler = core.scheduler
         self._schedule = self.scheduler.schedule
         self.scheduler.schedule = self._watched_schedule
@@ -226,7 +226,10 @@ class VllmServer:
     @property
     def num_blocks(self) -> int:
         """The number of KV blocks vLLM chose (its `num_gpu_blocks`)."""
-        return int(self.engine.vllm_config.cache_config.num_gpu_blocks)
+        blocks = self.engine.vllm_config.cache_config.num_gpu_blocks
+        if blocks is None:
+            raise RuntimeError("vLLM's engine has not sized its KV cache (num_gpu_blocks)")
+        return int(blocks)
 
     def _watched_schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = self._schedule(*args, **kwargs)
@@ -278,7 +281,7 @@ class VllmServer:
             prompts[rid] = len(ids)
             self.engine.add_request(
                 rid,
-                TokensPrompt(prompt_token_ids=list(ids)),
+                TokensPrompt(prompt_token_ids=list(ids)),  # type: ignore[typeddict-item]
                 SamplingParams(
                     max_tokens=r.output_len,
                     ignore_eos=True,
@@ -296,7 +299,7 @@ class VllmServer:
         probes = [probe()] if probe is not None else []
         while self.engine.has_unfinished_requests():
             w0, c0 = time.perf_counter(), clock()
-            outs = self.engine.step()
+            outs: list[Any] = self.engine.step()  # RequestOutputs (generations)
             seconds, wall = clock() - c0, time.perf_counter() - w0
             for sched in self._outputs:
                 steps.append(_decisions(sched, seconds, wall))
