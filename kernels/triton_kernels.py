@@ -178,9 +178,12 @@ def _paged_decode(
     max score and its sum of exponentials for `_paged_decode_reduce`.
 
     fp8 K/V (FP8_MAN > 0: 3 for e4m3fn, 2 for e5m2): each tile is loaded as bytes and
-    dequantized in registers, `float32(k) * k_scale[kv_head]` rounded to the query dtype
-    (`_fp8_bits_to_f32`), then used exactly as a 16/32-bit tile; `k_scale_ptr` /
-    `v_scale_ptr` are unused otherwise.
+    converted in registers to the query dtype (`_fp8_bits_to_f32`; every fp8 value, at
+    2^(bias - 15) of itself, is a float16 and a bfloat16 value, so nothing rounds), then
+    used as a 16/32-bit tile; the scales are applied in float32, `k_scale[kv_head]` to the
+    scores and `v_scale[kv_head]` to the output. Rounding the scaled K/V to float16 (the
+    first version) put the decode 3.0-3.3e-3 from float64 attention over the dequantized
+    K/V, over the 2e-3 bound. `k_scale_ptr` / `v_scale_ptr` are unused otherwise.
 
     WINDOWED (sliding window of `window` tokens): the sequence is read from the first
     block its window touches (table and positions shifted by the blocks skipped, which
@@ -218,9 +221,11 @@ def _paged_decode(
         if WINDOWED:
             table_row = table_row + skipped
         head_off = kv_head.to(tl.int64) * stride_khead
+        qk_scale = scale_log2
         if FP8_MAN > 0:  # times 2^(15 - bias), which `_fp8_bits_to_f32` leaves out (exact)
             k_scale = tl.load(k_scale_ptr + kv_head) * (1 << (15 - FP8_BIAS))
             v_scale = tl.load(v_scale_ptr + kv_head) * (1 << (15 - FP8_BIAS))
+            qk_scale = scale_log2 * k_scale
         begin = start
         if WINDOWED:  # the first block's tokens before the window: the loop starts past them
             begin = tl.maximum(start, seq_len - window)
@@ -232,29 +237,29 @@ def _paged_decode(
             kv_off = kv_off + head_off
             kv_mask = tok_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0)
-            if FP8_MAN > 0:
-                k = _fp8_bits_to_f32(k, FP8_MAN, FP8_MAN == 2) * k_scale
-                k = k.to(q.dtype)
+            if FP8_MAN > 0:  # exact in float16 and bfloat16: the scale goes on the scores
+                k = _fp8_bits_to_f32(k, FP8_MAN, FP8_MAN == 2).to(q.dtype)
             if DOT_F32:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-            s = s * scale_log2
+            s = s * qk_scale
             s = tl.where(tok_ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0)
-            if FP8_MAN > 0:
-                v = _fp8_bits_to_f32(v, FP8_MAN, FP8_MAN == 2) * v_scale
-                v = v.to(q.dtype)
+            if FP8_MAN > 0:  # exact, as K: the scale goes on the output
+                v = _fp8_bits_to_f32(v, FP8_MAN, FP8_MAN == 2).to(q.dtype)
             if DOT_F32:
                 pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
             else:
                 pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
+        if FP8_MAN > 0:
+            acc = acc * v_scale
         out_mask = row_ok[:, None] & d_ok[None, :]
         denom = l_i
         if WINDOWED:
@@ -369,8 +374,9 @@ def _paged_prefill(
     heads_per_prog), so K/V tiles are shared by the group. Query token i of a sequence
     with n new tokens and L total sits at position L - n + i and sees keys 0 .. L - n + i.
 
-    fp8 K/V (FP8_MAN > 0): each tile is dequantized in registers exactly as in
-    `_paged_decode` (`float32(byte) * scale[kv_head]`, rounded to the query dtype).
+    fp8 K/V (FP8_MAN > 0): each tile is converted in registers exactly as in
+    `_paged_decode` (to the query dtype without rounding; the scales applied in float32 to
+    the scores and the output).
 
     WINDOWED (sliding window of `window` tokens): the query at position p sees keys
     p - window + 1 .. p. The key loop starts at the first key the program's earliest
@@ -409,9 +415,11 @@ def _paged_prefill(
         acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
         table_row = tables_ptr + seq.to(tl.int64) * stride_table
         head_off = kv_head.to(tl.int64) * stride_khead
+        qk_scale = scale_log2
         if FP8_MAN > 0:  # times 2^(15 - bias), which `_fp8_bits_to_f32` leaves out (exact)
             k_scale = tl.load(k_scale_ptr + kv_head) * (1 << (15 - FP8_BIAS))
             v_scale = tl.load(v_scale_ptr + kv_head) * (1 << (15 - FP8_BIAS))
+            qk_scale = scale_log2 * k_scale
         kv_begin = 0
         if WINDOWED:  # the earliest query's first key: nothing before it is loaded
             kv_begin = tl.maximum(context + tok0 - window + 1, 0)
@@ -423,14 +431,13 @@ def _paged_prefill(
             kv_off = kv_off + head_off
             kv_mask = k_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if FP8_MAN > 0:
-                k = _fp8_bits_to_f32(k, FP8_MAN, FP8_MAN == 2) * k_scale
-                k = k.to(q.dtype)
+            if FP8_MAN > 0:  # exact in float16 and bfloat16: the scale goes on the scores
+                k = _fp8_bits_to_f32(k, FP8_MAN, FP8_MAN == 2).to(q.dtype)
             if DOT_F32:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-            s = s * scale_log2
+            s = s * qk_scale
             visible = k_ok[None, :] & (kt[None, :] <= q_pos[:, None])
             if WINDOWED:
                 visible = visible & (kt[None, :] > q_pos[:, None] - window)
@@ -440,15 +447,16 @@ def _paged_prefill(
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if FP8_MAN > 0:
-                v = _fp8_bits_to_f32(v, FP8_MAN, FP8_MAN == 2) * v_scale
-                v = v.to(q.dtype)
+            if FP8_MAN > 0:  # exact, as K: the scale goes on the output
+                v = _fp8_bits_to_f32(v, FP8_MAN, FP8_MAN == 2).to(q.dtype)
             if DOT_F32:
                 pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
             else:
                 pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
+        if FP8_MAN > 0:
+            acc = acc * v_scale
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         o_off = q_row[:, None] * stride_ot + q_head[:, None] * stride_oh + d[None, :]
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=io_mask)

@@ -232,3 +232,21 @@ def test_fp8_cpp_windowed_chunked_prefill_matches_the_whole_prompt(
                                       window=window)  # fmt: skip
         err = oracle.relative_error(out, ref)
         assert err <= oracle.tolerance(torch.float32), (start, err)
+
+
+@pytest.mark.parametrize("where", ["k", "v"])
+@pytest.mark.parametrize("d", [64, 128, 40])
+def test_fp8_cpp_decode_reads_an_e4m3_nan_byte_as_nan(where: str, d: int) -> None:
+    """e4m3 rows take a float16 route only after a scan finds no NaN byte (0x7F / 0xFF) in
+    the block's rows: one NaN byte in the K or V rows a decode reads makes that KV head's
+    outputs NaN (K: its score; V: its P V), and the other head's stay finite."""
+    kc, vc, tables, seq_lens, _, _, ks, vs = _pool(
+        [40], [0], 2, d, 16, torch.float8_e4m3fn, True, "nan", seed=d
+    )
+    pool = (kc if where == "k" else vc).view(torch.uint8)
+    pool[int(tables[0, 1]), 5, 1, d // 2] = 0xFF  # position 21, KV head 1
+    q = torch.randn(1, 4, d, generator=torch.Generator().manual_seed(1))
+    out = ops.paged_decode_attention(q, kc, vc, tables, seq_lens, backend="torch",
+                                     k_scale=ks, v_scale=vs)  # fmt: skip
+    assert bool(torch.isfinite(out[0, :2]).all())
+    assert bool(torch.isnan(out[0, 2:]).all() if where == "k" else torch.isnan(out[0, 2:]).any())
