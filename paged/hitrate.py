@@ -329,7 +329,8 @@ def _run_jobs(
     progress: Callable[[int], None] | None,
 ) -> dict[str | None, dict[int, int]]:
     """Hit tokens by capacity of each job (policy: one replay pass; None: the bounds),
-    the first here, the rest in `workers` spawned processes (or here, in order)."""
+    the first here, the rest in `workers` spawned processes (or here, in order); once
+    its job is done this process takes the jobs no worker has started."""
     order = list(jobs)
     if workers < 1 or len(order) < 2:
         return {k: _job(trace, block_size, footprint, k, jobs[k], acc, progress) for k in order}
@@ -344,8 +345,13 @@ def _run_jobs(
         out = {
             order[0]: _job(trace, block_size, footprint, order[0], jobs[order[0]], acc, progress)
         }
-        out.update({k: f.result() for k, f in futures.items()})
-    return out
+        for k, future in reversed(futures.items()):  # jobs no worker has taken: here
+            if future.cancel():
+                out[k] = _job(trace, block_size, footprint, k, jobs[k], acc, progress)
+        for k, future in futures.items():
+            if k not in out:
+                out[k] = future.result()
+    return {k: out[k] for k in order}
 
 
 def _job(

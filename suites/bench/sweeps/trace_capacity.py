@@ -56,7 +56,7 @@ from kvbench.paged.eviction import POLICIES
 from kvbench.paged.hitrate import HitRateQuery, HitRates, hit_rates
 from kvbench.reports.provenance import COUNTED
 from kvbench.suites.bench.context import BenchContext
-from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.suites.bench.registry import Case, Measurement, get_sweep, sweep
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.shipped import shipped_trace
 
@@ -117,8 +117,8 @@ def _query(case: Case) -> HitRateQuery:
 
 def _hit_rates(case: Case, ctx: BenchContext | None) -> HitRates:
     """The pipeline's answer for the case's (trace, block size): every computed case of
-    the run's grid at once, kept in the run's context (without a context: this case's
-    query alone)."""
+    the run's grid (the registered sweep's cases) at once, kept in the run's context
+    (without a context: this case's query alone)."""
     trace, bs = case["trace"], int(case["block_size"])
     mine = _query(case) if case["method"] != "peer" else None
     if ctx is None:
@@ -126,9 +126,9 @@ def _hit_rates(case: Case, ctx: BenchContext | None) -> HitRates:
     key = f"trace.prefix_capacity/{trace}/{bs}"
     found: HitRates | None = ctx.cache.get(key)
     if found is None or (mine is not None and mine not in {p.query for p in found.points}):
-        same = [
-            c for c in _computed_cases(ctx.full) if (c["trace"], c["block_size"]) == (trace, bs)
-        ]
+        grid = get_sweep("trace.prefix_capacity").cases(ctx.full)  # the run's grid
+        same = [c for c in grid if (c["trace"], c["block_size"]) == (trace, bs)]
+        same = [c for c in same if c["method"] != "peer"]
         queries = list(dict.fromkeys([_query(c) for c in same] + ([mine] if mine else [])))
         found = ctx.cache[key] = hit_rates(shipped_trace(trace), bs, queries, workers=_workers())
     return found

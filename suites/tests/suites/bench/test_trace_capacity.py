@@ -274,3 +274,24 @@ def test_the_sweep_runs_the_pipeline_once_per_block_size_and_keeps_no_state(monk
             bound = po.belady_hit_tokens(acc, case["capacity_tokens"])
             assert row["hit_tokens"] == bound
         assert row["hit_rate"] == row["hit_tokens"] / row["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("query", "match"),
+    [
+        (("replay", "fifo", 10_000), "'fifo'"),
+        (("optimal", "lru", 10_000), "'lru'"),
+        (("peer", None, 10_000), "'peer'"),
+        (("replay", "lru", 8), "holds no block"),
+        (("replay", "lru", 0), "capacity_tokens"),
+    ],
+)
+def test_the_pipeline_refuses_a_bad_query_by_name_before_any_work(query: tuple, match: str) -> None:
+    from kvbench.paged.hitrate import HitRateQuery, hit_rates
+    from kvbench.workloads.errors import ConfigError
+    from kvbench.workloads.trace import Trace
+
+    method, policy, cap = query
+    small = Trace(shipped_trace(tc.TRACE).requests[:2])
+    with pytest.raises(ConfigError, match=match):
+        hit_rates(small, 16, [HitRateQuery(cap, method, policy)])

@@ -24,17 +24,21 @@ ROWS = [  # (timestamp ms, input_length, hash_ids): conversations extending earl
 ]
 
 
-def _table(text: str) -> dict[int, tuple[float, float, float]]:
+def _table(
+    text: str, methods: dict[int, str] | None = None
+) -> dict[int, tuple[float, float, float]]:
     """capacity -> (hit rate, ceiling, fraction) as fractions (None for "n/a"), from the
-    printed table."""
+    printed table; each row's method into `methods` when given."""
     out = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 4 and parts[0].replace(",", "").isdigit():
+        if len(parts) == 5 and parts[0].replace(",", "").isdigit():
             cap = int(parts[0].replace(",", ""))
             out[cap] = tuple(  # type: ignore[assignment]
-                None if p == "n/a" else float(p.rstrip("%")) / 100 for p in parts[1:]
+                None if p == "n/a" else float(p.rstrip("%")) / 100 for p in parts[1:4]
             )
+            if methods is not None:
+                methods[cap] = parts[4]
     return out  # type: ignore[return-value]
 
 
@@ -57,8 +61,11 @@ def test_hitrate_prints_the_replay_and_the_ceiling(
     capsys.readouterr()
     args = ["hitrate", "-q", "--trace", str(out), "--block-size", str(block_size)]
     assert main([*args, "--capacity", ",".join(map(str, caps))]) == 0
-    table = _table(capsys.readouterr().out)
+    methods: dict[int, str] = {}
+    table = _table(capsys.readouterr().out, methods)
     acc = prefix_oracle.block_accesses(trace, block_size)
+    # the largest capacity holds the footprint: the ceiling, not a replay, says the table
+    assert methods == {2048: "replay", 4096: "replay", 10**6: "ceiling"}
     ceiling = prefix_oracle.ceiling_hit_tokens(acc) / acc.prompt_tokens
     assert ceiling > 0.3  # the conversations share most of their prompts
     rates = []
