@@ -14,8 +14,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from kvbench.reports.derived_table import DerivedTable
 from kvbench.reports.figures import plt
-from kvbench.reports.serving import DerivedTable
 from kvbench.reports.tables import latest
 
 SUITE = "calibration.gpu"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvbench.reports.serving import DerivedTable
+from kvbench.reports.derived_table import DerivedTable
 from kvbench.reports.tables import format_value, latest
 from kvbench.workloads.units import format_quantity, format_spread
 

@@ -32,7 +32,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from kvbench.reports.serving import DerivedTable
+from kvbench.reports.derived_table import DerivedTable
 from kvbench.reports.tables import latest
 
 SUITE = "serving.kv_specs"

@@ -9,10 +9,12 @@ its sweep's page under the figures; the claims read the same numbers through
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import pandas as pd
 
+from kvbench.reports.derived_table import DerivedTable
+from kvbench.reports.serving_measured import calibration_table
+from kvbench.reports.serving_vllm_engine import comparison_table, fit_table
 from kvbench.reports.tables import latest
 
 BASELINES = ("contiguous-oracle", "contiguous-pow2", "contiguous-max", "static")
@@ -25,19 +27,6 @@ PAPER_NAMES = {
 }
 #: Every serving system under the name the paper uses (paged kvbench is the paper's vLLM).
 SYSTEM_NAMES = {"paged": "vLLM (paged)", **PAPER_NAMES}
-
-
-@dataclass
-class DerivedTable:
-    """A table computed from several cases' rows (see the module docstring)."""
-
-    title: str
-    note: str
-    header: list[str] = field(default_factory=list)
-    rows: list[list[str]] = field(default_factory=list)
-    #: 0-based columns shown as numbers (right-aligned, unwrapped); None: every column
-    #: after the first two (the usual labels-then-figures layout)
-    numeric_columns: tuple[int, ...] | None = None
 
 
 def _suite_rows(
@@ -289,9 +278,6 @@ def calibration_batch_table(frame: pd.DataFrame) -> DerivedTable | None:
 
 def derived_tables(suite: str, frame: pd.DataFrame) -> list[DerivedTable]:
     """The derived tables of one sweep's page (possibly none)."""
-    from kvbench.reports.serving_measured import calibration_table
-    from kvbench.reports.serving_vllm_engine import comparison_table, fit_table
-
     makers = {
         "serving.rate": (sustained_table, calibration_rate_table),
         "serving.batch_table": (batch_table, calibration_batch_table),

@@ -9,7 +9,7 @@ import math
 
 import pandas as pd
 
-from kvbench.reports.serving import DerivedTable
+from kvbench.reports.derived_table import DerivedTable
 from kvbench.reports.tables import latest
 
 SUITE = "serving.measured"

@@ -53,7 +53,6 @@ from pathlib import Path
 from tqdm import tqdm
 
 from kvbench.paged.cache_spec import CACHE_KINDS, CacheSpec
-from kvbench.paged.serving.latency import LATENCY_METRICS, LATENCY_STATS
 from kvbench.paged.serving.overload import prefill_load
 from kvbench.paged.serving.rate import served_throughput
 from kvbench.paged.serving.simulation import simulate, time_model_for
@@ -66,56 +65,12 @@ from kvbench.suites.cli.argtypes import (
     int_range,
 )
 from kvbench.suites.cli.load_args import add_load_args, slo_from_args
+from kvbench.suites.cli.simulate_tables import format_latency, format_table
 from kvbench.suites.cli.workload import add_generator_args, trace_from_args
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.time_scale import MAX_TIME_SCALE, MIN_TIME_SCALE, time_scaled
 from kvbench.workloads.trace import Trace
 from kvbench.workloads.units import format_bytes
-
-_COLUMNS = (
-    ("cache", "cache", "{}"),
-    ("utilization", "util %", "{:.1%}"),
-    ("peak_concurrency", "peak", "{}"),
-    ("mean_running", "mean run", "{:.1f}"),
-    ("preemptions", "preempt", "{}"),
-    ("swaps", "swap", "{}"),
-    ("recomputes", "recomp", "{}"),
-    ("steps", "steps", "{}"),
-    ("tokens_per_step", "tok/step", "{:.1f}"),
-    ("modeled_seconds", "model s", "{:.1f}"),
-    ("tokens_per_second", "tok/s", "{:.0f}"),
-    ("wall_seconds", "wall s", "{:.2f}"),
-)
-
-
-def format_table(rows: list[dict]) -> str:
-    """A plain-text table of simulation summaries."""
-    cells = [[head for _, head, _ in _COLUMNS]]
-    for row in rows:
-        cells.append([fmt.format(row[key]) for key, _, fmt in _COLUMNS])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def format_latency(rows: list[dict]) -> str:
-    """A plain-text table of each cache's per-request latency (modeled): one line per
-    cache and metric, with its mean, p50, p90 and p99."""
-    head = ["cache", "latency", "unit", *LATENCY_STATS]
-    cells = [head]
-    for row in rows:
-        for name, unit in LATENCY_METRICS.items():
-            values = [f"{row[f'{name}_{s}']:.4f}" for s in LATENCY_STATS]
-            cells.append([row["cache"], name, unit, *values])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    title = (
-        "per-request latency, modeled (ttft: to the first token; tpot: per output token after it)"
-    )
-    return title + "\n" + "\n".join(lines)
-
 
 #: Bytes of host memory the memory-only paged cache keeps per block, device and CPU pool
 #: together (reference counts, fill counts, free stacks; measured: about 104 bytes).

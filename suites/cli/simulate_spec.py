@@ -22,6 +22,7 @@ from kvbench.paged.serving.engine import Engine
 from kvbench.paged.serving.spec_time import FACTS, spec_time_model
 from kvbench.paged.serving.time_model import SchedulerConfig
 from kvbench.paged.spec_serving import LayerGroupServingCache, spec_serving_cache
+from kvbench.suites.cli.simulate_tables import format_latency, format_table
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import parse_bytes
 from kvbench.workloads.kv_spec import ModelKVSpec
@@ -75,8 +76,6 @@ def spec_cache(model: ModelKVSpec, args: argparse.Namespace, prefill_chunk: int)
 def run_spec(args: argparse.Namespace, kinds: tuple[str, ...], config: SchedulerConfig,
              trace: Trace) -> int:  # fmt: skip
     """Simulate `trace` for a layer-group model and print the tables `simulate` prints."""
-    from kvbench.suites.cli.simulate import format_latency, format_table
-
     model = check_spec_args(args, kinds)
     tm = spec_time_model(model, FACTS[args.model.lower()], args.profile, args.block_size, args.tp)
     cache = spec_cache(model, args, config.max_batched_tokens)

@@ -721,4 +721,4 @@ class Engine:
         if self.v1 is not None:
             self.v1.check()
             return
-        check_state(self)
+        check_state(self.st, self.cache, self.cfg, self.lines)

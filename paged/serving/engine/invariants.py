@@ -19,17 +19,19 @@ one live calendar entry, at or after the next step (event mode: its next event).
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import TYPE_CHECKING
 
+from kvbench.paged.serving.engine.decode import DecoderLines
 from kvbench.paged.serving.engine.sequence import RUNNING, SWAPPED, WAITING
+from kvbench.paged.serving.engine.state import EngineState
+from kvbench.paged.serving.time_model import SchedulerConfig
+from kvbench.reference.contract import ServingCache
 
-if TYPE_CHECKING:
-    from kvbench.paged.serving.engine.engine import Engine
 
-
-def check_state(engine: Engine) -> None:
-    """Raise AssertionError naming the first broken invariant (module docstring)."""
-    st, cache = engine.st, engine.cache
+def check_state(
+    st: EngineState, cache: ServingCache, cfg: SchedulerConfig, lines: DecoderLines
+) -> None:
+    """Raise AssertionError naming the first broken invariant (module docstring) of an
+    engine's state `st`, its cache, its configuration and its decoder lines."""
     running, prefilling = st.running, st.prefilling
     waiting = [s for _, s in st.waiting]
     swapped = [s for _, s in st.swapped]
@@ -38,7 +40,7 @@ def check_state(engine: Engine) -> None:
     assert all(a.order < b.order for a, b in pairwise(running)), "running unsorted"
     assert all(a.order < b.order for a, b in pairwise(prefilling)), "prefilling unsorted"
     groups = {id(s.group): s.group.width for s in running if s.group is not None}
-    seats = engine.cfg.max_num_seqs + sum(w - 1 for w in groups.values())
+    seats = cfg.max_num_seqs + sum(w - 1 for w in groups.values())
     assert len(running) <= seats, f"{len(running)} running, {seats} seats"
     ids = [id(s) for s in (*running, *waiting, *swapped)]
     assert len(ids) == len(set(ids)), "a sequence is in two queues"
@@ -64,7 +66,7 @@ def check_state(engine: Engine) -> None:
     assert st.agg_d == len(decoders), "decoder count"
     assert st.agg_a == sum(s.base_c - s.base_step for s in decoders), "decoder aggregate A"
     assert st.agg_sync == sum(s.synced for s in decoders), "decoder synced sum"
-    for k, w in enumerate(engine.lines.windows):  # decoders past window w at step t
+    for k, w in enumerate(lines.windows):  # decoders past window w at step t
         past = [s for s in decoders if s.base_c + (t - s.base_step) >= w]
         assert all(s.nabove > k for s in past), f"a decoder past window {w} not counted"
         assert st.win_d[k] == len(past), f"decoders past window {w}"

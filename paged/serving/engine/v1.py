@@ -53,15 +53,47 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from kvbench.paged.serving.engine.decode import DecoderLines
 from kvbench.paged.serving.engine.sequence import RUNNING, WAITING, Seq, by_order
+from kvbench.paged.serving.engine.state import EngineState, StepHook
 from kvbench.paged.serving.engine.validate import SchedulerError
+from kvbench.paged.serving.time_model import SchedulerConfig
+from kvbench.reference.contract import ServingCache, ServingTraits
 from kvbench.workloads.errors import CapacityError, ConfigError
 from kvbench.workloads.trace import TraceRequest
 
-if TYPE_CHECKING:
-    from kvbench.paged.serving.engine.engine import Engine
+
+class V1Host(Protocol):
+    """What the vllm-v1 step needs of its engine (`engine.Engine` is one): its state,
+    cache and configuration, and the phases it shares with the paper's policy. Named
+    here so this module does not import the engine, which imports it."""
+
+    cache: ServingCache
+    cfg: SchedulerConfig
+    st: EngineState
+    lines: DecoderLines
+    traits: ServingTraits
+    event_mode: bool
+    big_prompt_ids: bool
+    reqs: tuple[TraceRequest, ...]
+    arrivals_ps: list[int]
+    step_hook: StepHook | None
+
+    def arrivals(self) -> None: ...
+
+    def retire(self, t: int) -> None: ...
+
+    def skip_quiet(self, t: int, occupancy: tuple[int, int, int, int, int]) -> int: ...
+
+    def _price(self, decoders: int, kv_read: int, prefill_cost: list[tuple[int, int]]) -> int: ...
+
+    def _record_step(self, t: int, step_ps: int) -> tuple[int, int, int, int, int]: ...
+
+    def _stamp_times(self) -> None: ...
+
+    def _report_progress(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -95,7 +127,7 @@ class V1Policy:
     """The vllm-v1 step of an `Engine` (module docstring); `on_step` (token mode) is
     given every step's `V1Decision`."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: V1Host) -> None:
         self.e = engine
         cfg = engine.cfg
         if cfg.policy != "vllm-v1":
