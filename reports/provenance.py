@@ -70,7 +70,6 @@ LEGACY_KINDS: dict[str, tuple[str, ...]] = {
     "kernel.static": (COMPILED,),
     "peers.pool_ops": (MEASURED,),
     "peers.trace_replay": (MEASURED,),
-    "peers.scheduler_speed": (MEASURED,),
     "peers.cpu_decode": (MEASURED,),
     "serving.batch": (COUNTED, MODELED),
     "serving.block_size": (COUNTED, MODELED),
@@ -85,7 +84,6 @@ LEGACY_KINDS: dict[str, tuple[str, ...]] = {
     "e2e.kv_specs": (COMPUTED,),
     "serving.measured": (MEASURED, MODELED),
     # issue 37: vLLM's engine timed here beside kvbench's prediction of the same run
-    "serving.vllm_engine": (MEASURED, PREDICTED),
     "cow.parallel_sampling": (COUNTED,),
     "cow.beam_search": (COUNTED,),
     "prefix.scenarios": (COUNTED, CLOSED_FORM),

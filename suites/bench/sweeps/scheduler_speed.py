@@ -27,6 +27,7 @@ import statistics
 import tempfile
 import time
 
+from kvbench.reports.provenance import MEASURED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
@@ -72,6 +73,7 @@ def _load() -> float:
     requires=("vllm",),
     tags=("peers",),
     in_default=False,
+    produced=(MEASURED,),
 )
 def scheduler_speed(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.paged.serving.engine.sequence import Seq

@@ -39,13 +39,12 @@ from typing import Any
 
 import numpy as np
 
+from kvbench.reports.provenance import MEASURED, PREDICTED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads.errors import CaseSkipped
 
-MEASURED = "measured here"
-PREDICTED = "predicted"
 #: name -> (seed offset, requests, workload, system-prompt tokens, max prompt + output)
 HELD_OUT = {
     "sharegpt-shared": (0, 24, "sharegpt", 96, 640),
@@ -339,6 +338,7 @@ def _calibration_rows(ctx: BenchContext) -> list[Measurement]:
     requires=("kvbench.suites.e2e.vllm_engine_run", "kvbench.paged.serving.calibration"),
     tags=("serving", "measured", "peers"),
     in_default=False,  # minutes of vLLM runs: named (--only) or --full, and `nox -s peers`
+    produced=(MEASURED, PREDICTED),
 )
 def serving_vllm_engine(case: Case, ctx: BenchContext) -> list[Measurement]:
     if "calibration" in case:
