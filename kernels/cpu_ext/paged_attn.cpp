@@ -70,6 +70,8 @@ inline uint16_t f_to_bf16(float f) {  // round to nearest even; NaN stays NaN
 template <typename T>
 struct Ld;
 
+#define KVB_PAIR_INLINE inline __attribute__((always_inline))
+
 template <>
 struct Ld<float> {
   static inline vf vec(const float* p) {
@@ -119,6 +121,43 @@ struct Ld<c10::Half> {
   static inline float one(const c10::Half* p) { return float(*p); }
   static inline void store(c10::Half* p, float x) { *p = c10::Half(x); }
 };
+
+// bf16 K/V read two vectors at a time in the decode (head dims that are a multiple of
+// 2 * VW): one 2 * VW-element load holds the elements as 32-bit pairs, whose high halves are
+// the odd elements as fp32 once the low halves are masked off, and whose low halves are the
+// even elements once shifted up 16 bits: two integer operations per 2 * VW elements where a
+// widening load and a shift per VW elements were needed. The dot products and P V then run
+// in an order where each 2 * VW group of the head dim holds its even elements first, then
+// its odd ones: the query is permuted so on the way in and the output back on the way out.
+struct Bf16Pair {
+  uint16_t x;
+};
+
+template <>
+struct Ld<Bf16Pair> {
+  static inline vf vec(const Bf16Pair* p) {
+    return Ld<c10::BFloat16>::vec(reinterpret_cast<const c10::BFloat16*>(p));
+  }
+  static inline float one(const Bf16Pair* p) { return bf16_to_f(p->x); }
+  // Elements [0, 2 VW) at p: ev gets the even ones, od the odd ones (as fp32).
+  static KVB_PAIR_INLINE void pair(const Bf16Pair* p, vf& ev, vf& od) {
+    vu u;
+    std::memcpy(&u, p, sizeof(u));
+    const vu e = u << 16, o = u & 0xffff0000u;
+    std::memcpy(&ev, &e, sizeof(ev));
+    std::memcpy(&od, &o, sizeof(od));
+  }
+};
+
+// Whether decode over T reads pairs (see Bf16Pair).
+template <typename T>
+constexpr bool kPairs = std::is_same<T, Bf16Pair>::value;
+
+// Where head-dim element d sits in the pair order.
+inline int pair_slot(int d) {
+  const int g = d / (2 * VW), i = d % (2 * VW);
+  return g * 2 * VW + (i % 2) * VW + i / 2;
+}
 
 // A vector's lanes folded into one by `op` (a lane-wise binary function that also takes two
 // floats), halving the vector at each step: hsum and hmax below.
@@ -202,6 +241,28 @@ template <int RN, int TN, typename T>
 KVB_INLINE void dots(const float* q, int D, const T* kr, int64_t ks, float scale, float* s) {
   const int DV = D / VW * VW;
   vf a[RN][TN] = {};
+  if constexpr (kPairs<T>) {  // D % (2 VW) == 0 here; q is in the pair order
+    for (int d = 0; d < DV; d += 2 * VW) {
+      vf ke[TN], ko[TN];
+#pragma GCC unroll 4
+      for (int u = 0; u < TN; ++u) {
+        Ld<T>::pair(kr + u * ks + d, ke[u], ko[u]);
+        KVB_IN_REGISTER(ke[u]);
+        KVB_IN_REGISTER(ko[u]);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < RN; ++r) {
+        vf qe, qo;
+        std::memcpy(&qe, q + r * D + d, sizeof(qe));
+        std::memcpy(&qo, q + r * D + d + VW, sizeof(qo));
+#pragma GCC unroll 4
+        for (int u = 0; u < TN; ++u) {
+          a[r][u] += qe * ke[u];
+          a[r][u] += qo * ko[u];
+        }
+      }
+    }
+  } else
   for (int d = 0; d < DV; d += VW) {
     vf kv[TN];
 #pragma GCC unroll 4
@@ -343,10 +404,16 @@ KVB_INLINE void pv_column(float* acc, int D, const float* p, const T* v, int64_t
     for (int c = 0; c < CW; ++c) std::memcpy(&a[r][c], acc + r * D + c * VW, sizeof(vf));
   for (int t = 0; t < nt; ++t) {
     vf vv[CW];
+    if constexpr (kPairs<T> && CW == 2) {  // columns d .. d + 2 VW in the pair order
+      Ld<T>::pair(v + t * vs, vv[0], vv[1]);
+      KVB_IN_REGISTER(vv[0]);
+      KVB_IN_REGISTER(vv[1]);
+    } else {
 #pragma GCC unroll 4
-    for (int c = 0; c < CW; ++c) {
-      vv[c] = Ld<T>::vec(v + t * vs + c * VW);
-      KVB_IN_REGISTER(vv[c]);
+      for (int c = 0; c < CW; ++c) {
+        vv[c] = Ld<T>::vec(v + t * vs + c * VW);
+        KVB_IN_REGISTER(vv[c]);
+      }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < RN; ++r) {
@@ -427,7 +494,12 @@ void decode_task(const T* q, int64_t qs_h, const T* kc, const T* vc, const int32
   float* l = pl + h0 * G;
   for (int r = 0; r < nrows; ++r) {
     const T* qr = q + (h0 * G + r) * qs_h;
-    for (int d = 0; d < D; ++d) qf[r * D + d] = Ld<T>::one(qr + d);
+    if constexpr (kPairs<T>) {  // the pair order: each 2 VW group's even elements, then odd
+      for (int d = 0; d < D; ++d)
+        qf[r * D + pair_slot(d)] = Ld<T>::one(qr + d);
+    } else {
+      for (int d = 0; d < D; ++d) qf[r * D + d] = Ld<T>::one(qr + d);
+    }
     m[r] = NEG_INF;
     l[r] = 0.f;
   }
@@ -477,6 +549,12 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                  const torch::Tensor& seq_lens, double scale, torch::Tensor& out,
                  int64_t max_seq_len, int64_t partition_blocks, int64_t heads_per_task,
                  int64_t window) {
+  // bf16 at a compile-time head dim that is a multiple of 2 VW reads pairs (Bf16Pair): the
+  // partial states are then in the pair order, put back as the output is stored.
+  constexpr bool pairs = std::is_same<T, c10::BFloat16>::value && (DC > 0) &&
+                         (DC % (2 * VW) == 0);
+  using K = typename std::conditional<pairs, Bf16Pair, T>::type;
+  const auto slot = [](int64_t d) { return kPairs<K> ? int64_t(pair_slot(int(d))) : d; };
   const int64_t B = query.size(0);
   Geo g{k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3), query.size(1), 0};
   g.group = g.hq / g.hkv;
@@ -515,13 +593,15 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
         continue;
       }
       float* pacc = acc.data() + (b * P + p) * Hq * D;
-      decode_task<T, DC>(q + b * qs_b, qs_h, kc, vc, tables + b * tstride, len, g, h0, h1, j0, j1,
-                         float(scale), pacc, pm, pl, buf, lo);
+      decode_task<K, DC>(reinterpret_cast<const K*>(q + b * qs_b), qs_h,
+                         reinterpret_cast<const K*>(kc), reinterpret_cast<const K*>(vc),
+                         tables + b * tstride, len, g, h0, h1, j0, j1, float(scale), pacc, pm,
+                         pl, buf, lo);
       if (P == 1) {  // one partition: normalize here, with no second parallel region
         for (int64_t r = h0 * g.group; r < h1 * g.group; ++r) {
           const float inv = 1.f / pl[r];
           T* orow = o + b * os_b + r * os_h;
-          for (int64_t d = 0; d < D; ++d) Ld<T>::store(orow + d, pacc[r * D + d] * inv);
+          for (int64_t d = 0; d < D; ++d) Ld<T>::store(orow + d, pacc[r * D + slot(d)] * inv);
         }
       }
     }
@@ -546,7 +626,7 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
       }
       const float inv = 1.f / L;
       T* orow = o + b * os_b + h * os_h;
-      for (int64_t d = 0; d < D; ++d) Ld<T>::store(orow + d, row[d] * inv);
+      for (int64_t d = 0; d < D; ++d) Ld<T>::store(orow + d, row[slot(d)] * inv);
     }
   });
 }

@@ -161,6 +161,25 @@ def test_decode_task_splits_agree(lens: list[int], parts: int, heads: int, dtype
     assert err <= oracle.tolerance(dtype), f"parts={parts} heads={heads}: {err}"
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("parts", [1, 3])
+def test_bf16_pair_order_matches_oracle(d: int, parts: int) -> None:
+    """bf16 decode at a compile-time head dim reads K/V as 32-bit pairs and computes in a
+    permuted element order (even elements of each group first); the output must come back
+    in the caller's order, with one partition and with partitions merged."""
+    _need_cpp()
+    gen = torch.Generator().manual_seed(d + parts)
+    lens = [37, 100]
+    kc, vc, tables, lens_t, keys, values = _pool(lens, 2, d, 16, torch.bfloat16, gen)
+    q = torch.randn((len(lens), 8, d), generator=gen).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    mod = cpu_paged._module()
+    assert mod is not None
+    mod.paged_decode(q, kc, vc, tables, lens_t, d**-0.5, out, max(lens), parts, 2)
+    err = oracle.relative_error(out, oracle.batched_decode_attention(q, keys, values))
+    assert err <= oracle.tolerance(torch.bfloat16), f"d={d} parts={parts}: {err}"
+
+
 @given(
     lens=st.lists(st.integers(1, 130), min_size=1, max_size=3),
     tile=st.integers(1, 40),
