@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench.paged.serving.time_model import SeqRecord, TimeModel
+from kvbench.paged.serving.records import SeqRecord
+from kvbench.paged.serving.time_model import TimeModel
 from kvbench.workloads.trace import Trace
 
 

@@ -54,7 +54,7 @@ def test_simulate_warns_when_arrivals_outrun_prefill(
 
 def test_the_arriving_rate_is_computed_tokens_over_the_span() -> None:
     """(prompt tokens computed by every request but the first) / (last - first arrival)."""
-    from kvbench.paged.serving.time_model import SeqRecord
+    from kvbench.paged.serving.records import SeqRecord
 
     trace = Trace(
         (
