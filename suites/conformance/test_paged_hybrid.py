@@ -271,9 +271,10 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         self.paged.fork(parent, child)
         self.ref.fork(parent, child)
         self.last_step[child] = self.last_step[parent]
-        for state in (self.hit_kept, self.prompts):
-            if parent in state:
-                state[child] = state[parent]  # type: ignore[index]
+        if parent in self.hit_kept:
+            self.hit_kept[child] = self.hit_kept[parent]
+        if parent in self.prompts:
+            self.prompts[child] = self.prompts[parent]
         return child
 
     @rule(rid=consumes(requests))

@@ -264,9 +264,9 @@ class GroupOrderMachine(LayerGroupsMachine):
         free = paged.num_free_blocks
         lengths = [paged._requests[rid][g].seq_len for g in range(len(self.model.groups))]
         if at == "allocate":
-            pool.allocate_many = fail_allocate  # type: ignore[method-assign]
+            pool.allocate_many = fail_allocate  # type: ignore[method-assign,assignment]
         else:
-            paged._write = fail_write  # type: ignore[method-assign]
+            paged._write = fail_write  # type: ignore[method-assign,assignment]
         try:
             paged.append(rid, kv)
         except CapacityError:
