@@ -62,21 +62,20 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         lambda s: any(x.encoder_len is None for x in s)
     )
 
+    #: pool pages and prefix caching (subclasses draw tighter pools, more hits)
+    NUM_BLOCKS: st.SearchStrategy[int] = st.integers(4, 40)
+    PREFIX: st.SearchStrategy[bool] = st.booleans()
+    #: tokens of the prompt appended at admission, of `rest` after the hit
+    FIRST_CHUNK = staticmethod(lambda rest: st.one_of(st.just(rest), st.integers(0, rest)))
+
     @initialize(
         data=st.data(),
         block_size=st.sampled_from([1, 2, 3, 4, 8]),
-        num_blocks=st.integers(4, 40),
         num_cpu_blocks=st.integers(0, 24),
-        prefix=st.booleans(),
     )
-    def setup(
-        self,
-        data: st.DataObject,
-        block_size: int,
-        num_blocks: int,
-        num_cpu_blocks: int,
-        prefix: bool,
-    ) -> None:
+    def setup(self, data: st.DataObject, block_size: int, num_cpu_blocks: int) -> None:
+        num_blocks = data.draw(self.NUM_BLOCKS, label="num_blocks")
+        prefix = data.draw(self.PREFIX, label="prefix caching")
         self.model = _model(self.draw_specs(data, block_size))
         self.paged = LayerGroupsPagedCache(
             self.model,
@@ -187,7 +186,7 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         self.last_step[rid] = (0, hit)
         self.prompts[rid] = (prompt, hit)
         rest = len(prompt) - hit
-        first = data.draw(st.one_of(st.just(rest), st.integers(0, rest)), label="first chunk")
+        first = data.draw(self.FIRST_CHUNK(rest), label="first chunk")
         if first:
             self._append(rid, first)
         return rid
@@ -272,9 +271,10 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         self.paged.fork(parent, child)
         self.ref.fork(parent, child)
         self.last_step[child] = self.last_step[parent]
-        for state in (self.hit_kept, self.prompts):
-            if parent in state:
-                state[child] = state[parent]  # type: ignore[index]
+        if parent in self.hit_kept:
+            self.hit_kept[child] = self.hit_kept[parent]
+        if parent in self.prompts:
+            self.prompts[child] = self.prompts[parent]
         return child
 
     @rule(rid=consumes(requests))

@@ -186,6 +186,13 @@ class GroupOrderMachine(LayerGroupsMachine):
     """The layer-group differential over drawn group orders and window residues, with
     failures injected into appends (module docstring)."""
 
+    NUM_BLOCKS = st.integers(3, 16)  # tight: appends meet a full pool
+    PREFIX = st.integers(0, 3).map(bool)  # caching on 3 times in 4
+    #: often nothing after the hit: the views right after it are read
+    FIRST_CHUNK = staticmethod(
+        lambda rest: st.one_of(st.just(rest), st.just(0), st.integers(0, rest))
+    )
+
     def draw_specs(self, data: st.DataObject, block_size: int) -> list[KVCacheSpec]:
         order = data.draw(
             st.sampled_from(["full first", "windows first", "windows around", "windows only"]),
@@ -193,7 +200,8 @@ class GroupOrderMachine(LayerGroupsMachine):
         )
 
         def window() -> KVCacheSpec:
-            residue = data.draw(st.integers(0, block_size - 1), label="window mod block")
+            residues = st.one_of(st.just(1 % block_size), st.integers(0, block_size - 1))
+            residue = data.draw(residues, label="window mod block")  # 1: a hit keeps less
             w = data.draw(st.integers(0, 2), label="whole blocks") * block_size + residue
             return S.sliding_window(w or block_size)
 
@@ -207,6 +215,26 @@ class GroupOrderMachine(LayerGroupsMachine):
         if data.draw(st.booleans(), label="cross group"):
             specs.append(S.cross_attention(data.draw(st.integers(1, 2 * block_size))))
         return specs
+
+    @precondition(lambda self: any(self._resident(r) for r in self.last_step))
+    @rule(data=st.data(), n=st.integers(1, 9))
+    def grow(self, data: st.DataObject, n: int) -> None:
+        """Append to a live request (the bundle's `append` often draws a freed one): the
+        views after a hit at every position, and full pools, come up more often."""
+        rid = data.draw(st.sampled_from([r for r in self.last_step if self._resident(r)]))
+        self._append(rid, n)
+
+    # `grow` is drawn three times as often as any other rule: the states of issue 36
+    # come from appends (a full pool, windows sliding, a hit read as it grows)
+    @precondition(lambda self: any(self._resident(r) for r in self.last_step))
+    @rule(data=st.data(), n=st.integers(1, 9))
+    def grow_again(self, data: st.DataObject, n: int) -> None:
+        self.grow(data, n)
+
+    @precondition(lambda self: any(self._resident(r) for r in self.last_step))
+    @rule(data=st.data(), n=st.integers(1, 3))
+    def decode(self, data: st.DataObject, n: int) -> None:
+        self.grow(data, n)
 
     @precondition(lambda self: any(self._resident(r) for r in self.last_step))
     @rule(data=st.data(), n=st.integers(1, 9), at=st.sampled_from(["allocate", "write"]))
@@ -236,9 +264,9 @@ class GroupOrderMachine(LayerGroupsMachine):
         free = paged.num_free_blocks
         lengths = [paged._requests[rid][g].seq_len for g in range(len(self.model.groups))]
         if at == "allocate":
-            pool.allocate_many = fail_allocate  # type: ignore[method-assign]
+            pool.allocate_many = fail_allocate  # type: ignore[method-assign,assignment]
         else:
-            paged._write = fail_write  # type: ignore[method-assign]
+            paged._write = fail_write  # type: ignore[method-assign,assignment]
         try:
             paged.append(rid, kv)
         except CapacityError:
@@ -261,3 +289,78 @@ class GroupOrderMachine(LayerGroupsMachine):
 # examples from the hypothesis profile (ci: 25), steps per example fixed here
 GroupOrderMachine.TestCase.settings = settings(stateful_step_count=25, deadline=None)
 test_group_orders_and_injected_failures_paged_vs_reference = GroupOrderMachine.TestCase
+
+
+def _orders(block_size: int) -> list[list[KVCacheSpec]]:
+    """Every order of a full group and two windows, the windows with every residue mod
+    the block size (one and two whole blocks plus the residue)."""
+    out = []
+    for r in range(block_size):
+        w1, w2 = S.sliding_window(block_size + r), S.sliding_window(2 * block_size + r)
+        out += [[FULL, w1, w2], [w1, w2, FULL], [w1, FULL, w2], [w1, w2]]
+    return out
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 4])
+def test_capacity_answer_equals_append_up_to_a_full_pool(block_size: int) -> None:
+    """Every group order and window residue, chunks of 1 .. block_size + 1 tokens: grow
+    one request until the pool refuses (or 24 appends); at every step the answer decides the append
+    (refused exactly when it exceeds the free blocks, a refusal changes nothing, a
+    success takes exactly the answer)."""
+    for specs in _orders(block_size):
+        for chunk in range(1, block_size + 2):
+            cache = LayerGroupsPagedCache(_model(specs), num_blocks=7, block_size=block_size)
+            cache.admit("r")
+            for _ in range(24):  # windows alone never fill the pool
+                need, free = cache.blocks_needed_to_append("r", chunk), cache.num_free_blocks
+                before = cache.snapshot()
+                try:
+                    cache.append("r", [_kv(chunk)] * len(specs))
+                except CapacityError:
+                    assert need > free, (specs, chunk, need, free)
+                    assert cache.snapshot() == before
+                    break
+                assert need <= free and cache.num_free_blocks == free - need, (specs, chunk)
+                cache.check()
+
+
+@pytest.mark.parametrize("block_size", [2, 3, 4])
+def test_views_after_a_hit_at_every_position(block_size: int) -> None:
+    """Windows with every residue mod the block size: B hits A's prompt, then appends
+    the rest of its prompt a token at a time; at every position gather and attend both
+    refuse (IndexRangeError) or both read what the reference reads, and they refuse
+    only right after the hit, when the window reaches a block the hit did not keep."""
+    torch.manual_seed(0)
+    for r in range(block_size):
+        model = _model([S.sliding_window(block_size + r), FULL])
+        cache = LayerGroupsPagedCache(model, 30, block_size, enable_prefix_caching=True)
+        ref = LayerGroupsReferenceCache(model)
+        length = 4 * block_size + 1
+        prompt = list(range(length))
+        full = [_kv(length) for _ in range(2)]
+        cache.admit("A", prompt=prompt)
+        cache.append("A", full)
+        hit = cache.admit("B", prompt=prompt)
+        assert hit > 0
+        ref.admit("B")
+        ref.append("B", [(k[:, :hit], v[:, :hit]) for k, v in full])
+        for pos in range(hit, length + 1):
+            query = torch.randn((1, 1, 4))
+            for group in range(2):
+                try:
+                    pk, pv = cache.gather("B", group)
+                except IndexRangeError:
+                    assert pos == hit and r == 1 % block_size, (r, pos)
+                    with pytest.raises(IndexRangeError):
+                        cache.attend(["B"], query, group, 0, backend="torch")
+                    continue
+                rk, rv = ref.gather("B", group)
+                assert torch.equal(pk, rk) and torch.equal(pv, rv), (r, pos, group)
+                out = cache.attend(["B"], query, group, 0, backend="torch")
+                expect = ref.attend(["B"], query, group, 0)
+                assert oracle.relative_error(out, expect) <= oracle.tolerance(torch.float32)
+            if pos < length:
+                one = [(k[:, pos : pos + 1], v[:, pos : pos + 1]) for k, v in full]
+                cache.append("B", one)
+                ref.append("B", one)
+        cache.check()
