@@ -103,8 +103,8 @@ KERNELS: list[Mutant] = [
     Mutant(
         "kernels.triton.decode_scale_natural_log",
         "kernels/triton_kernels.py",
-        '            s = s * scale_log2\n            s = tl.where(tok_ok[None, :], s, float("-inf"))',
-        '            s = s * (scale_log2 / 1.4426950408889634)\n            s = tl.where(tok_ok[None, :], s, float("-inf"))',
+        '            s = s * qk_scale\n            s = tl.where(tok_ok[None, :], s, float("-inf"))',
+        '            s = s * (qk_scale / 1.4426950408889634)\n            s = tl.where(tok_ok[None, :], s, float("-inf"))',
         "Triton decode uses the softmax scale without the log2(e) factor its exp2 needs",
         (SW + "::test_sliding_window_skips_released_blocks[triton]",),
     ),
@@ -127,8 +127,10 @@ KERNELS: list[Mutant] = [
     Mutant(
         "kernels.triton.prefill_fp8_v_scale_inverted",
         "kernels/triton_kernels.py",
-        "            v_scale = tl.load(v_scale_ptr + kv_head) * (1 << (15 - FP8_BIAS))\n        kv_begin = 0",
-        "            v_scale = (1.0 / tl.load(v_scale_ptr + kv_head)) * (1 << (15 - FP8_BIAS))\n        kv_begin = 0",
+        "            v_scale = tl.load(v_scale_ptr + kv_head) * (1 << (15 - FP8_BIAS))\n"
+        "            qk_scale = scale_log2 * k_scale\n        kv_begin = 0",
+        "            v_scale = (1.0 / tl.load(v_scale_ptr + kv_head)) * (1 << (15 - FP8_BIAS))\n"
+        "            qk_scale = scale_log2 * k_scale\n        kv_begin = 0",
         "Triton fp8 prefill dequantizes V with the inverse scale",
         (C + "test_kernels_fp8_triton.py::test_fp8_triton_sliding_window_prefill",),
     ),
@@ -191,8 +193,8 @@ WORKLOADS: list[Mutant] = [
     Mutant(
         "workloads.trace_import.azure_fields_swapped",
         "workloads/trace_import.py",
-        "    return (index, arrival, lengths[0], lengths[1]), arrival, origin",
-        "    return (index, arrival, lengths[1], lengths[0]), arrival, origin",
+        "    return (index, scaled, lengths[0], lengths[1]), arrival, origin",
+        "    return (index, scaled, lengths[1], lengths[0]), arrival, origin",
         "Azure import swaps ContextTokens and GeneratedTokens",
         (W + "test_trace_import.py",),
     ),
@@ -207,8 +209,8 @@ WORKLOADS: list[Mutant] = [
     Mutant(
         "workloads.trace_import.mooncake_speed_multiplies",
         "workloads/trace_import.py",
-        "            arrival / speed,",
-        "            arrival * speed,",
+        "    scaled = seconds / speed\n",
+        "    scaled = seconds * speed\n",
         "Mooncake import slows the trace down by --speed instead of speeding it up",
         (W + "test_trace_import.py",),
     ),
