@@ -323,19 +323,23 @@ class PrefixCache:
     ) -> bool:
         """Index a full block under `key`; False (nothing changes) if the key is taken
         (another block already holds this prefix) or the block is already indexed."""
-        by_key, by_block = self._by_key, self._by_block
-        if block in by_block:
+        if block in self._by_block:
             return False
+        return self._insert_packed(block, key, parent, token_bytes(tokens), extra)
+
+    def _insert_packed(
+        self, block: int, key: bytes, parent: bytes | None, packed: bytes, extra: ExtraKeys
+    ) -> bool:
+        """`insert` of a block not yet indexed, its ids given as `token_bytes`."""
+        by_key, by_block = self._by_key, self._by_block
         if key in by_key:
             if not self.index_duplicates:
                 return False
             self._dups.setdefault(key, []).append(block)
-            by_block[block] = _new_entry(
-                _Entry, (key, parent, tokens if type(tokens) is tuple else tuple(tokens), extra)
-            )
+            by_block[block] = _new_entry(_Entry, (key, parent, packed, extra))
             return True
         by_key[key] = block
-        by_block[block] = _new_entry(_Entry, (key, parent, token_bytes(tokens), extra))
+        by_block[block] = _new_entry(_Entry, (key, parent, packed, extra))
         return True
 
     def insert_chain(
@@ -352,7 +356,8 @@ class PrefixCache:
         by_key, by_block = self._by_key, self._by_block
         if self.index_duplicates:
             for block, key, chunk in zip(blocks, keys, chunks, strict=True):
-                self.insert(block, key, parent, chunk, extra)
+                if block not in by_block:
+                    self._insert_packed(block, key, parent, chunk, extra)
                 parent = key
             return
         for block, key, chunk in zip(blocks, keys, chunks, strict=True):
