@@ -471,11 +471,15 @@ class ContiguousKVCache:
         return Footprint(size, self.capacity_tokens, "slots")
 
     def next_growth(self, request_id: RequestId, length: int) -> int:
-        """pow2: the next power of two (a relocation); max and oracle reservations hold
-        every token the request will have, so it never needs more (NO_GROWTH)."""
-        if self.policy == "pow2":
-            return min(next_pow2(max(length, 1)), self.max_seq_len)
-        return NO_GROWTH
+        """The end of the request's reservation (an append there relocates: pow2 to the
+        next power of two, oracle to exactly what it needs), or NO_GROWTH once the
+        reservation is max_seq_len (policy max: past it an append is refused, not
+        grown). Read from the reservation, not the policy, so an oracle hint that fell
+        short of the tokens that came is followed, never trusted blindly."""
+        reserved = self._get(request_id).reserved
+        if reserved >= self.max_seq_len:
+            return NO_GROWTH
+        return max(length, reserved)
 
     def occupancy(self) -> Occupancy:
         """(0, 0, 0, live slots, reserved slots): no blocks."""

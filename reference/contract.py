@@ -139,8 +139,9 @@ class KVCache(Protocol):
         """Admit a request with its prompt token ids and reserve room for the prompt.
 
         `salt` isolates prefix sharing (different salts never share). `output_len` is a
-        hint of how many tokens will be generated (used by reservation policies that
-        know the future; others ignore it).
+        hint of how many tokens will follow the admitted ones: the tokens to be
+        generated, plus the rest of the prompt when only a first chunk is admitted (used
+        by reservation policies that know the future; others ignore it).
 
         Returns how many prompt tokens are already cached (their KV is in place and
         `seq_len` starts there); always 0 for a cache without prefix caching. At least the

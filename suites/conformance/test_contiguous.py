@@ -107,6 +107,30 @@ def test_oracle_policy_needs_output_len() -> None:
     assert cache.stats().reserved_slots == 7
 
 
+@pytest.mark.parametrize("policy", ["max", "pow2", "oracle"])
+def test_next_growth_is_where_an_append_first_relocates(policy: str) -> None:
+    """next_growth is checked against what append does: walking one token at a time,
+    the reservation changes exactly at the lengths next_growth named (an oracle hint
+    that fell short included: the hint below is 2 tokens short), and never for max."""
+    cache = ContiguousKVCache(GEOMETRY, 64, 24, policy, store_kv=False)
+    cache.admit("a", [1, 2, 3], output_len=4)  # 3 + 4 reserved; 3 + 6 will come
+    for length in range(9):
+        point = cache.next_growth("a", length)
+        before = cache.reservation("a")
+        cache.append_tokens("a", 1)
+        grew = cache.reservation("a") != before
+        assert point >= length
+        assert grew == (point == length), (policy, length, point, before)
+
+
+def test_a_chunk_admitted_with_everything_to_come_reserves_it_all() -> None:
+    """The admit hint counts the tokens after the admitted ones (contract.admit): a
+    first chunk of 4 of a 7-token prompt with 3 to generate reserves all 10 under oracle."""
+    cache = ContiguousKVCache(GEOMETRY, 64, 24, "oracle", store_kv=False)
+    cache.admit("a", [0] * 4, output_len=3 + 3)
+    assert cache.reservation("a")[1] == 10
+
+
 def test_external_fragmentation_refuses_admission_with_enough_free_slots() -> None:
     cache = ContiguousKVCache(GEOMETRY, 40, 16, "max")
     for rid in ("a", "b"):

@@ -218,9 +218,10 @@ class V1Policy:
             return None  # the whole sequence must fit now (scheduler_reserve_full_isl)
         part = tokens if hit + n == total else tokens[: hit + n]
         try:
-            cached = cache.admit(
-                seq.sid, part, salt=seq.salt, output_len=seq.req.output_len - seq.generated
-            )
+            # the hint counts every token still to come after `part`: the rest of a
+            # chunked prompt as well as the output (an oracle reservation holds them all)
+            to_come = total - len(part) + seq.req.output_len - seq.generated
+            cached = cache.admit(seq.sid, part, salt=seq.salt, output_len=to_come)
         except CapacityError:
             return None
         assert cached == hit, f"{seq.sid}: admitted with {cached} cached tokens, probed {hit}"
