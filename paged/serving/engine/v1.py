@@ -308,6 +308,7 @@ class V1Policy:
                 if not self._append(seq, start, n, log):
                     broke = True
                     break
+                st.epoch += 1  # a chunk took memory and filled blocks a prompt may match
                 chunks.append((seq, start, n))
                 chunked += n
                 prefills_before += 1
@@ -346,8 +347,10 @@ class V1Policy:
         g = seq.base_g + (t - seq.base_step)
         st.agg_sync += c + 1 - seq.synced
         seq.synced = c + 1
-        if bs and (c % bs == 0 or (seq.hashed and (c + 1) % bs == 0)):
-            st.epoch += 1  # allocated a block, or filled one a prompt could match
+        if not bs or c % bs == 0 or (seq.hashed and (c + 1) % bs == 0):
+            # allocated a block, or filled one a prompt could match; a contiguous
+            # cache may have relocated (its gaps, and so what it admits, changed)
+            st.epoch += 1
         seq.generated = g + 1
         seq.base_step, seq.base_c, seq.base_g = t + 1, c + 1, g + 1
         if lines.windows:
