@@ -1,5 +1,5 @@
 """Serving figures drawn the way the vLLM paper draws them (its Figure 12), beyond what a
-`figures.FigureSpec` line chart can say:
+`figure_specs.FigureSpec` line chart can say:
 
 * serving.rate, one figure per (set-up, workload): mean normalized latency against request
   rate with the latency bound drawn and each system's sustained rate marked, beside TTFT

@@ -5,17 +5,15 @@ source instead of a row of wide columns."""
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
+from kvbench.reports.coefficient_table import CoefficientRow, coefficient_table
 from kvbench.reports.derived_table import DerivedTable
-from kvbench.reports.tables import latest
 
 SUITE = "serving.measured"
 
-#: metric -> (quantity, unit shown, scale from the stored unit, source)
-ROWS: tuple[tuple[str, str, str, float, str], ...] = (
+#: The coefficients shown, each with its source (`coefficient_table.CoefficientRow`).
+ROWS: tuple[CoefficientRow, ...] = (
     ("fitted_step_overhead", "fixed per-step cost", "ms", 1e3,
      "fitted to the fit runs' steps, at the host speed of their median empty call"),
     ("empty_call_median", "empty call (1 token, no context)", "ms", 1e3,
@@ -52,27 +50,16 @@ ROWS: tuple[tuple[str, str, str, float, str], ...] = (
 
 def calibration_table(frame: pd.DataFrame) -> DerivedTable | None:
     """The calibration case's coefficients with units and sources (None without it)."""
-    rows = latest(frame[frame["suite"] == SUITE])
-    if "calibration" in rows.columns:
-        rows = rows[rows["calibration"].notna()]
-    values = dict(zip(rows["metric"], rows["value"], strict=False))
-    if "fitted_bandwidth" not in values:
-        return None
-    table = DerivedTable(
-        "CPU calibration: the step-time model's coefficients and their sources",
-        "step seconds = h x (fixed + max(bytes read / bandwidth, FLOPs / FLOP/s)), bytes = the "
+    return coefficient_table(
+        frame,
+        SUITE,
+        ROWS,
+        title="CPU calibration: the step-time model's coefficients and their sources",
+        note="step seconds = h x (fixed + max(bytes read / bandwidth, FLOPs / FLOP/s)), bytes = the "
         "weights once + each sequence's own KV tokens (paged and contiguous alike, read in "
         "place), h = the host speed measured beside each step (the mean of its two "
         "bracketing empty calls over their fit-set median; measured, never fitted); fitted on separate runs (paged, "
         "batches 1 / 6 / 24 and Poisson 8 req/s), judged on every other case's steps (held "
         "out: their step_error_mean; without the empty calls: step_error_mean_constant).",
-        ["quantity", "value", "unit", "source"],
-        numeric_columns=(1,),
+        required="fitted_bandwidth",
     )
-    for metric, quantity, unit, scale, source in ROWS:
-        v = values.get(metric)
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            continue
-        shown = f"{v * scale:,.0f}" if unit == "steps" else f"{v * scale:,.3g}"
-        table.rows.append([quantity, shown, unit, source])
-    return table

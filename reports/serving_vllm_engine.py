@@ -10,6 +10,7 @@ import math
 
 import pandas as pd
 
+from kvbench.reports.coefficient_table import CoefficientRow, coefficient_table
 from kvbench.reports.derived_table import DerivedTable
 from kvbench.reports.tables import latest
 
@@ -107,8 +108,8 @@ def comparison_table(frame: pd.DataFrame) -> DerivedTable | None:
     return table if table.rows else None
 
 
-#: metric -> (quantity, unit, scale, source)
-FIT_ROWS: tuple[tuple[str, str, str, float, str], ...] = (
+#: The coefficients shown, each with its source (`coefficient_table.CoefficientRow`).
+FIT_ROWS: tuple[CoefficientRow, ...] = (
     ("fitted_step_overhead", "fixed per-step cost", "ms", 1e3,
      "fitted to the fit traces' vLLM steps (measured here), at the median host speed"),
     ("fitted_seq_overhead", "cost per scheduled sequence", "ms", 1e3,
@@ -131,25 +132,14 @@ FIT_ROWS: tuple[tuple[str, str, str, float, str], ...] = (
 
 def fit_table(frame: pd.DataFrame) -> DerivedTable | None:
     """The fitted CPU time model's coefficients with their sources."""
-    rows = latest(frame[frame["suite"] == SUITE])
-    if "calibration" in rows.columns:
-        rows = rows[rows["calibration"].notna()]
-    values = dict(zip(rows["metric"], rows["value"], strict=False))
-    if "fitted_step_overhead" not in values:
-        return None
-    table = DerivedTable(
-        "The CPU time model of the prediction, fitted to other vLLM runs",
-        "step seconds = h x (fixed + per-sequence x sequences) + max(bytes read / bandwidth, "
+    return coefficient_table(
+        frame,
+        SUITE,
+        FIT_ROWS,
+        title="The CPU time model of the prediction, fitted to other vLLM runs",
+        note="step seconds = h x (fixed + per-sequence x sequences) + max(bytes read / bandwidth, "
         "FLOPs / FLOP/s) (paged.serving.calibration), h = the median host probe around the "
         "step over its fit-set median (measured, never fitted); FLOPs = 2 x the layers' "
         "parameters per token + attention.",
-        ["quantity", "value", "unit", "source"],
-        numeric_columns=(1,),
+        required="fitted_step_overhead",
     )
-    for metric, quantity, unit, scale, source in FIT_ROWS:
-        v = values.get(metric)
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            continue
-        shown = f"{v * scale:,.0f}" if unit in ("steps", "blocks") else f"{v * scale:,.3g}"
-        table.rows.append([quantity, shown, unit, source])
-    return table

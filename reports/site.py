@@ -34,6 +34,7 @@ import pandas as pd
 from kvbench.reports import calibration as calibration_page
 from kvbench.reports import claims as claims_mod
 from kvbench.reports import (
+    figure_specs,
     figures,
     figures_serving,
     fp8_tables,
@@ -152,7 +153,7 @@ def _sweep_page(
     page.kind_note = _provenance(frame)
     made = produced_by.produced(name, frame, declared)
     page.produced, page.produced_sentence = made.tag(), made.sentence()
-    for i, spec in enumerate(figures.specs_for(name)):
+    for i, spec in enumerate(figure_specs.specs_for(name)):
         svg = figures.render(frame, spec)
         if svg is None:
             continue

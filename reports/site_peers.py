@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvbench.reports import figures, tables
+from kvbench.reports import figure_specs, figures, tables
 from kvbench.reports.site_common import slug as _slug
 
 PEERS_HREF = "peers.html"
@@ -161,7 +161,7 @@ def _peer_table(suite: str, sub: pd.DataFrame, impls: list[str]) -> tuple[list, 
 
 
 def _peer_figures(suite: str, sub: pd.DataFrame, fig_dir: Path) -> list[dict[str, str]]:
-    specs = [s for s in figures.specs_for(suite) if not s.fixed]
+    specs = [s for s in figure_specs.specs_for(suite) if not s.fixed]
     if suite == "peers.cpu_decode":
         # One pair of figures per batch size measured at two or more context lengths; a
         # batch with one context would draw lone points, which its table rows show better.
@@ -173,7 +173,7 @@ def _peer_figures(suite: str, sub: pd.DataFrame, fig_dir: Path) -> list[dict[str
                 ("ratio_vs_sdpa", "Decode time / SDPA vs context", "paged / SDPA", False),
             ):
                 specs.append(
-                    figures.FigureSpec(
+                    figure_specs.FigureSpec(
                         suite,
                         f"{title} (batch {b})",
                         "context",
@@ -186,7 +186,7 @@ def _peer_figures(suite: str, sub: pd.DataFrame, fig_dir: Path) -> list[dict[str
                     )
                 )
         specs.append(
-            figures.FigureSpec(
+            figure_specs.FigureSpec(
                 suite,
                 "Peer decode time / kvbench decode time (paired)",
                 "context",

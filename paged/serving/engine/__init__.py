@@ -57,14 +57,15 @@ prefill, a beam group whose beams could not all be re-admitted alone) is rejecte
 the run with `RequestTooLargeError` naming its trace line (`engine.validate`); a beam
 request on a cache without blocks is refused (`ConfigError`). A run that could never
 change state again, or whose preemptions cycle without progress (nothing decoded,
-prefilled or finished for 10,000 steps), raises `SchedulerError` instead of looping.
+prefilled or finished for 10,000 steps), raises `SchedulerError` instead of looping (`engine.guards`).
 Nothing is dropped silently: the run ends only when every sequence finished, and the
 cache is empty afterwards.
 
 Entry point for other layers: `paged.serving.simulation.simulate`.
 """
 
-from kvbench.paged.serving.engine.engine import BARREN_STEP_LIMIT, Engine
+from kvbench.paged.serving.engine.engine import Engine
+from kvbench.paged.serving.engine.guards import BARREN_STEP_LIMIT
 from kvbench.paged.serving.engine.sequence import Seq, SeqState, kv_for_tokens
 from kvbench.paged.serving.engine.validate import RequestTooLargeError, SchedulerError
 

@@ -14,7 +14,8 @@ relies on and leaves, and `Engine.check` asserts those invariants between steps)
    the budget allow, chunking long prompts);
 5. `prefill`: the chunks are appended; a completed prefill samples its first token
    (n-sample requests fork their children here, beam roots fork their beams);
-6. `retire`: finished sequences free their memory; the step is priced and recorded;
+6. `retire`: finished sequences free their memory; the step is priced and recorded
+   (`engine.results.record_span`) and checked for progress (`engine.guards`);
 7. `skip_quiet` (event mode): the stretch of steps in which nothing but non-allocating
    decode happens is skipped, its time and metrics summed in closed form.
 
@@ -33,6 +34,9 @@ collaborators built over it for each run (`Engine._collaborate`):
     groups      `groups.Groups`: n-sample forks, beam steps and selection, a recomputed
                 group's return
 
+What the run produces (timeline rows, metric sums, the `SimulationResult`) is built in
+`engine.results`; the bug guards that stop a run that cannot finish are `engine.guards`.
+
 See `kvbench.paged.serving.engine` for the whole model (token bookkeeping, beams, event mode,
 bad input).
 """
@@ -49,8 +53,10 @@ from kvbench.paged.serving.beams import BeamGroup
 from kvbench.paged.serving.engine.clock import arrival_step, span_ps
 from kvbench.paged.serving.engine.decode import DecoderLines
 from kvbench.paged.serving.engine.groups import Groups
+from kvbench.paged.serving.engine.guards import check_progress
 from kvbench.paged.serving.engine.invariants import check_state
 from kvbench.paged.serving.engine.preempt import Preemption
+from kvbench.paged.serving.engine.results import record_span, run_result
 from kvbench.paged.serving.engine.sequence import (
     NEVER,
     RUNNING,
@@ -60,21 +66,14 @@ from kvbench.paged.serving.engine.sequence import (
 )
 from kvbench.paged.serving.engine.state import EngineState, StepHook
 from kvbench.paged.serving.engine.v1 import V1Policy
-from kvbench.paged.serving.engine.validate import SchedulerError, check_trace
-from kvbench.paged.serving.latency import summarize
-from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, StepRow, TimeModel
+from kvbench.paged.serving.engine.validate import check_trace
+from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, TimeModel
 from kvbench.reference.contract import ServingCache
 from kvbench.workloads.errors import CapacityError, ConfigError
 from kvbench.workloads.prompt_ids import max_token_id
 from kvbench.workloads.trace import SYNTH_BASE, Trace, TraceRequest
 
 log = logging.getLogger(__name__)
-
-#: Consecutive steps in which nothing decodes, prefills or finishes before the engine
-#: calls it a livelock. A sound run has such steps only between a preemption or swap-in
-#: and the next decode (a few in a row); a cycle of preemptions that can never make
-#: progress has nothing else, and is cheap to run this long.
-BARREN_STEP_LIMIT = 10_000
 
 
 class Engine:
@@ -174,7 +173,7 @@ class Engine:
         self._report_progress()
         if self.cache.request_ids():
             raise AssertionError(f"cache not empty after the run: {self.cache.request_ids()[:5]}")
-        return self._result(t_wall, t_cpu)
+        return run_result(self.st, self.cfg.mode, t_wall, t_cpu)
 
     def _begin(self, trace: Trace, progress: Callable[[int], None] | None) -> None:
         """A fresh run state (and collaborators) for `trace`."""
@@ -249,7 +248,7 @@ class Engine:
         self._report_progress()
         progressed = bool(decoders or chunks or had_finishes)
         idle = not due and not chunks and epoch_before == st.epoch and not had_finishes
-        self._guard(t, admission_failed, idle, progressed)
+        check_progress(st, t, len(self.reqs), admission_failed, idle, progressed)
         st.t = t + 1
         if self.event_mode and not st.prefilling and not had_finishes and not st.preempted:
             st.t = self.skip_quiet(t, occupancy)
@@ -557,45 +556,8 @@ class Engine:
         live = occupancy[3] + (
             deferred if self.slots_per_token == 1 else deferred * self.slots_per_token
         )
-        self._record(t, 1, occupancy, live, live, step_ps)
+        record_span(self.st, t, 1, occupancy, live, live, step_ps)
         return occupancy
-
-    def _record(
-        self,
-        first: int,
-        span: int,
-        occupancy: tuple[int, int, int, int, int],
-        live_first: int,
-        live_sum: int,
-        time_ps: int,
-    ) -> None:
-        """The one StepRow builder: a timeline row standing for `span` steps from step
-        `first` (live tokens `live_first` at its first step, `live_sum` over all of
-        them; the batch and the cache's blocks unchanged across them), added to the
-        metric sums, and `time_ps` added to the clock."""
-        st = self.st
-        free_b, used_b, cached_b, _, reserved = occupancy
-        running = len(st.running)
-        st.timeline.append(
-            StepRow(
-                first,
-                span,
-                running,
-                st.agg_d,
-                len(st.waiting),
-                len(st.swapped),
-                free_b,
-                used_b,
-                cached_b,
-                live_first,
-                reserved,
-                time_ps,
-            )
-        )
-        st.sum_live += live_sum
-        st.sum_reserved += span * reserved
-        st.sum_running += span * running
-        st.now_ps += time_ps
 
     def _stamp_times(self) -> None:
         """Stamp this step's first tokens and finishes with the step's end (modeled
@@ -615,31 +577,6 @@ class Engine:
         if self.progress is not None and st.finished != st.last_reported:
             self.progress(st.finished - st.last_reported)
             st.last_reported = st.finished
-
-    def _guard(self, t: int, admission_failed: bool, idle: bool, progressed: bool) -> None:
-        """Bug guards: a head that never fits, a stall, a livelock (SchedulerError)."""
-        st = self.st
-        if admission_failed:
-            head = st.waiting[0][1]
-            raise SchedulerError(
-                f"request {head.req.id!r} cannot be admitted even into an empty cache "
-                f"({head.target} prompt tokens)"
-            )
-        if idle and not st.agg_d and st.next_arrival >= len(self.reqs) and not st.preempted:
-            raise SchedulerError(  # nothing can ever change again
-                f"the engine stalled at step {t} with {len(st.waiting)} waiting and "
-                f"{len(st.swapped)} swapped sequences and nothing running"
-            )
-        if progressed:
-            st.barren = 0
-            return
-        st.barren += 1
-        if st.barren > BARREN_STEP_LIMIT:
-            raise SchedulerError(  # preemption cycling (a livelock)
-                f"the engine made no progress for {st.barren} steps up to step {t} (no "
-                f"token decoded, no prefill, no finish) with {len(st.running)} running, "
-                f"{len(st.waiting)} waiting and {len(st.swapped)} swapped sequences"
-            )
 
     def skip_quiet(self, t: int, occupancy: tuple[int, int, int, int, int]) -> int:
         """Phase 7 (event mode, after a step with no prefill left, no finish and no
@@ -673,7 +610,7 @@ class Engine:
         else:
             live_first = occupancy[3] + m * (a - st.agg_sync + d * (first + 1))
             live_sum = k * occupancy[3] + m * (k * (a - st.agg_sync) + d * (sum_t + k))
-        self._record(first, k, occupancy, live_first, live_sum, cost)
+        record_span(st, first, k, occupancy, live_first, live_sum, cost)
         return stop
 
     def _wins(self) -> tuple[tuple[int, int, int], ...]:
@@ -681,40 +618,7 @@ class Engine:
         st = self.st
         return tuple(zip(self.lines.windows, st.win_a, st.win_d, strict=True))
 
-    # ------------------------------------------------------------------ results, checks
-    def _result(self, t_wall: float, t_cpu: float) -> SimulationResult:
-        """The run's summary, records and timeline."""
-        st = self.st
-        steps, gen = st.t, st.generated
-        seconds = st.now_ps / 1e12
-        wall = time.perf_counter() - t_wall
-        records = [s.rec for s in st.seqs]
-        return SimulationResult(
-            utilization=st.sum_live / st.sum_reserved if st.sum_reserved else 1.0,
-            peak_concurrency=st.peak,
-            preemptions=st.preemptions,
-            swaps=st.swaps,
-            recomputes=st.recomputes,
-            steps=steps,
-            generated_tokens=gen,
-            tokens_per_step=gen / steps if steps else 0.0,
-            modeled_seconds=seconds,
-            tokens_per_second=gen / seconds if seconds else 0.0,
-            processed_steps=st.processed,
-            wall_seconds=wall,
-            mean_running=st.sum_running / steps if steps else 0.0,
-            records=records,
-            timeline=st.timeline,
-            info={
-                "bound_overrides": st.overrides,
-                "mode": self.cfg.mode,
-                "events": st.events,
-                "events_per_second": st.events / max(time.perf_counter() - t_wall, 1e-9),
-                "cpu_seconds": time.process_time() - t_cpu,
-            },
-            latency=summarize(records),
-        )
-
+    # ------------------------------------------------------------------ checks
     def check(self) -> None:
         """Assert the invariants every phase relies on, between steps (tests call it,
         or pass checked=True): see `kvbench.paged.serving.engine.invariants`."""

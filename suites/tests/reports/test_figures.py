@@ -7,6 +7,7 @@ import re
 import pandas as pd
 
 from kvbench.reports import figures
+from kvbench.reports.figure_specs import FigureSpec
 
 
 def test_a_series_keeps_its_color_in_every_figure_of_a_suite() -> None:
@@ -23,8 +24,8 @@ def test_a_series_keeps_its_color_in_every_figure_of_a_suite() -> None:
                              "unit": "ratio"})  # fmt: skip
     frame = pd.DataFrame(rows)
 
-    def spec(metric: str) -> figures.FigureSpec:
-        return figures.FigureSpec("peers.cpu_decode", metric, "context", (metric,), logx=True)
+    def spec(metric: str) -> FigureSpec:
+        return FigureSpec("peers.cpu_decode", metric, "context", (metric,), logx=True)
 
     def line_colors(svg: str) -> list[str]:
         return re.findall(r"stroke: (#[0-9a-f]{6}); stroke-width: 1\.5", svg)
@@ -58,7 +59,7 @@ def _axes_count(svg: str) -> int:
 
 
 def test_a_crowded_figure_is_split_into_panels_of_at_most_eight_series() -> None:
-    spec = figures.FigureSpec("kernel.decode", "t", "ctx_len", ("paging_overhead",), logx=True,
+    spec = FigureSpec("kernel.decode", "t", "ctx_len", ("paging_overhead",), logx=True,
                               percent=True)  # fmt: skip
     few = figures.render(_decode_rows(("float32",), (1, 8, 16)), spec)
     many = figures.render(_decode_rows(("float32", "bfloat16", "float16"), (1, 2, 4, 8, 16)), spec)
@@ -68,7 +69,7 @@ def test_a_crowded_figure_is_split_into_panels_of_at_most_eight_series() -> None
 
 
 def test_integer_ticks_and_a_flat_share_not_drawn_past_100_percent() -> None:
-    spec = figures.FigureSpec("kernel.decode", "t", "ctx_len", ("paging_overhead",), logx=True,
+    spec = FigureSpec("kernel.decode", "t", "ctx_len", ("paging_overhead",), logx=True,
                               percent=True)  # fmt: skip
     svg = figures.render(_decode_rows(("float32",), (8,), value=1.0), spec)
     assert svg

@@ -183,7 +183,7 @@ def test_figure_kinds_are_among_their_sweeps() -> None:
     """A figure's own kinds are a part of its sweep's (`Produced.only` refuses others),
     and every figure of trace.serving names exactly one (its views are one kind each)."""
     import kvbench.suites.bench.catalog  # noqa: F401  (registers every sweep)
-    from kvbench.reports.figures import SPECS
+    from kvbench.reports.figure_specs import SPECS
     from kvbench.suites.bench import registry
 
     for spec in SPECS:

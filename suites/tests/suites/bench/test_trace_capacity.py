@@ -176,7 +176,7 @@ def test_the_capacity_figure_draws_the_ceiling_once_on_decades(
     """The ceiling (the same for every series) is one series named by its metric; each
     method's (and policy's) hit rate is its own; the x axis is log 10 (capacities are
     decades). A results file written before the method column draws as it did."""
-    from kvbench.reports import figures
+    from kvbench.reports import figure_specs, figures
 
     with ResultWriter("c", tmp_path) as w:
         for extra in params:
@@ -187,7 +187,7 @@ def test_the_capacity_figure_draws_the_ceiling_once_on_decades(
                 w.record(SWEEP, case, "hit_rate_ceiling", 0.37, "fraction")
     (run,) = load_runs(["c"], tmp_path)
     frame = run.frame()
-    (spec,) = [s for s in figures.specs_for(SWEEP) if s.fixed.get("block_size") == 512]
+    (spec,) = [s for s in figure_specs.specs_for(SWEEP) if s.fixed.get("block_size") == 512]
     assert spec.logx_base == 10
     sub = figures._select(figures._suite_rows(frame, spec), spec)
     ceiling = sub[sub["metric"] == "hit_rate_ceiling"]
