@@ -27,7 +27,10 @@ KV group, no speculative decoding, no connector), restated over kvbench's cache 
   tokens samples one; one that has all its output tokens finishes and frees its blocks
   in scheduling order.
 * Every full block is keyed by its token ids when its tokens are scheduled (prompt or
-  generated), as vLLM hashes every block: generated blocks are shareable.
+  generated), as vLLM hashes every block: generated blocks are shareable. Over a
+  memory-only PagedKVCache the keys come from each sequence's whole chain, hashed once
+  at its first admission (`v1_keys`: the admission's probe walks it, appends carry no
+  ids); elsewhere each append hands the cache its ids.
 
 Prefix-cache statistics are counted as vLLM's `PrefixCacheStats` (`V1Stats`): each
 admission adds all of its tokens to the queries and its hit to the hits (separately for
@@ -58,6 +61,7 @@ from typing import Protocol
 from kvbench.paged.serving.engine.decode import DecoderLines
 from kvbench.paged.serving.engine.sequence import RUNNING, WAITING, Seq, by_order
 from kvbench.paged.serving.engine.state import EngineState, StepHook
+from kvbench.paged.serving.engine.v1_keys import KeyChains
 from kvbench.paged.serving.engine.validate import SchedulerError
 from kvbench.paged.serving.time_model import SchedulerConfig
 from kvbench.reference.contract import ServingCache, ServingTraits
@@ -142,6 +146,9 @@ class V1Policy:
                 "vllm-v1 policy sizes a first chunk from the hit before it allocates"
             )
         self.bs = traits.block_size
+        #: whole-sequence key chains (`v1_keys`): appends then carry no ids and each
+        #: admission hashes nothing; None where the cache cannot take them (ids path)
+        self.keys = KeyChains.of(cache)
         self.stats = V1Stats()
         self.on_step: Callable[[V1Decision], None] | None = None
         #: contexts of the decoders the budget starved in this step (not priced)
@@ -165,7 +172,11 @@ class V1Policy:
 
     def _grow(self, seq: Seq, start: int, n: int) -> None:
         """Append n tokens from `start` (their ids keyed when the cache caches
-        prefixes); CapacityError, nothing changed, when they do not fit."""
+        prefixes: from the sequence's chain, `v1_keys`, or given with the append);
+        CapacityError, nothing changed, when they do not fit."""
+        if self.keys is not None:  # a memory-only cache, keyed from the chain
+            self.e.cache.append_tokens(seq.sid, n)
+            return
         self.e.lines.append(seq, start, n, self.ids(seq, start, start + n) if self.prefix else None)
 
     def _preempt(self, victim: Seq) -> None:
@@ -204,7 +215,10 @@ class V1Policy:
         total = len(seq.prompt) + seq.generated
         tokens = seq.prompt if total == len(seq.prompt) else self.ids(seq, 0, total)
         hit = need = 0
-        if self.hit_of is not None:
+        chains = self.keys
+        if chains is not None:
+            hit, need = chains.probe(seq, total)
+        elif self.hit_of is not None:
             hit, need = self.hit_of(tokens, salt=seq.salt)
         elif self.bs:
             need = cache.blocks_needed_to_admit(tokens, salt=seq.salt)
@@ -221,7 +235,10 @@ class V1Policy:
             # the hint counts every token still to come after `part`: the rest of a
             # chunked prompt as well as the output (an oracle reservation holds them all)
             to_come = total - len(part) + seq.req.output_len - seq.generated
-            cached = cache.admit(seq.sid, part, salt=seq.salt, output_len=to_come)
+            if chains is not None:
+                cached = chains.admit(seq, part, to_come)
+            else:
+                cached = cache.admit(seq.sid, part, salt=seq.salt, output_len=to_come)
         except CapacityError:
             return None
         assert cached == hit, f"{seq.sid}: admitted with {cached} cached tokens, probed {hit}"
@@ -327,9 +344,13 @@ class V1Policy:
         """Append n tokens of `seq` from `start`, preempting the last running request
         until they fit; False when `seq` itself was preempted."""
         st = self.e.st
+        plain = self.e.cache.append_tokens if self.keys is not None else None
         while True:
             try:
-                self._grow(seq, start, n)
+                if plain is not None:  # `_grow` over a memory-only cache, keyed by chains
+                    plain(seq.sid, n)
+                else:
+                    self._grow(seq, start, n)
                 return True
             except CapacityError:
                 victim = st.running.pop()
@@ -472,6 +493,9 @@ class V1Policy:
             step_ps = step_ps if measured is None else int(measured)
         st.peak = max(st.peak, len(st.running))
         had_finishes = bool(finished)
+        if self.keys is not None:
+            for seq in finished:
+                self.keys.drop(seq)
         if log is not None:
             sched = [(s, 1) for s, _ in decoded] + [(s, n) for s, _, n in chunks]
             sched.sort(key=lambda x: x[0].order)

@@ -13,9 +13,11 @@ duplicate-block rule). They run alternately in one process, repeat by repeat, fr
 each time (building vLLM's scheduler is not timed).
 
 Metrics (measured here, host seconds): time (kvbench's run), time_vllm, ratio_vllm_over_kvbench
-(median of the per-repeat ratios; the spread holds every repeat's ratio), steps (both
-sides, equal or the case fails), load_avg (1-minute load average at the start, from
-/proc/loadavg: this machine is shared). 1,000 requests by default; 10,000 as well under
+(median of the per-repeat ratios; the spread holds every repeat's ratio), the same three
+in CPU seconds of this process (cpu_time, cpu_time_vllm, cpu_ratio_vllm_over_kvbench:
+on a loaded machine a run gets a varying share of a core, so wall ratios swing with the
+load and CPU ratios much less), steps (both sides, equal or the case fails), load_avg
+(1-minute load average at the start, from /proc/loadavg: this machine is shared). 1,000 requests by default; 10,000 as well under
 --full. Skipped (left out of the grid with the reason) where vLLM is absent.
 """
 
@@ -102,6 +104,8 @@ def scheduler_speed(case: Case, ctx: BenchContext) -> list[Measurement]:
     load = _load()
     kv_t: list[float] = []
     vl_t: list[float] = []
+    kv_c: list[float] = []
+    vl_c: list[float] = []
     steps: set[int] = set()
     repeats = 2 if n >= 10_000 else max(3, min(ctx.timing.repeats, 5))
     with tempfile.TemporaryDirectory() as folder:
@@ -109,23 +113,34 @@ def scheduler_speed(case: Case, ctx: BenchContext) -> list[Measurement]:
             for side in ("vllm", "kvbench") if r % 2 == 0 else ("kvbench", "vllm"):
                 if side == "vllm":
                     drv = VllmDriver(pair, folder)
-                    t0 = time.perf_counter()
+                    c0, t0 = time.process_time(), time.perf_counter()
                     steps.add(vllm_loop(drv, trace, token_of))
                     vl_t.append(time.perf_counter() - t0)
+                    vl_c.append(time.process_time() - c0)
                 else:
                     eng = engine_for(pair, mode=case["mode"])
-                    t0 = time.perf_counter()
+                    c0, t0 = time.process_time(), time.perf_counter()
                     res = eng.run(trace)
                     kv_t.append(time.perf_counter() - t0)
+                    kv_c.append(time.process_time() - c0)
                     steps.add(res.steps)
     if len(steps) != 1:
         raise KVBenchError(f"vLLM and kvbench took different step counts: {sorted(steps)}")
     ratios = [v / k for v, k in zip(vl_t, kv_t, strict=True)]
+    cpu_ratios = [v / k for v, k in zip(vl_c, kv_c, strict=True)]
     return [
         Measurement("time", statistics.median(kv_t), "s", summarize(kv_t)),
         Measurement("time_vllm", statistics.median(vl_t), "s", summarize(vl_t)),
         Measurement(
             "ratio_vllm_over_kvbench", statistics.median(ratios), "ratio", summarize(ratios)
+        ),
+        Measurement("cpu_time", statistics.median(kv_c), "s", summarize(kv_c)),
+        Measurement("cpu_time_vllm", statistics.median(vl_c), "s", summarize(vl_c)),
+        Measurement(
+            "cpu_ratio_vllm_over_kvbench",
+            statistics.median(cpu_ratios),
+            "ratio",
+            summarize(cpu_ratios),
         ),
         Measurement("steps", float(steps.pop()), "steps"),
         Measurement("load_avg", load, "load"),

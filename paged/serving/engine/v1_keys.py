@@ -1,0 +1,108 @@
+"""Whole-sequence key chains for the vllm-v1 replay of a memory-only `PagedKVCache`.
+
+vLLM hashes every full block of a request, prompt and generated alike, so the vllm-v1
+policy keys every block it appends (`V1Policy._grow`). Handing the cache each chunk's
+ids makes it key the blocks one by one as they fill: the ids listed, type-checked and
+stored, each block's ids packed twice (for its key and for its index entry) and hashed
+(half of a replay's time, profiled on the ShareGPT trace of `peers.scheduler_speed`).
+Yet every id a sequence will ever hold is known when it is first admitted (its prompt,
+then its given or synthetic outputs, `Seq.token`), and a block's key depends on its
+content only. So `KeyChains` computes a sequence's whole chain once
+(`prefix_cache.packed_chain`: one packing, one sha256 a block), and the policy:
+
+* probes the admission's hit by walking the chain's keys (`PrefixCache.match_keyed`,
+  every hit verified as `match` verifies it: parent, ids, extra keys) instead of a
+  `prefix_hit` that hashes, and hands the same chain to `PagedKVCache.admit(chain=)`,
+  whose own match walks it again without hashing: one hashing per sequence in all;
+* appends without ids: the cache then keys each block that fills from the chain it was
+  admitted with (`_register_full_blocks` inserts `chain.keys[i]` for every full block
+  i the chain covers, and keeps a chain as long as no ids are given), in bulk.
+
+The chain handed to `admit` is bound to the admitted part of the sequence (the identity
+check of `PagedKVCache._check_chain`) but covers the whole sequence: its keys past the
+admitted part key the chunks and outputs appended later. Same keys, parents and packed
+ids as the ids path, so the index, its hits, duplicates and evictions are the same
+(`suites/conformance/test_v1_keys.py` compares both paths step by step; the scheduler
+differential holds the decisions to vLLM's). The cache keeps no output ids then
+(`token_ids` reads None past the prompt), which a memory-only replay never asks for.
+
+Used only where it applies (`KeyChains.applies`): a memory-only `PagedKVCache` with
+prefix caching and the default key function; any other cache gets the ids path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvbench.paged.block_chain import BlockChain
+from kvbench.paged.cache import PagedKVCache
+from kvbench.paged.prefix_cache import block_key, packed_chain
+from kvbench.paged.serving.engine.sequence import Seq
+from kvbench.reference.contract import ServingCache
+
+
+class KeyChains:
+    """Each admitted sequence's whole key chain (module docstring), by sequence order,
+    from its first admission until it finishes (`drop`)."""
+
+    def __init__(self, cache: PagedKVCache) -> None:
+        assert cache.prefix is not None
+        self.cache = cache
+        self.prefix = cache.prefix
+        self.ref = cache.pool.ref
+        self.bs = cache.block_size
+        self._chains: dict[int, tuple[tuple[bytes, ...], tuple[bytes, ...]]] = {}
+
+    @staticmethod
+    def applies(cache: ServingCache) -> bool:
+        """Whether `cache` takes whole-sequence chains: a memory-only PagedKVCache that
+        caches prefixes with `block_key`."""
+        return KeyChains.of(cache) is not None
+
+    @staticmethod
+    def of(cache: ServingCache) -> KeyChains | None:
+        """The chains of a replay over `cache`, or None where it does not take them."""
+        if (
+            isinstance(cache, PagedKVCache)
+            and not cache.store_kv
+            and cache.prefix is not None
+            and cache.prefix.key_fn is block_key
+        ):
+            return KeyChains(cache)
+        return None
+
+    def chain(self, seq: Seq) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        """(keys, packed ids) of every full block of the sequence's prompt and all its
+        output tokens, computed on first use."""
+        got = self._chains.get(seq.order)
+        if got is None:
+            out = seq.out_tokens
+            base = seq.out_base
+            n_out = seq.req.output_len
+            outs = tuple(out[:n_out]) if out is not None else tuple(range(base, base + n_out))
+            keys, chunks = packed_chain((*seq.prompt, *outs), self.bs, (seq.salt, None))
+            got = self._chains[seq.order] = (tuple(keys), tuple(chunks))
+        return got
+
+    def probe(self, seq: Seq, total: int) -> tuple[int, int]:
+        """`PagedKVCache.prefix_hit` of the sequence's first `total` tokens from its
+        chain: (hit tokens, blocks admitting all `total` would take from the free
+        count); changes nothing."""
+        keys, chunks = self.chain(seq)
+        blocks = self.prefix.match_keyed(keys, chunks, (seq.salt, None), (total - 1) // self.bs)[1]
+        ref = self.ref
+        revived = [ref[b] for b in blocks].count(0)
+        return len(blocks) * self.bs, -(-total // self.bs) - len(blocks) + revived
+
+    def admit(self, seq: Seq, part: Sequence[int], to_come: int) -> int:
+        """`PagedKVCache.admit` of the sequence with `part`, its first tokens, given its
+        chain bound to `part` (covering the whole sequence past them: module docstring);
+        returns the cached tokens (CapacityError, nothing changed, where it does not fit)."""
+        keys, chunks = self.chain(seq)
+        extra = (seq.salt, None)
+        bound = BlockChain(part, self.bs, extra, block_key, keys, chunks)
+        return self.cache.admit(seq.sid, part, salt=seq.salt, output_len=to_come, chain=bound)
+
+    def drop(self, seq: Seq) -> None:
+        """Forget a finished sequence's chain."""
+        self._chains.pop(seq.order, None)
