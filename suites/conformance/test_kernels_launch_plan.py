@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -51,7 +53,7 @@ def _prefill_args(bs: int, dtype: torch.dtype = torch.float32):  # type: ignore[
     return q.repeat(3, 1, 1)[:5].contiguous(), kc, vc, tables, cu, lens
 
 
-def _fp8_scales() -> dict[str, torch.Tensor]:
+def _fp8_scales() -> dict[str, Any]:
     return {"k_scale": torch.tensor([0.5, 2.0]), "v_scale": torch.tensor([1.0, 0.25])}
 
 
