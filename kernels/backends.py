@@ -29,6 +29,7 @@ their rows.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Callable
@@ -69,9 +70,15 @@ def triton_supports(plan: LaunchPlan) -> str | None:
     `kernels.triton_ops`, which imports triton: slow, and absent on some hosts.)"""
     if plan.device not in ("cuda", "cpu", "meta"):
         return f"device {plan.device}: the Triton kernels run on CUDA, or on a CPU interpreted"
-    if importlib.util.find_spec("triton") is None:
+    if not _triton_installed():
         return "the triton package is not installed here"
     return None
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    """Whether triton can be imported (asked once: it is on every CUDA call's path)."""
+    return importlib.util.find_spec("triton") is not None
 
 
 #: Each backend's answer to "can you run this plan?".
