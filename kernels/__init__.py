@@ -3,8 +3,11 @@ paged decode and prefill attention), pure functions on tensors, plus ahead-of-ti
 checks. They know nothing of requests or pools.
 
 Modules:
-    ops            the entry points (validate, then dispatch to Triton or torch)
+    ops            the entry points (validate, plan, then dispatch to the chosen backend)
     validation     checks shared by both versions; errors name the bad value
+    launch_plan    the immutable plan of one attention call (dtypes, window, span, ...)
+    backends       which backend runs a plan and why (each answers `supports(plan)`)
+    window_rule    where a kernel starts reading (first key, first block) and the span
     torch_ops      the torch versions
     triton_kernels the Triton kernel bodies (compiled and interpreted wrappers)
     triton_ops     their launchers

@@ -50,6 +50,8 @@ from types import ModuleType
 
 import torch
 
+from kvbench.kernels import window_rule
+from kvbench.kernels.launch_plan import LaunchPlan
 from kvbench.kernels.validation import AttentionDims, IndexRangeError
 
 log = logging.getLogger(__name__)
@@ -300,9 +302,18 @@ def status() -> KernelStatus:
     return _state[0]
 
 
-def supports(dims: AttentionDims) -> bool:
-    """True when the C++ kernel is available and handles this geometry."""
-    return dims.cache.block_size <= MAX_BLOCK_SIZE and _module() is not None
+def supports(plan: LaunchPlan) -> str | None:
+    """None when the C++ kernel runs `plan` here, else why not, naming the value: CPU
+    tensors only, blocks of at most `MAX_BLOCK_SIZE` tokens (its score rows), and a
+    library that built or loaded (`status()`; checked last, since it builds on first use).
+    Every dtype the ops take (fp8 K/V included), any head dim, window or not."""
+    if plan.device != "cpu":
+        return f"device {plan.device}: the C++ kernel reads CPU tensors only"
+    if plan.block_size > MAX_BLOCK_SIZE:
+        return f"block size {plan.block_size} > {MAX_BLOCK_SIZE} the C++ kernel is compiled for"
+    if _module() is None:
+        return f"the C++ kernel is not loaded here: {status().reason}"
+    return None
 
 
 def task_split(batch: int, num_kv_heads: int, max_blocks: int, threads: int) -> tuple[int, int]:
@@ -371,18 +382,17 @@ def decode(
     dims: AttentionDims,
     *,
     window: int | None = None,
+    span: int | None = None,
 ) -> torch.Tensor:
     """Paged decode attention into `out` ([B, Hq, D]) with the C++ kernel; see kernels.ops.
     With a sliding `window` each sequence's block loop starts at the first block its
-    window touches (at most window + block_size - 1 tokens from there)."""
+    window touches (at most window + block_size - 1 tokens from there). `span`: the
+    launch plan's tokens per sequence (`window_rule.span` when None)."""
     if dims.batch == 0:
         return out
     tables, lens = _tables(block_tables, seq_lens, dims, window)
-    span = (
-        dims.max_seq_len
-        if window is None
-        else min(dims.max_seq_len, window + dims.cache.block_size - 1)
-    )
+    if span is None:
+        span = window_rule.span(dims.max_seq_len, dims.cache.block_size, window)
     max_blocks = -(-span // dims.cache.block_size)
     parts, heads = task_split(
         dims.batch, dims.cache.num_kv_heads, max_blocks, torch.get_num_threads()

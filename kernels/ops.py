@@ -1,15 +1,22 @@
 """The kernel ops as callers use them: validate once, then dispatch to Triton or torch.
 
-Backend choice (`backend=None`):
-    * tensors on CUDA                         -> Triton (compiled)
-    * tensors on CPU and TRITON_INTERPRET=1   -> Triton under the interpreter
-    * otherwise                               -> torch
-On CPU tensors the torch backend's attention ops run the C++ kernel that reads blocks in
-place (`kernels.cpu_paged`, built at first use) and fall back to the gather + SDPA torch
-version where it cannot be built (`cpu_paged.status()` says which path runs).
-`backend="torch"` or `backend="triton"` forces one (Triton on CPU always means the
-interpreter, whatever the environment says). The environment variable is read at call
-time, so it can be set after import.
+Attention (`paged_decode_attention`, `paged_prefill_attention`): validation builds one
+immutable launch plan (`kernels.launch_plan`: dtypes, fp8 format and scales, window,
+span, block size, head dim, device, decode or prefill); each backend (Triton, the C++ CPU
+kernel `cpu_paged`, the torch gather + SDPA path `torch_gather`) says whether it supports
+the plan and, if not, why; `kernels.backends.choose` takes the first of a stated
+preference order that does:
+    * `backend=None`: CUDA, or a CPU with TRITON_INTERPRET=1 (read at call time): Triton,
+      then the C++ kernel, then gather + SDPA; otherwise the C++ kernel, then gather +
+      SDPA (the C++ kernel needs CPU tensors, blocks of at most
+      `cpu_paged.MAX_BLOCK_SIZE` tokens and a build: `cpu_paged.status()`)
+    * `backend="torch"`: the torch side, the C++ kernel first, then gather + SDPA
+    * `backend="triton"` / `"cpu_paged"` / `"torch_gather"`: that backend only; one that
+      cannot run the plan raises ConfigError listing what every backend says
+`KVBENCH_CPU_KERNEL=torch` (or `=cpu_paged`) is a request for the torch side. Nothing
+falls back silently: `decode_launch` / `prefill_launch` return the choice and the reason
+(the backends skipped and why), and the kernel sweeps write them into their rows.
+Triton on CPU tensors always means the interpreter.
 
 Layouts (one attention layer):
     k_cache, v_cache   [num_blocks, block_size, num_kv_heads, head_dim], contiguous;
@@ -27,13 +34,9 @@ take `k_scale` / `v_scale` (float32 `[num_kv_heads]`; `kernels.fp8_ops`); writes
 by the `workloads.fp8` rule (NaN/inf refused when `check_indices`, else stored as NaN),
 reads dequantize to the query dtype in registers (Triton) or after the gather (torch), or
 to float32 in registers (the C++ CPU kernels);
-copies and swaps move the bytes. On CPU tensors fp8 decode and prefill run the C++ fp8
-kernels (`cpu_paged.decode_fp8`, `cpu_paged.prefill_fp8`), with or without a sliding
-window, wherever the 16/32-bit ones would (`cpu_paged.supports`); the gather + dequantize
-+ SDPA version runs only where the C++ kernel is not built (`cpu_paged.status()` says why,
-and bench rows carry it) or the block is longer than `cpu_paged.MAX_BLOCK_SIZE`: the same
-rule for every dtype, window or not. The Triton kernels read fp8 K/V too, with or without
-a window.
+copies and swaps move the bytes. The plan routes fp8 exactly as 16/32-bit K/V, window or
+not: every backend reads fp8 (the C++ fp8 decode and prefill, `cpu_paged.decode_fp8` /
+`prefill_fp8`, wherever the 16/32-bit ones run).
 
 Host reads: with `check_indices=False` no op reads a tensor's values on the host, so a
 call on CUDA tensors only enqueues work (no stream synchronization). The attention ops
@@ -44,33 +47,35 @@ bound from the shapes when it gives none.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 
-from kvbench.kernels import cpu_paged, fp8_ops, torch_ops
+from kvbench.kernels import backends, cpu_paged, fp8_ops, launch_plan, torch_ops
 from kvbench.kernels import validation as val
 from kvbench.workloads import fp8
 
 __all__ = [
     "choose_backend",
     "copy_blocks",
+    "decode_launch",
     "paged_decode_attention",
     "paged_prefill_attention",
+    "prefill_launch",
     "swap_blocks",
     "write_kv",
 ]
 
 
 def choose_backend(device: torch.device, backend: str | None = None) -> str:
-    """The backend an op on tensors of `device` uses: "triton" or "torch"."""
+    """The backend the data-movement ops (`write_kv`, `copy_blocks`, `swap_blocks`) use on
+    tensors of `device`: "triton" or "torch" (their torch versions: they have no C++
+    version, so every request but "triton" runs those). ConfigError on an unknown
+    request. The attention ops choose by launch plan instead (`decode_launch`)."""
     val.check_backend(backend)
     if backend is not None:
-        return backend
-    if device.type == "cuda":
-        return "triton"
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return "triton" if backend == "triton" else "torch"
+    if device.type == "cuda" or (device.type == "cpu" and backends.interpreting()):
         return "triton"
     return "torch"
 
@@ -214,6 +219,65 @@ def paged_decode_attention(
     Returns:
         [batch, num_q_heads, head_dim] in the query dtype (`out` when given).
     """
+    launch, s, kv_scales = _prepare_decode(
+        query, k_cache, v_cache, block_tables, seq_lens, scale, out, backend, check_indices,
+        max_seq_len, k_scale, v_scale, window,
+    )  # fmt: skip
+    if out is None:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    plan = launch.plan
+    args = (query, k_cache, v_cache, block_tables, seq_lens, s, out, plan.dims)
+    if launch.backend == backends.TRITON:
+        return _triton().paged_decode_attention(
+            *args, partition_size, kv_scales, window=plan.window, span=plan.span
+        )
+    if launch.backend == backends.CPU_PAGED:
+        if kv_scales is not None:
+            return cpu_paged.decode_fp8(*args, kv_scales, window=plan.window)
+        return cpu_paged.decode(*args, window=plan.window, span=plan.span)
+    return torch_ops.paged_decode_attention(*args, kv_scales, window=plan.window, span=plan.span)
+
+
+def decode_launch(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    backend: str | None = None,
+    check_indices: bool = True,
+    max_seq_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    window: int | None = None,
+) -> backends.Launch:
+    """What `paged_decode_attention` with these arguments would run, and why (its plan,
+    backend and reason), after the same checks, without running it: what the kernel
+    sweeps write into their rows."""
+    return _prepare_decode(
+        query, k_cache, v_cache, block_tables, seq_lens, None, None, backend, check_indices,
+        max_seq_len, k_scale, v_scale, window,
+    )[0]  # fmt: skip
+
+
+def _prepare_decode(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float | None,
+    out: torch.Tensor | None,
+    backend: str | None,
+    check_indices: bool,
+    max_seq_len: int | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    window: int | None,
+) -> tuple[backends.Launch, float, fp8_ops.KVScales | None]:
+    """Validate a decode call and choose its backend: (launch, softmax scale, fp8 scales)."""
+    val.check_backend(backend)
     dims = val.check_decode(
         query, k_cache, v_cache, block_tables, seq_lens, out, check_indices, max_seq_len,
         window=window,
@@ -222,29 +286,8 @@ def paged_decode_attention(
     kv_scales = fp8_ops.check_kv_scales(
         k_cache, k_scale, v_scale, dims.cache.num_kv_heads, check_indices
     )
-    if out is None:
-        out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    if choose_backend(query.device, backend) == "triton":
-        return _triton().paged_decode_attention(
-            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, partition_size,
-            kv_scales, window=window,
-        )  # fmt: skip
-    if kv_scales is not None:
-        if query.device.type == "cpu" and cpu_paged.supports(dims):
-            return cpu_paged.decode_fp8(
-                query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, kv_scales,
-                window=window,
-            )  # fmt: skip
-        return torch_ops.paged_decode_attention(
-            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, window, kv_scales
-        )
-    if query.device.type == "cpu" and cpu_paged.supports(dims):
-        return cpu_paged.decode(
-            query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, window=window
-        )
-    return torch_ops.paged_decode_attention(
-        query, k_cache, v_cache, block_tables, seq_lens, s, out, dims, window
-    )
+    plan = launch_plan.build("decode", query, k_cache, dims, window=window)
+    return backends.choose(plan, backend), s, kv_scales
 
 
 def paged_prefill_attention(
@@ -291,38 +334,73 @@ def paged_prefill_attention(
     Returns:
         [total_q, num_q_heads, head_dim] in the query dtype (`out` when given).
     """
+    launch, s, kv_scales = _prepare_prefill(
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, out, backend,
+        check_indices, max_seq_len, max_q_len, k_scale, v_scale, window,
+    )  # fmt: skip
+    if out is None:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    plan = launch.plan
+    args = (query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, plan.dims)
+    if launch.backend == backends.TRITON:
+        return _triton().paged_prefill_attention(*args, kv_scales, window=plan.window)
+    if launch.backend == backends.CPU_PAGED:
+        if kv_scales is not None:
+            return cpu_paged.prefill_fp8(*args, kv_scales, window=plan.window)
+        return cpu_paged.prefill(*args, window=plan.window)
+    return torch_ops.paged_prefill_attention(*args, kv_scales, window=plan.window)
+
+
+def prefill_launch(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    backend: str | None = None,
+    check_indices: bool = True,
+    max_seq_len: int | None = None,
+    max_q_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    window: int | None = None,
+) -> backends.Launch:
+    """What `paged_prefill_attention` with these arguments would run, and why, after the
+    same checks, without running it (as `decode_launch`)."""
+    return _prepare_prefill(
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, None, None, backend,
+        check_indices, max_seq_len, max_q_len, k_scale, v_scale, window,
+    )[0]  # fmt: skip
+
+
+def _prepare_prefill(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float | None,
+    out: torch.Tensor | None,
+    backend: str | None,
+    check_indices: bool,
+    max_seq_len: int | None,
+    max_q_len: int | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    window: int | None,
+) -> tuple[backends.Launch, float, fp8_ops.KVScales | None]:
+    """Validate a prefill call and choose its backend: (launch, softmax scale, fp8 scales)."""
+    val.check_backend(backend)
     dims = val.check_prefill(
-        query,
-        k_cache,
-        v_cache,
-        block_tables,
-        cu_seqlens_q,
-        seq_lens,
-        out,
-        check_indices,
-        max_seq_len,
-        max_q_len,
-        window=window,
-    )
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, check_indices,
+        max_seq_len, max_q_len, window=window,
+    )  # fmt: skip
     s = val.check_scale(scale, dims.cache.head_dim)
     kv_scales = fp8_ops.check_kv_scales(
         k_cache, k_scale, v_scale, dims.cache.num_kv_heads, check_indices
     )
-    if out is None:
-        out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    args = (query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims)
-    if choose_backend(query.device, backend) == "triton":
-        return _triton().paged_prefill_attention(*args, kv_scales, window=window)
-    if kv_scales is not None and query.device.type == "cpu" and cpu_paged.supports(dims):
-        return cpu_paged.prefill_fp8(*args, kv_scales, window=window)
-    if kv_scales is not None:
-        return torch_ops.paged_prefill_attention(*args, kv_scales, window=window)
-    if query.device.type == "cpu" and cpu_paged.supports(dims):
-        return cpu_paged.prefill(
-            query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims,
-            window=window,
-        )  # fmt: skip
-    return torch_ops.paged_prefill_attention(
-        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s, out, dims,
-        window=window,
-    )  # fmt: skip
+    plan = launch_plan.build("prefill", query, k_cache, dims, window=window)
+    return backends.choose(plan, backend), s, kv_scales

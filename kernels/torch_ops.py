@@ -17,7 +17,16 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from kvbench.kernels import window_rule
+from kvbench.kernels.launch_plan import LaunchPlan
 from kvbench.kernels.validation import AttentionDims, CacheDims
+
+
+def supports(plan: LaunchPlan) -> str | None:
+    """The gather + SDPA reference path runs every plan validation accepts, on any device
+    (torch does the work): always None."""
+    del plan
+    return None
 
 
 def write_kv(
@@ -144,22 +153,27 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor,
     dims: AttentionDims,
-    window: int | None = None,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    window: int | None = None,
+    span: int | None = None,
 ) -> torch.Tensor:
     """Decode attention of `query[b]` over the first `seq_lens[b]` tokens of its blocks
     (their last `window` tokens when given; see `window_tables`).
 
     Writes `out` ([B, Hq, D], query dtype) and returns it. fp8 caches: the gathered bytes
     are dequantized with `kv_scales` (`float32(byte) * scale`, then the query dtype).
+    `span`: the launch plan's tokens per windowed sequence (`window_rule.span` when None).
     """
     cd = dims.cache
     batch, hq, d = query.shape
     if batch == 0:
         return out
     if window is not None:
+        if span is None:
+            span = window_rule.span(dims.max_seq_len, cd.block_size, window)
         return _windowed_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out,
-                                dims, window, kv_scales)  # fmt: skip
+                                dims, window, span, kv_scales)  # fmt: skip
     n_blocks = -(-dims.max_seq_len // cd.block_size)
     tables = block_tables[:, :n_blocks].to(torch.int64)
     if dims.max_seq_len != int(seq_lens.min()):  # entries past a length may be padding
@@ -199,7 +213,7 @@ def window_tables(
     and reads from max(0, L' - window). `span` bounds every L' (tokens; the launch size).
     """
     lens = seq_lens.to(torch.int64)
-    first = (lens - window).clamp(min=0) // block_size
+    first = window_rule.first_block(lens, window, block_size)
     n_blocks = -(-span // block_size)
     cols = first.unsqueeze(1) + torch.arange(n_blocks, device=block_tables.device)
     cols = cols.clamp(max=block_tables.shape[1] - 1)
@@ -218,14 +232,15 @@ def _windowed_decode(
     out: torch.Tensor,
     dims: AttentionDims,
     window: int,
+    span: int,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Sliding-window decode: gather only the blocks from the first one the window
-    touches, mask the part of that block before the window and the slots past the end.
-    fp8 caches: the gathered bytes are dequantized with `kv_scales` before masking."""
+    touches (`span` tokens at most), mask the part of that block before the window and
+    the slots past the end. fp8 caches: the gathered bytes are dequantized with
+    `kv_scales` before masking."""
     cd = dims.cache
     batch, hq, d = query.shape
-    span = min(dims.max_seq_len, window + cd.block_size - 1)
     tables, lens, lo = window_tables(block_tables, seq_lens, cd.block_size, window, span)
     used = (lens + cd.block_size - 1) // cd.block_size
     cols = torch.arange(tables.shape[1], device=tables.device)
@@ -276,7 +291,7 @@ def paged_prefill_attention(
         start, end, length = cu[b], cu[b + 1], lens[b]
         n = end - start
         n_blocks = -(-length // cd.block_size)
-        lo = 0 if window is None else max(0, length - n - window + 1)  # first key read
+        lo = window_rule.window_start(length, window, n)  # first key read
         first = lo // cd.block_size
         table = block_tables[b : b + 1, first:n_blocks].to(torch.int64)
         span = length - first * cd.block_size

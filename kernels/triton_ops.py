@@ -17,7 +17,7 @@ import torch
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-from kvbench.kernels import configs
+from kvbench.kernels import configs, window_rule
 from kvbench.kernels.triton_kernels import INTERPRETED, JIT
 from kvbench.kernels.validation import AttentionDims, CacheDims
 from kvbench.workloads.errors import ConfigError
@@ -167,12 +167,14 @@ def paged_decode_attention(
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
     window: int | None = None,
+    span: int | None = None,
 ) -> torch.Tensor:
     """Split-KV paged decode: one partition (single pass) when every sequence fits in
     `partition_size` tokens, else per-partition partials merged by log-sum-exp. fp8
     caches: `kv_scales` (float32 [num_kv_heads] for K and V) dequantize each tile. With a
     sliding `window`, the windowed variants read each sequence from the first block its
-    window touches: at most window + block_size - 1 tokens, which sizes the partitions."""
+    window touches: at most window + block_size - 1 tokens, which sizes the partitions.
+    `span`: the launch plan's tokens per sequence (`window_rule.span` when None)."""
     part = configs.DEFAULT_PARTITION if partition_size is None else int(partition_size)
     if part < 1:
         raise ConfigError(f"partition_size={partition_size} must be >= 1")
@@ -180,7 +182,8 @@ def paged_decode_attention(
     batch, hq, d = query.shape
     if batch == 0:
         return out
-    span = dims.max_seq_len if window is None else min(dims.max_seq_len, window + cd.block_size - 1)
+    if span is None:
+        span = window_rule.span(dims.max_seq_len, cd.block_size, window)
     n_parts = max(1, -(-span // part))
     single = n_parts == 1
     windowed = window is not None

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.kernels import window_rule
 from kvbench.workloads import fp8
 from kvbench.workloads.errors import ConfigError, ShapeError
 from kvbench.workloads.geometry import require_positive
@@ -45,8 +46,10 @@ CACHE_DTYPES: tuple[torch.dtype, ...] = (
 )
 #: dtypes accepted for slot mappings, block ids and block tables.
 INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
-#: backends an op can be forced to use.
-BACKENDS: tuple[str, ...] = ("torch", "triton")
+#: backends an op can be asked for (`backend=`): "torch" is the torch side (the C++ CPU
+#: kernel where it runs, else gather + SDPA), the others one backend each
+#: (`kernels.backends`).
+BACKENDS: tuple[str, ...] = ("torch", "triton", "cpu_paged", "torch_gather")
 
 
 class IndexRangeError(ShapeError):
@@ -382,9 +385,10 @@ def _check_tables(
     table = block_tables.detach().to("cpu", torch.int64)
     live = cols < used.unsqueeze(1)
     if window is not None:
-        first_query = lens - (1 if q_lens is None else q_lens)
         # the first block the first query's window touches
-        first = (first_query - window + 1).clamp(min=0) // dims.block_size
+        first = window_rule.first_block(
+            lens, window, dims.block_size, 1 if q_lens is None else q_lens
+        )
         live &= cols >= first.unsqueeze(1)
     entries = table[live]
     bad = entries[(entries < 0) | (entries >= dims.num_blocks)]

@@ -39,7 +39,8 @@ def to_frame(runs: Iterable[RunRows]) -> Any:
 
     Columns: run_id, suite, metric, value, unit, time, case_key, then one column per
     case parameter (named as the parameter; 'case.NAME' if it collides with a base
-    column), then 'stats.NAME' per statistic. Missing parameters are NaN / None.
+    column), then 'stats.NAME' per statistic, and 'note' where a row has one (e.g. why
+    a kernel backend ran). Missing parameters are NaN / None.
     """
     import pandas as pd
 
@@ -58,6 +59,8 @@ def to_frame(runs: Iterable[RunRows]) -> Any:
             rec[f"case.{key}" if key in BASE_COLUMNS or key.startswith("stats.") else key] = val
         for key, val in (row.get("stats") or {}).items():
             rec[f"stats.{key}"] = val
+        if row.get("note"):
+            rec["note"] = row["note"]
         records.append(rec)
     if not records:
         return pd.DataFrame(columns=list(BASE_COLUMNS))

@@ -145,6 +145,7 @@ class ResultRow(Mapping[str, Any]):
     stats: Mapping[str, float | int] | None = None  # held as a plain dict
     time: str = ""
     source_run: str | None = None  # set when a merge copied the row from a shard
+    note: str = ""  # text that goes with the number (e.g. why a kernel backend ran)
 
     def __post_init__(self) -> None:
         _name("suite", self.suite)
@@ -157,6 +158,7 @@ class ResultRow(Mapping[str, Any]):
         _text("time", self.time)
         if self.source_run is not None:
             _text("source_run", self.source_run)
+        _text("note", self.note)
         object.__setattr__(self, "_json", self._make_json())
 
     @classmethod
@@ -174,6 +176,7 @@ class ResultRow(Mapping[str, Any]):
             obj.get("stats"),
             obj.get("time") or "",
             obj.get("source_run"),
+            obj.get("note") or "",
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -194,6 +197,8 @@ class ResultRow(Mapping[str, Any]):
         }
         if self.source_run is not None:
             out["source_run"] = self.source_run
+        if self.note:  # written only when there is one: rows without stay as they were
+            out["note"] = self.note
         return out
 
     @property

@@ -142,6 +142,7 @@ class ResultWriter:
         value: float,
         unit: str,
         stats: Mapping[str, float | int] | None = None,
+        note: str = "",
     ) -> dict[str, Any]:
         """Append one measurement and make it durable; returns the row written.
 
@@ -152,10 +153,11 @@ class ResultWriter:
             value: the measured value (finite).
             unit: its unit, e.g. "s", "B/s", "fraction", "tokens".
             stats: repeat statistics (median, q1, q3, n, min, max, ...), finite numbers.
+            note: text that goes with the number ("" for none; e.g. why a kernel ran).
 
         Raises ConfigError for a bad argument (nothing is written).
         """
-        row = ResultRow(suite, case, metric, value, unit, stats, utc_now()).to_json()
+        row = ResultRow(suite, case, metric, value, unit, stats, utc_now(), note=note).to_json()
         self._write_line(row)
         self.rows_written += 1
         return row

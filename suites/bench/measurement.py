@@ -20,9 +20,12 @@ class Measurement:
         value: the number (the median for repeated timings).
         unit: "s", "B", "B/s", "fraction", "tokens", "requests", "blocks", ...
         stats: repeat statistics (median, q1, q3, n, ...) when it was repeated.
+        note: text that goes with the number ("" for none), e.g. why the kernel backend
+            a `backend_<name>` row names was chosen.
     """
 
     metric: str
     value: float
     unit: str
     stats: Mapping[str, float | int] | None = None
+    note: str = ""

@@ -226,7 +226,9 @@ def run_bench(
                         )
                 else:
                     for m in rows:
-                        writer.record(pc.sweep.name, pc.case, m.metric, m.value, m.unit, m.stats)
+                        writer.record(
+                            pc.sweep.name, pc.case, m.metric, m.value, m.unit, m.stats, m.note
+                        )
                     writer.record(
                         pc.sweep.name, pc.case, DONE_METRIC, time.perf_counter() - t0, "s"
                     )

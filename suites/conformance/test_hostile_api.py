@@ -401,3 +401,41 @@ def test_time_scaling_past_the_latest_arrival_is_refused(scale: float) -> None:
     assert "--time-scale" in str(info.value) and "'late'" in str(info.value)
     assert time_scaled(trace, 1e300).requests[1].arrival == 10.0 / 1e300
     TRIED["api: trace extreme"] += 1
+
+
+@st.composite
+def bad_kernel_requests(draw: st.DrawFn) -> tuple[dict[str, Any], int, str]:
+    """(keyword arguments, block size, the text the refusal must hold) of a paged decode
+    whose requested backend cannot run the launch plan, or names no backend."""
+    kind = draw(st.sampled_from(["C++ block size", "unknown backend"]))
+    if kind == "C++ block size":
+        bs = draw(st.sampled_from([257, 300, 512]))
+        window = draw(st.one_of(st.none(), st.integers(1, 40)))
+        return {"backend": "cpu_paged", "window": window}, bs, f"block size {bs} > 256"
+    name = draw(st.text(min_size=1, max_size=6).filter(lambda s: s not in (
+        "torch", "triton", "cpu_paged", "torch_gather")))  # fmt: skip
+    return {"backend": name}, 16, f"backend={name!r}"
+
+
+@settings(max_examples=25)
+@given(bad=bad_kernel_requests())
+def test_a_kernel_backend_that_cannot_run_the_plan_is_refused_and_writes_nothing(
+    bad: tuple[dict[str, Any], int, str],
+) -> None:
+    """The launch plan's refusal (kernels.backends): ConfigError naming the value that
+    rules the backend out, and the output buffer untouched."""
+    from kvbench.kernels import ops
+
+    kwargs, bs, names = bad
+    kc = torch.zeros(2, bs, 1, 8)
+    q = torch.zeros(1, 2, 8)
+    out = torch.full_like(q, 3.0)
+    tables, lens = (
+        torch.tensor([[0, 1]], dtype=torch.int32),
+        torch.tensor([bs + 1], dtype=torch.int32),
+    )
+    with pytest.raises(ConfigError) as info:
+        ops.paged_decode_attention(q, kc, kc.clone(), tables, lens, out=out, **kwargs)
+    assert names in str(info.value), (names, str(info.value))
+    assert bool((out == 3.0).all())
+    TRIED["api: kernel backend"] += 1

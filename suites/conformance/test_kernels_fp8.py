@@ -403,7 +403,7 @@ def test_fp8_windowed_decode_matches_float64_over_dequantized_window(
         dims = check_decode(q, kc, vc, tables, seq_lens, window=window)
         scale = 1.0 / math.sqrt(d)
         torch_ops.paged_decode_attention(
-            q, kc, vc, tables, seq_lens, scale, out, dims, window, (ks, vs)
+            q, kc, vc, tables, seq_lens, scale, out, dims, (ks, vs), window=window
         )
     else:
         ops.paged_decode_attention(

@@ -76,7 +76,7 @@ def _decode(backend, q, kc, vc, tables, lens, window, partition_size=None):  # t
     else:
         dims = val.check_decode(q, kc, vc, tables, lens, out, window=window)
         scale = val.check_scale(None, q.shape[-1])
-        torch_ops.paged_decode_attention(q, kc, vc, tables, lens, scale, out, dims, window)
+        torch_ops.paged_decode_attention(q, kc, vc, tables, lens, scale, out, dims, window=window)
     return out
 
 

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
+from kvbench.kernels.backends import Launch
 from kvbench.reference.oracle import tolerance
 from kvbench.reports.provenance import MEASURED
 from kvbench.suites.bench.context import BenchContext
@@ -230,6 +231,10 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
             max_seq_len=length,
         )
 
+    launch = ops.decode_launch(
+        query, k_cache, v_cache, tables, seq_lens, check_indices=False, backend=_backend(dev),
+        max_seq_len=length,
+    )  # fmt: skip
     form, contiguous = fastest(decode_forms(query, keys, values, scale), _sync(dev))
     first = _first_call_seconds(paged, dev)
     scattered_out = paged().clone()
@@ -255,7 +260,7 @@ def decode(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement("backend_is_triton", float(backend == "triton"), "bool"),
         Measurement("contiguous_form_is_gqa", float(form == "gqa"), "bool"),
-        *_path_rows(dev, first),
+        *_path_rows(dev, first, launch),
     ]
 
 
@@ -358,16 +363,25 @@ def _timed_trio(  # type: ignore[no-untyped-def]
     )
 
 
-def _path_rows(dev: torch.device, first_call: float) -> list[Measurement]:
-    """Which CPU path ran (the in-place C++ kernel or the gather + SDPA fallback) and what
-    the first call and the build cost, apart from the step time."""
-    rows = [Measurement("first_call_time", first_call, "s")]
+def backend_rows(launch: Launch) -> list[Measurement]:
+    """Which backend ran the paged call and why (`kernels.backends`): a
+    `backend_<name>` row (1, bool) whose note is the reason (the request or the
+    preference order, each backend skipped before it with its reason) and the plan."""
+    note = f"{launch.reason} [{launch.plan.describe()}]"
+    return [Measurement(f"backend_{launch.backend}", 1.0, "bool", note=note)]
+
+
+def _path_rows(dev: torch.device, first_call: float, launch: Launch) -> list[Measurement]:
+    """Which backend ran and why (`backend_rows`), which CPU path it was (the in-place
+    C++ kernel or the gather + SDPA fallback: `kernel_path_is_cpp`, as the plan chose it)
+    and what the first call and the build cost, apart from the step time."""
+    rows = [Measurement("first_call_time", first_call, "s"), *backend_rows(launch)]
     if dev.type == "cpu":
         from kvbench.kernels import cpu_paged
 
         status = cpu_paged.status()
         rows += [
-            Measurement("kernel_path_is_cpp", float(status.path == "cpp"), "bool"),
+            Measurement("kernel_path_is_cpp", float(launch.backend == "cpu_paged"), "bool"),
             Measurement("kernel_build_time", status.build_seconds, "s"),
         ]
     return rows
@@ -378,15 +392,6 @@ def _warm_call_seconds(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
-
-
-def _cpp_ran(dev: torch.device) -> bool:
-    """True when CPU attention runs the C++ kernel here (its build also has the FMA probe)."""
-    if dev.type != "cpu":
-        return False
-    from kvbench.kernels import cpu_paged
-
-    return cpu_paged.status().path == "cpp"
 
 
 def _prefill_cases(full: bool, gpu: bool | None = None) -> list[Case]:
@@ -466,6 +471,10 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
             enable_gqa=g > 1,
         )  # fmt: skip
 
+    launch = ops.prefill_launch(
+        query, k_cache, v_cache, tables, cu, seq_lens, check_indices=False,
+        backend=_backend(dev), max_seq_len=length, max_q_len=n,
+    )  # fmt: skip
     sdpa_backend, contiguous = fastest_sdpa(sdpa)
     ref = contiguous().transpose(1, 2).reshape(b * n, h * g, d)
     first = _first_call_seconds(paged, dev)
@@ -476,8 +485,8 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
     nbytes = 2 * b * length * h * d * esize + 2 * b * n * h * g * d * esize + tables.numel() * 4
     flops = 4 * b * h * g * d * (n * (length - n) + n * (n + 1) // 2)
     # on the C++ CPU path, the FMA peak timed in the same repeats (fma_peak_fraction), by
-    # a probe about as long as one warm call
-    on_cpu = _backend(dev) != "triton" and _cpp_ran(dev)
+    # a probe about as long as one warm call (the C++ build also has the probe)
+    on_cpu = launch.backend == "cpu_paged"
     fma = FmaProbe.lasting(_warm_call_seconds(paged)) if on_cpu else None
     timed = _timed_trio(
         ctx, paged, contiguous, nbytes, {"fma": fma} if fma else None,
@@ -500,5 +509,5 @@ def prefill(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("rel_diff_vs_sdpa", diff, "fraction"),
         Measurement(f"contiguous_sdpa_backend_{sdpa_backend}", 1.0, "bool"),
         Measurement("backend_is_triton", float(_backend(dev) == "triton"), "bool"),
-        *_path_rows(dev, first),
+        *_path_rows(dev, first, launch),
     ]

@@ -144,6 +144,11 @@ def decode_fp8(case: Case, ctx: BenchContext) -> list[Measurement]:
         "float16": call("float16", torch.float16),
         "bfloat16": call("bfloat16", torch.bfloat16),
     }
+    k8, v8, tab8 = pools["fp8"]
+    launch = ops.decode_launch(
+        query.to(dev, torch.float16), k8, v8, tab8, seq_lens, check_indices=False,
+        backend=backend, max_seq_len=length, k_scale=kd, v_scale=vd,
+    )  # fmt: skip
     first = _first_call_seconds(fns["fp8"], dev)
     exact = _exact(query, keys, values)
     dequant = _exact(
@@ -204,5 +209,5 @@ def decode_fp8(case: Case, ctx: BenchContext) -> list[Measurement]:
         Measurement("rel_err_float16_vs_exact_fp64", err_fp16, "fraction"),
         Measurement("rel_err_bfloat16_vs_exact_fp64", err_bf16, "fraction"),
         Measurement("backend_is_triton", float(backend == "triton"), "bool"),
-        *_path_rows(dev, first),
+        *_path_rows(dev, first, launch),
     ]
