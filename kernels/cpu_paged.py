@@ -51,6 +51,7 @@ from types import ModuleType
 import torch
 
 from kvbench.kernels.validation import AttentionDims, IndexRangeError
+from kvbench.workloads.kv_rules import rule_for_window
 
 log = logging.getLogger(__name__)
 
@@ -378,11 +379,7 @@ def decode(
     if dims.batch == 0:
         return out
     tables, lens = _tables(block_tables, seq_lens, dims, window)
-    span = (
-        dims.max_seq_len
-        if window is None
-        else min(dims.max_seq_len, window + dims.cache.block_size - 1)
-    )
+    span = rule_for_window(window).read_span(dims.max_seq_len, dims.cache.block_size)
     max_blocks = -(-span // dims.cache.block_size)
     parts, heads = task_split(
         dims.batch, dims.cache.num_kv_heads, max_blocks, torch.get_num_threads()

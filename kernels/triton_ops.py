@@ -21,6 +21,7 @@ from kvbench.kernels import configs
 from kvbench.kernels.triton_kernels import INTERPRETED, JIT
 from kvbench.kernels.validation import AttentionDims, CacheDims
 from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.kv_rules import rule_for_window
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -180,10 +181,11 @@ def paged_decode_attention(
     batch, hq, d = query.shape
     if batch == 0:
         return out
-    span = dims.max_seq_len if window is None else min(dims.max_seq_len, window + cd.block_size - 1)
+    rule = rule_for_window(window)
+    span = rule.read_span(dims.max_seq_len, cd.block_size)
     n_parts = max(1, -(-span // part))
     single = n_parts == 1
-    windowed = window is not None
+    windowed = rule.bounded
     cfg = configs.decode_config(
         query.dtype, d, dims.group, single, k_cache.dtype, windowed=windowed
     )
@@ -279,8 +281,9 @@ def paged_prefill_attention(
     d = query.shape[2]
     # the tile by query count: 16 rows for short extends, up to 64 for long prefills
     cfg = configs.prefill_config(
-        query.dtype, d, dims.max_q_len * dims.group, k_cache.dtype, windowed=window is not None
-    )
+        query.dtype, d, dims.max_q_len * dims.group, k_cache.dtype,
+        windowed=rule_for_window(window).bounded,
+    )  # fmt: skip
     k_scale, v_scale, k_cache, v_cache = _kv_operands(query, k_cache, v_cache, kv_scales)
     block_m = cfg.int_constexpr("BLOCK_M")
     heads_per_prog = min(dims.group, block_m)

@@ -33,6 +33,7 @@ import torch
 from kvbench.workloads import fp8
 from kvbench.workloads.errors import ConfigError, ShapeError
 from kvbench.workloads.geometry import require_positive
+from kvbench.workloads.kv_rules import rule_for_window
 from kvbench.workloads.kv_spec import check_window
 
 #: dtypes the kernels accept for queries, keys, values and caches.
@@ -381,10 +382,11 @@ def _check_tables(
     cols = torch.arange(block_tables.shape[1]).unsqueeze(0)
     table = block_tables.detach().to("cpu", torch.int64)
     live = cols < used.unsqueeze(1)
-    if window is not None:
+    rule = rule_for_window(window)
+    if rule.bounded:
         first_query = lens - (1 if q_lens is None else q_lens)
-        # the first block the first query's window touches
-        first = (first_query - window + 1).clamp(min=0) // dims.block_size
+        # the first block the first query reads
+        first = rule.first_kept_many(first_query) // dims.block_size
         live &= cols >= first.unsqueeze(1)
     entries = table[live]
     bad = entries[(entries < 0) | (entries >= dims.num_blocks)]
