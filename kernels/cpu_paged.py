@@ -50,9 +50,9 @@ from types import ModuleType
 
 import torch
 
-from kvbench.kernels import window_rule
 from kvbench.kernels.launch_plan import LaunchPlan
 from kvbench.kernels.validation import AttentionDims, IndexRangeError
+from kvbench.workloads.kv_rules import rule_for_window
 
 log = logging.getLogger(__name__)
 
@@ -387,12 +387,12 @@ def decode(
     """Paged decode attention into `out` ([B, Hq, D]) with the C++ kernel; see kernels.ops.
     With a sliding `window` each sequence's block loop starts at the first block its
     window touches (at most window + block_size - 1 tokens from there). `span`: the
-    launch plan's tokens per sequence (`window_rule.span` when None)."""
+    launch plan's tokens per sequence (the kind rule's `read_span` when None)."""
     if dims.batch == 0:
         return out
     tables, lens = _tables(block_tables, seq_lens, dims, window)
     if span is None:
-        span = window_rule.span(dims.max_seq_len, dims.cache.block_size, window)
+        span = rule_for_window(window).read_span(dims.max_seq_len, dims.cache.block_size)
     max_blocks = -(-span // dims.cache.block_size)
     parts, heads = task_split(
         dims.batch, dims.cache.num_kv_heads, max_blocks, torch.get_num_threads()

@@ -17,9 +17,9 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from kvbench.kernels import window_rule
 from kvbench.kernels.launch_plan import LaunchPlan
 from kvbench.kernels.validation import AttentionDims, CacheDims
+from kvbench.workloads.kv_rules import KindRule, rule_for_window
 
 
 def supports(plan: LaunchPlan) -> str | None:
@@ -163,17 +163,18 @@ def paged_decode_attention(
 
     Writes `out` ([B, Hq, D], query dtype) and returns it. fp8 caches: the gathered bytes
     are dequantized with `kv_scales` (`float32(byte) * scale`, then the query dtype).
-    `span`: the launch plan's tokens per windowed sequence (`window_rule.span` when None).
+    `span`: the launch plan's tokens per windowed sequence (the kind rule's `read_span` when None).
     """
     cd = dims.cache
     batch, hq, d = query.shape
     if batch == 0:
         return out
-    if window is not None:
+    rule = rule_for_window(window)
+    if rule.bounded:
         if span is None:
-            span = window_rule.span(dims.max_seq_len, cd.block_size, window)
+            span = rule.read_span(dims.max_seq_len, cd.block_size)
         return _windowed_decode(query, k_cache, v_cache, block_tables, seq_lens, scale, out,
-                                dims, window, span, kv_scales)  # fmt: skip
+                                dims, rule, span, kv_scales)  # fmt: skip
     n_blocks = -(-dims.max_seq_len // cd.block_size)
     tables = block_tables[:, :n_blocks].to(torch.int64)
     if dims.max_seq_len != int(seq_lens.min()):  # entries past a length may be padding
@@ -202,24 +203,26 @@ def paged_decode_attention(
 
 
 def window_tables(
-    block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, window: int, span: int
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, rule: KindRule, span: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each sequence's table from the first block its window touches (so blocks wholly
-    before the window are never gathered), with the matching lengths and the first
-    position to read in the shifted coordinates (< block_size: the partial block).
+    """Each sequence's table from the first block its newest query reads under `rule`
+    (so blocks wholly before the window are never gathered), with the matching lengths
+    and the first position to read in the shifted coordinates (< block_size: the partial
+    block).
 
-    Sequence b of length L reads positions max(0, L - window) .. L - 1. Its first block
-    is f = max(0, L - window) // block_size; shifted, it has L' = L - f * block_size tokens
-    and reads from max(0, L' - window). `span` bounds every L' (tokens; the launch size).
+    Sequence b of length L reads positions k = rule.first_kept(L - 1) .. L - 1 (a window
+    W: max(0, L - W)). Its first block is f = k // block_size; shifted, it has
+    L' = L - f * block_size tokens and reads from rule.first_kept(L' - 1). `span` bounds
+    every L' (tokens; the launch size, `rule.read_span`).
     """
     lens = seq_lens.to(torch.int64)
-    first = window_rule.first_block(lens, window, block_size)
+    first = rule.first_kept_many(lens - 1) // block_size
     n_blocks = -(-span // block_size)
     cols = first.unsqueeze(1) + torch.arange(n_blocks, device=block_tables.device)
     cols = cols.clamp(max=block_tables.shape[1] - 1)
     tables = block_tables.to(torch.int64).gather(1, cols)
     shifted = lens - first * block_size
-    return tables, shifted, (shifted - window).clamp(min=0)
+    return tables, shifted, rule.first_kept_many(shifted - 1)
 
 
 def _windowed_decode(
@@ -231,7 +234,7 @@ def _windowed_decode(
     scale: float,
     out: torch.Tensor,
     dims: AttentionDims,
-    window: int,
+    rule: KindRule,
     span: int,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
@@ -241,7 +244,7 @@ def _windowed_decode(
     `kv_scales` before masking."""
     cd = dims.cache
     batch, hq, d = query.shape
-    tables, lens, lo = window_tables(block_tables, seq_lens, cd.block_size, window, span)
+    tables, lens, lo = window_tables(block_tables, seq_lens, cd.block_size, rule, span)
     used = (lens + cd.block_size - 1) // cd.block_size
     cols = torch.arange(tables.shape[1], device=tables.device)
     tables = torch.where(cols < used.unsqueeze(1), tables, 0)  # padding past a length
@@ -287,11 +290,12 @@ def paged_prefill_attention(
     cd = dims.cache
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
+    rule = rule_for_window(window)
     for b in range(dims.batch):
         start, end, length = cu[b], cu[b + 1], lens[b]
         n = end - start
         n_blocks = -(-length // cd.block_size)
-        lo = window_rule.window_start(length, window, n)  # first key read
+        lo = rule.first_kept(length - n)  # the first row's first key
         first = lo // cd.block_size
         table = block_tables[b : b + 1, first:n_blocks].to(torch.int64)
         span = length - first * cd.block_size
@@ -304,8 +308,8 @@ def paged_prefill_attention(
         qpos = torch.arange(length - n, length, device=query.device).unsqueeze(1)
         kpos = torch.arange(first * cd.block_size, length, device=query.device).unsqueeze(0)
         mask = kpos <= qpos  # [n, span]
-        if window is not None:
-            mask &= kpos > qpos - window
+        if rule.bounded:
+            mask &= kpos >= rule.first_kept_many(qpos)
             before = (kpos < lo).view(1, 1, -1, 1)
             k = k.masked_fill(before, 0)
             v = v.masked_fill(before, 0)

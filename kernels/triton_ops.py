@@ -17,10 +17,11 @@ import torch
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-from kvbench.kernels import configs, window_rule
+from kvbench.kernels import configs
 from kvbench.kernels.triton_kernels import INTERPRETED, JIT
 from kvbench.kernels.validation import AttentionDims, CacheDims
 from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.kv_rules import rule_for_window
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -174,7 +175,7 @@ def paged_decode_attention(
     caches: `kv_scales` (float32 [num_kv_heads] for K and V) dequantize each tile. With a
     sliding `window`, the windowed variants read each sequence from the first block its
     window touches: at most window + block_size - 1 tokens, which sizes the partitions.
-    `span`: the launch plan's tokens per sequence (`window_rule.span` when None)."""
+    `span`: the launch plan's tokens per sequence (the kind rule's `read_span` when None)."""
     part = configs.DEFAULT_PARTITION if partition_size is None else int(partition_size)
     if part < 1:
         raise ConfigError(f"partition_size={partition_size} must be >= 1")
@@ -182,11 +183,12 @@ def paged_decode_attention(
     batch, hq, d = query.shape
     if batch == 0:
         return out
+    rule = rule_for_window(window)
     if span is None:
-        span = window_rule.span(dims.max_seq_len, cd.block_size, window)
+        span = rule.read_span(dims.max_seq_len, cd.block_size)
     n_parts = max(1, -(-span // part))
     single = n_parts == 1
-    windowed = window is not None
+    windowed = rule.bounded
     cfg = configs.decode_config(
         query.dtype, d, dims.group, single, k_cache.dtype, windowed=windowed
     )
@@ -282,8 +284,9 @@ def paged_prefill_attention(
     d = query.shape[2]
     # the tile by query count: 16 rows for short extends, up to 64 for long prefills
     cfg = configs.prefill_config(
-        query.dtype, d, dims.max_q_len * dims.group, k_cache.dtype, windowed=window is not None
-    )
+        query.dtype, d, dims.max_q_len * dims.group, k_cache.dtype,
+        windowed=rule_for_window(window).bounded,
+    )  # fmt: skip
     k_scale, v_scale, k_cache, v_cache = _kv_operands(query, k_cache, v_cache, kv_scales)
     block_m = cfg.int_constexpr("BLOCK_M")
     heads_per_prog = min(dims.group, block_m)

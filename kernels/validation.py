@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.kernels import window_rule
 from kvbench.workloads import fp8
 from kvbench.workloads.errors import ConfigError, ShapeError
 from kvbench.workloads.geometry import require_positive
+from kvbench.workloads.kv_rules import rule_for_window
 from kvbench.workloads.kv_spec import check_window
 
 #: dtypes the kernels accept for queries, keys, values and caches.
@@ -384,11 +384,11 @@ def _check_tables(
     cols = torch.arange(block_tables.shape[1]).unsqueeze(0)
     table = block_tables.detach().to("cpu", torch.int64)
     live = cols < used.unsqueeze(1)
-    if window is not None:
-        # the first block the first query's window touches
-        first = window_rule.first_block(
-            lens, window, dims.block_size, 1 if q_lens is None else q_lens
-        )
+    rule = rule_for_window(window)
+    if rule.bounded:
+        first_query = lens - (1 if q_lens is None else q_lens)
+        # the first block the first query reads
+        first = rule.first_kept_many(first_query) // dims.block_size
         live &= cols >= first.unsqueeze(1)
     entries = table[live]
     bad = entries[(entries < 0) | (entries >= dims.num_blocks)]

@@ -7,8 +7,9 @@ search, calibration) is the subpackage `paged.serving`; it reads caches only thr
 
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.block_table import RequestState, block_table_tensor, slot_mapping
-from kvbench.paged.cache import PagedKVCache, snapshots_equal
+from kvbench.paged.cache import PagedKVCache
 from kvbench.paged.prefix_cache import PrefixCache, PrefixCacheStats, block_key
+from kvbench.paged.snapshots import snapshots_equal
 from kvbench.paged.swap import CpuBlockPool, SwapSpace
 
 __all__ = [

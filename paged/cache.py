@@ -7,6 +7,8 @@ The cache owns named parts, each a class with its own declared state, invariants
                 LRU of evictable cached blocks; validates num_blocks and block_size
     prefix      `PrefixCache` (prefix_cache.py): sha256 chained block keys, verified hits;
                 None when prefix caching is off
+    admission   `PrefixAdmission` (prefix_admission.py): a prompt's cached prefix and
+                admission cost; the indexing of newly full blocks
     requests    `RequestTable` (requests.py): request states by id, lookups, admission order
     kv          `DeviceKV` (device_kv.py): the device K/V pools and the `kernels.ops` calls
                 that touch them (write_kv, copy_blocks; none in memory-only mode)
@@ -47,8 +49,7 @@ subclass and leaves the cache exactly as it was (`snapshot` lets tests prove it)
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -59,14 +60,14 @@ from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.block_table import RequestState, block_table_tensor
 from kvbench.paged.device_kv import DeviceKV
 from kvbench.paged.eviction import make_queue
+from kvbench.paged.plain_append import PlainAppend
+from kvbench.paged.prefix_admission import PrefixAdmission
 from kvbench.paged.prefix_cache import (
     ExtraKeys,
     KeyFn,
     PrefixCache,
     PrefixCacheStats,
     block_key,
-    packed_chain,
-    token_bytes,
 )
 from kvbench.paged.requests import RequestTable
 from kvbench.paged.swap import CpuBlockPool, SwapSpace
@@ -91,10 +92,13 @@ from kvbench.workloads.capacity import watermark_blocks
 from kvbench.workloads.errors import CapacityError, ConfigError, ShapeError
 from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.kv_quant import ScaleSpec, append_dtype, make_kv_quant
+from kvbench.workloads.kv_rules import rule_for
+from kvbench.workloads.kv_spec import KVCacheSpec
 from kvbench.workloads.torch_dtypes import torch_dtype
 
-#: The id types `_append_plain` takes without `validate_token_ids` (exact ints).
-_INT_ONLY = {int}
+#: Every layer of this cache is full attention: growth asks that kind's rule
+#: (`_append_plain` inlines it for speed).
+_FULL = rule_for(KVCacheSpec.full())
 
 
 class PagedKVCache:
@@ -124,6 +128,7 @@ class PagedKVCache:
     # ---- the parts (module docstring); each checks its own invariants
     pool: BlockPool
     prefix: PrefixCache | None
+    admission: PrefixAdmission
     requests: RequestTable
     kv: DeviceKV
     swap: SwapSpace
@@ -140,6 +145,7 @@ class PagedKVCache:
     _dtype: torch.dtype
     _device: torch.device
     _track_tokens: bool
+    _append_plain: Callable[[RequestId, int, Sequence[int | None] | None], bool]
     # ---- counters
     cow_copies: int
 
@@ -199,6 +205,7 @@ class PagedKVCache:
             else None
         )
         self.pool = BlockPool(num_blocks, block_size, self.prefix, eviction_policy)
+        self.admission = PrefixAdmission(self.pool, self.prefix, block_size)
         cpu = CpuBlockPool(
             num_cpu_blocks,
             self.kv.block_shape if store_kv else None,
@@ -208,6 +215,10 @@ class PagedKVCache:
         )
         self.swap = SwapSpace(cpu, self.pool, self.kv, self.prefix, self.watermark_blocks)
         self.requests = RequestTable()
+        #: the fast memory-only append (a bound method: no extra call layer)
+        self._append_plain = PlainAppend(
+            self.requests, self.pool, self.admission, block_size, self.max_seq_len
+        ).append
         limits = CacheLimits(
             self.max_seq_len, self.watermark_blocks, store_kv, geometry.bytes_per_token
         )
@@ -295,45 +306,15 @@ class PagedKVCache:
     def _match(
         self, prompt: Sequence[int], extra: ExtraKeys, chain: BlockChain | None = None
     ) -> tuple[list[bytes], list[int]]:
-        if self.prefix is None:
-            return [], []
-        max_blocks = (len(prompt) - 1) // self.block_size  # the last token is recomputed
-        if chain is not None:
-            return self.prefix.match_keyed(chain.keys, chain.chunks, extra, max_blocks)
-        return self.prefix.match(prompt, extra, self.block_size, max_blocks)
-
-    def _check_chain(
-        self, chain: BlockChain, prompt: Sequence[int], extra: ExtraKeys
-    ) -> BlockChain | None:
-        """The chain if it describes exactly this prompt for this cache (ConfigError
-        otherwise); None where prefix caching is off (nothing is keyed)."""
-        if not isinstance(chain, BlockChain):
-            raise ConfigError(f"chain must be a BlockChain, got {type(chain).__name__}")
-        if chain.prompt is not prompt:
-            raise ConfigError("chain was computed from another prompt object than this one")
-        if chain.block_size != self.block_size or chain.extra != extra:
-            raise ConfigError(
-                f"chain is for block size {chain.block_size} and extra keys {chain.extra!r}, "
-                f"this admission has {self.block_size} and {extra!r}"
-            )
-        if self.prefix is None:
-            return None
-        if chain.key_fn is not self.prefix.key_fn:
-            raise ConfigError("chain was computed with another key function than the cache's")
-        return chain
-
-    def _admission_cost(self, prompt_len: int, hits: Sequence[int]) -> int:
-        """Blocks an admission takes from the free count: fresh ones plus revived hits."""
-        fresh = -(-prompt_len // self.block_size) - len(hits)
-        ref = self.pool.ref
-        return fresh + [ref[b] for b in hits].count(0)  # + revived hits
+        """(keys, cached blocks) of the prompt's longest hit (`PrefixAdmission.match`)."""
+        return self.admission.match(prompt, extra, chain)
 
     def blocks_needed_to_admit(
         self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None
     ) -> int:
         """Blocks admitting `prompt` now would take from the free count (after prefix hits)."""
         _, hits = self._match(prompt, (salt, adapter_id))
-        return self._admission_cost(len(prompt), hits)
+        return self.admission.cost(len(prompt), hits)
 
     def prefix_hit(
         self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None
@@ -344,7 +325,7 @@ class PagedKVCache:
         changes nothing. vLLM v1's scheduler sizes a first chunk from the hit and admits
         only when the whole sequence fits."""
         hits = self._match(prompt, (salt, adapter_id))[1]
-        return len(hits) * self.block_size, self._admission_cost(len(prompt), hits)
+        return len(hits) * self.block_size, self.admission.cost(len(prompt), hits)
 
     def can_admit(
         self, prompt: Sequence[int], *, salt: str | None = None, adapter_id: str | None = None
@@ -356,7 +337,7 @@ class PagedKVCache:
     def _growth(self, req: RequestState, n: int) -> tuple[int, bool]:
         """(fresh blocks, copy-on-write needed) to append n tokens to a running request."""
         s, bs = req.seq_len, self.block_size
-        fresh = max(0, -(-(s + n) // bs) - len(req.blocks))
+        fresh = _FULL.blocks_to_grow(len(req.blocks), s, n, bs)
         idx = s // bs
         cow = idx < len(req.blocks) and self.pool.ref[req.blocks[idx]] > 1
         return fresh, cow
@@ -392,15 +373,11 @@ class PagedKVCache:
             isinstance(output_len, bool) or not isinstance(output_len, int) or output_len < 0
         ):
             raise ConfigError(f"output_len must be an integer >= 0, got {output_len!r}")
-        if salt is not None or adapter_id is not None:
-            for name, value in (("salt", salt), ("adapter_id", adapter_id)):
-                if value is not None and not isinstance(value, str):
-                    raise ConfigError(f"{name} must be a string or None, got {value!r}")
-        extra: ExtraKeys = (salt, adapter_id)
+        extra = PrefixAdmission.extra_keys(salt, adapter_id)
         if chain is not None:
-            chain = self._check_chain(chain, given, extra)
+            chain = self.admission.check_chain(chain, given, extra)
         keys, hits = self._match(prompt, extra, chain)
-        cost = self._admission_cost(len(prompt), hits)
+        cost = self.admission.cost(len(prompt), hits)
         free = self.pool.num_free
         if free - cost < self.watermark_blocks:
             raise CapacityError(
@@ -477,7 +454,7 @@ class PagedKVCache:
         self.kv.write(req.blocks, start, keys, values, pending)
         if self.kv_quant is not None and pending is not None:
             self.kv_quant.commit(pending)
-        self._register_full_blocks(req)
+        self.admission.register_full_blocks(req)
 
     def append_tokens(
         self, request_id: RequestId, n: int, token_ids: Sequence[int | None] | None = None
@@ -490,56 +467,7 @@ class PagedKVCache:
         n = require_positive("n", n)
         req, fresh, cow = self._check_growth(request_id, n, token_ids)
         self._grow(req, n, fresh, cow, token_ids)
-        self._register_full_blocks(req)
-
-    def _append_plain(
-        self, request_id: RequestId, n: int, token_ids: Sequence[int | None] | None
-    ) -> bool:
-        """The common memory-only append (a resident request, no ids or a list of n
-        non-negative ints, no copy-on-write, within max_seq_len and the free blocks: what
-        `_check_growth` would pass); False, nothing changed, for anything else
-        (`_check_growth` then says why). Trace replays and the allocator benches call it
-        millions of times, hence the checks and `_grow`'s no-copy-on-write steps (with
-        `BlockPool.fill_span`) inline: the same blocks, fills, ids and keys."""
-        if token_ids is not None and not (
-            type(token_ids) is list
-            and len(token_ids) == n
-            and set(map(type, token_ids)) == _INT_ONLY
-            and min(token_ids) >= 0
-        ):
-            return False
-        try:
-            req = self.requests.by_id[request_id]
-        except (KeyError, TypeError):
-            return False
-        s = req.seq_len
-        end = s + n
-        if req.swapped or end > self.max_seq_len:
-            return False
-        bs, blocks, pool = self.block_size, req.blocks, self.pool
-        first = s // bs  # `_growth`, inline
-        last = -(-end // bs)  # blocks the request spans after the append
-        held = len(blocks)
-        if first < held and pool.ref[blocks[first]] > 1:
-            return False  # copy-on-write: the general path
-        if last > held:
-            fresh = last - held
-            if fresh > len(pool._free) + len(pool._evictable):  # pool.num_free
-                return False
-            # ---- mutation starts (`_grow`, no copy-on-write): nothing below can fail
-            if fresh == 1:
-                blocks.append(pool.allocate())
-            else:
-                blocks += pool.allocate_many(fresh)
-        fill = pool.fill  # `pool.fill_span(blocks, s, end)`, inline
-        pool.live_slots += n
-        for i in range(first, last - 1):
-            fill[blocks[i]] = bs
-        fill[blocks[last - 1]] = end - (last - 1) * bs
-        req.advance(end, token_ids)
-        if req.hashable and len(req.keys) < end // bs and self.prefix is not None:
-            self._register_full_blocks(req)
-        return True
+        self.admission.register_full_blocks(req)
 
     def _grow(
         self,
@@ -577,61 +505,6 @@ class PagedKVCache:
             token_ids = [int(t) if t is not None else None for t in token_ids]
         req.advance(end, token_ids)
         return s
-
-    def _register_full_blocks(self, req: RequestState) -> None:
-        """Index every newly full block of the request whose token ids are all known.
-
-        Blocks of the prompt's head (ids not copied, `RequestState.head`) are keyed in
-        bulk: from the precomputed chain where there is one, else hashed from the prompt
-        with `packed_chain` (the same keys as `block_key` block by block; a cache with
-        another key function hashes them one by one). Later blocks are hashed one by
-        one from their ids (`RequestState.known_ids`)."""
-        if self.prefix is None or not req.hashable or req.tokens is None:
-            return
-        prefix, keys, extra, bs = self.prefix, req.keys, req.extra, self.block_size
-        i = len(keys)
-        full = req.seq_len // bs
-        if i >= full:
-            return
-        parent = keys[-1] if keys else None
-        chain = req.chain
-        if chain is not None:  # the prompt's full blocks: keys and tuples precomputed
-            stop = min(len(chain.keys), full)
-            if i < stop:
-                new = chain.keys[i:stop]
-                prefix.insert_chain(req.blocks[i:stop], new, chain.chunks[i:stop], parent, extra)
-                keys.extend(new)
-                parent, i = new[-1], stop
-        stop = min(req.head // bs, full)  # blocks wholly in the head
-        if i < stop and prefix.key_fn is block_key:
-            ids = req.prompt[i * bs : stop * bs]
-            miss, req.miss = req.miss, None
-            if miss is not None and miss[0] == parent and tuple(miss[1]) == tuple(ids[:bs]):
-                # block i as the admission's match keyed it: same parent, same ids
-                rest, packed = packed_chain(ids[bs:], bs, extra, miss[2])
-                hashed = [miss[2], *rest]
-                packed.insert(0, token_bytes(ids[:bs]))
-            else:
-                hashed, packed = packed_chain(ids, bs, extra, parent)
-            prefix.insert_chain(req.blocks[i:stop], hashed, packed, parent, extra)
-            keys.extend(hashed)
-            parent, i = hashed[-1], stop
-        key_fn, insert, known = prefix.key_fn, prefix.insert, req.known_ids
-        miss, req.miss = req.miss, None
-        while (i + 1) * bs <= req.seq_len:
-            chunk = known(i * bs, (i + 1) * bs)
-            if len(chunk) < bs or None in chunk:  # short: it reaches into the unknown tail
-                req.hashable = False
-                return
-            if miss is not None and miss[0] == parent and tuple(miss[1]) == chunk:
-                key = miss[2]  # as the admission's match keyed it: same parent, same ids
-            else:
-                key = key_fn(parent, chunk, extra)  # type: ignore[arg-type]
-            miss = None
-            insert(req.blocks[i], key, parent, chunk, extra)  # type: ignore[arg-type]
-            keys.append(key)
-            parent = key
-            i += 1
 
     # ------------------------------------------------------------------ fork / free
     def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
@@ -672,42 +545,13 @@ class PagedKVCache:
         layer: int = 0,
         scale: float | None = None,
     ) -> torch.Tensor:
-        """Decode attention of one query per request through `paged_decode_attention`."""
-        g = self._geometry
+        """Decode attention of one query per request through `paged_decode_attention`
+        (`DeviceKV.attend`; fp8 pools dequantize with the layer's scales)."""
         reqs = [self.requests.resident(r, "attend over") for r in request_ids]
-        k, v = self.kv.storage()
-        expected = (len(reqs), g.num_q_heads, g.head_dim)
-        if not isinstance(query, torch.Tensor) or query.dim() != 3:
-            raise ShapeError(f"query must be a tensor {list(expected)}, got {query!r:.80}")
-        if tuple(query.shape) != expected:
-            raise ShapeError(f"query must be {list(expected)}, got {tuple(query.shape)}")
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < g.num_layers:
-            raise ConfigError(f"layer {layer!r} outside [0, {g.num_layers})")
-        for rid, req in zip(request_ids, reqs, strict=True):
-            if req.seq_len == 0:
-                raise ShapeError(f"request {rid!r} has no cached tokens to attend over")
-        if not reqs:
-            return query.clone()
-        tables, lens = block_table_tensor(
-            [r.blocks for r in reqs], [r.seq_len for r in reqs], self.block_size
-        )
-        scale = 1.0 / math.sqrt(g.head_dim) if scale is None else float(scale)
-        k_scale = v_scale = None
-        if self.kv_quant is not None:  # fp8: the kernels dequantize with the layer's scales
-            ks, vs = self.kv_quant.scales()
-            k_scale, v_scale = ks[layer].to(self._device), vs[layer].to(self._device)
-        return ops.paged_decode_attention(
-            query.to(self._device),
-            k[layer],
-            v[layer],
-            tables.to(self._device),
-            lens.to(self._device),
-            scale,
-            backend=self.kernel_backend,
-            max_seq_len=max(r.seq_len for r in reqs),
-            k_scale=k_scale,
-            v_scale=v_scale,
-        )
+        return self.kv.attend(
+            list(request_ids), [r.blocks for r in reqs], [r.seq_len for r in reqs], query,
+            layer, scale, self.kv_quant,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ swap (part: swap)
     def swap_out(self, request_id: RequestId) -> None:
@@ -765,7 +609,7 @@ class PagedKVCache:
     # ------------------------------------------------------------------ checking
     def snapshot(self) -> dict[str, object]:
         """The whole state as comparable values and tensor copies (for atomicity tests;
-        compare two with `snapshots_equal`). Expensive: copies the KV pools."""
+        compare two with `paged.snapshots.snapshots_equal`). Expensive: copies the KV pools."""
         k, v = self.kv.snapshot()
         cpu = self.swap.cpu
         return {
@@ -790,21 +634,4 @@ class PagedKVCache:
         self.accounting.check()
 
 
-def snapshots_equal(a: dict[str, object], b: dict[str, object]) -> bool:
-    """Whether two `PagedKVCache.snapshot()` results are identical (tensors bitwise)."""
-    if a.keys() != b.keys():
-        return False
-    for name in a:
-        x, y = a[name], b[name]
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype:
-                return False
-            # bitwise: compare raw bytes so NaNs and -0.0 count as themselves
-            if not torch.equal(x.view(torch.uint8), y.view(torch.uint8)):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
-__all__ = ["PagedKVCache", "snapshots_equal"]
+__all__ = ["PagedKVCache"]

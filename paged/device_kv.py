@@ -3,8 +3,8 @@
 A part of the cache (`paged.cache`): two tensors [num_layers, num_blocks, block_size,
 num_kv_heads, head_dim] on the cache's device, or none in memory-only mode (then every
 write and copy is a no-op and reading the KV is a ConfigError). All KV movement goes
-through `kernels.ops` (write_kv, copy_blocks, swap_blocks) with the cache's forced
-backend, if any; block ids come from the block pool, which this part never changes.
+through `kernels.ops` (write_kv, copy_blocks, swap_blocks; decode attention with
+paged_decode_attention) with the cache's forced backend, if any; block ids come from the block pool, which this part never changes.
 
 Invariant (asserted by `check`): both tensors or neither; when present, both have the
 pool's shape, dtype and device.
@@ -12,16 +12,18 @@ pool's shape, dtype and device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
 
 from kvbench.kernels import ops
-from kvbench.paged.block_table import slot_mapping
+from kvbench.paged.block_table import block_table_tensor, slot_mapping
 from kvbench.reference.validation import allocate_zeros
-from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.errors import ConfigError, ShapeError
 from kvbench.workloads.geometry import KVGeometry
+from kvbench.workloads.kv_quant import KVQuant
 
 
 class DeviceKV:
@@ -38,6 +40,7 @@ class DeviceKV:
         store_kv: bool,
         backend: str | None,
     ) -> None:
+        self.geometry = geometry
         self.num_layers = geometry.num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -98,6 +101,47 @@ class DeviceKV:
         slots = slot_mapping(blocks, self.block_size, 0, seq_len).to(self.device)
         flat = (k.shape[0], self.num_blocks * self.block_size, *k.shape[3:])
         return k.view(flat)[:, slots].contiguous(), v.view(flat)[:, slots].contiguous()
+
+    def attend(
+        self,
+        request_ids: Sequence[Hashable],
+        tables: Sequence[Sequence[int]],
+        seq_lens: Sequence[int],
+        query: torch.Tensor,
+        layer: int,
+        scale: float | None,
+        kv_quant: KVQuant | None,
+    ) -> torch.Tensor:
+        """Decode attention of query[b] ([batch, num_q_heads, head_dim]) over the
+        `seq_lens[b]` tokens of block table `tables[b]` in one layer, through
+        `kernels.ops.paged_decode_attention`; fp8 pools dequantize with `kv_quant`'s
+        scales of the layer. ConfigError (memory-only, bad layer) or ShapeError (bad
+        query, a request without tokens) before anything runs."""
+        g = self.geometry
+        k, v = self.storage()
+        expected = (len(tables), g.num_q_heads, g.head_dim)
+        if not isinstance(query, torch.Tensor) or query.dim() != 3:
+            raise ShapeError(f"query must be a tensor {list(expected)}, got {query!r:.80}")
+        if tuple(query.shape) != expected:
+            raise ShapeError(f"query must be {list(expected)}, got {tuple(query.shape)}")
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < g.num_layers:
+            raise ConfigError(f"layer {layer!r} outside [0, {g.num_layers})")
+        for rid, length in zip(request_ids, seq_lens, strict=True):
+            if length == 0:
+                raise ShapeError(f"request {rid!r} has no cached tokens to attend over")
+        if not tables:
+            return query.clone()
+        rows, lens = block_table_tensor(tables, seq_lens, self.block_size)
+        scale = 1.0 / math.sqrt(g.head_dim) if scale is None else float(scale)
+        k_scale = v_scale = None
+        if kv_quant is not None:  # fp8: the kernels dequantize with the layer's scales
+            ks, vs = kv_quant.scales()
+            k_scale, v_scale = ks[layer].to(self.device), vs[layer].to(self.device)
+        return ops.paged_decode_attention(
+            query.to(self.device), k[layer], v[layer], rows.to(self.device),
+            lens.to(self.device), scale, backend=self.backend, max_seq_len=max(seq_lens),
+            k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
 
     def snapshot(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Copies of both pools (None in memory-only mode)."""

@@ -53,8 +53,8 @@ from kvbench.workloads.errors import (
     UnknownRequestError,
 )
 from kvbench.workloads.geometry import require_positive
-from kvbench.workloads.kv_spec import AttentionKind, ModelKVSpec
-from kvbench.workloads.spec_capacity import first_kept_position
+from kvbench.workloads.kv_rules import rule_for
+from kvbench.workloads.kv_spec import ModelKVSpec
 
 #: Table entry of a released block (vLLM's null block); kernels never read it.
 NULL_BLOCK = -1
@@ -97,6 +97,8 @@ class LayerGroupsPagedCache:
                 f"layer-group cache (supported: {names}; fp8 KV is PagedKVCache's)"
             )
         self.model = model
+        #: per group, the rule of its kind (`workloads.kv_rules`)
+        self.rules = [rule_for(g.spec) for g in model.groups]
         self.block_size = require_positive("block_size", block_size)
         prefix = PrefixCache() if enable_prefix_caching else None
         self.pool = BlockPool(num_blocks, block_size, prefix=prefix)
@@ -191,7 +193,7 @@ class LayerGroupsPagedCache:
         for gi, kv in zip(cross, encoder_kv, strict=True):
             length = self.model.groups[gi].spec.encoder_len
             self._check_kv(kv, f"encoder K/V of group {gi}", length)
-            need += blocks_for_tokens(length or 0, self.block_size)
+            need += self.rules[gi].admission_blocks(self.block_size)
         hit = None
         salt = self._prefix_salt(salt, encoder_kv)
         if self.index is not None and prompt is not None:
@@ -237,15 +239,14 @@ class LayerGroupsPagedCache:
 
     def _plan(self, group: int, table: GroupTable, n: int) -> tuple[list[int], bool, int]:
         """(logical blocks to release, copy-on-write of the last block?, new blocks)."""
-        spec = self.model.groups[group].spec
-        keep = first_kept_position(spec, table.seq_len)
+        keep = self.rules[group].first_kept(table.seq_len)
         bs = self.block_size
         release = [
             j for j, b in enumerate(table.blocks) if b != NULL_BLOCK and (j + 1) * bs <= keep
         ]
         partial = table.seq_len % bs != 0
         cow = partial and n > 0 and self.pool.ref[table.blocks[-1]] > 1
-        new = blocks_for_tokens(table.seq_len + n, bs) - len(table.blocks)
+        new = self.rules[group].blocks_to_grow(len(table.blocks), table.seq_len, n, bs)
         return release, cow, new
 
     def _net_need(
@@ -331,7 +332,7 @@ class LayerGroupsPagedCache:
                     pool.decref(b)
                     released.append((table, j, b, fill))
                     table.blocks[j] = NULL_BLOCK
-                table.kept_from = first_kept_position(self.model.groups[gi].spec, table.seq_len)
+                table.kept_from = self.rules[gi].first_kept(table.seq_len)
             fresh = pool.allocate_many(take) if n else []
         except BaseException:
             for table, j, b, fill in reversed(released):
@@ -532,8 +533,7 @@ class LayerGroupsPagedCache:
     # ------------------------------------------------------------------ reads
     def window_start(self, group: int, seq_len: int) -> int:
         """First position the newest token (at seq_len - 1) reads in `group`."""
-        window = self.model.groups[group].spec.window
-        return 0 if window is None else max(0, seq_len - window)
+        return self.rules[group].first_kept(seq_len - 1)
 
     def _readable_from(self, request_id: Hashable, group: int, table: GroupTable) -> int:
         """The first position the newest token reads in `group`; IndexRangeError when a
@@ -591,7 +591,7 @@ class LayerGroupsPagedCache:
         dev = self.k.device
         return ops.paged_decode_attention(
             query, self.k[layer], self.v[layer], rows.to(dev), lens.to(dev),
-            window=self.model.groups[group].spec.window, **kw,  # type: ignore[arg-type]
+            window=self.rules[group].kernel_window, **kw,  # type: ignore[arg-type]
         )  # fmt: skip
 
     # ------------------------------------------------------------------ checks
@@ -631,12 +631,12 @@ class LayerGroupsPagedCache:
             lengths = {gi: tables[gi].seq_len for gi in self.model.self_groups}
             assert len(set(lengths.values())) <= 1, f"request {rid!r}: group lengths {lengths}"
             for gi, table in enumerate(tables):
-                spec = self.model.groups[gi].spec
-                if spec.kind is AttentionKind.FULL:
+                rule = self.rules[gi]
+                if not rule.bounded:
                     assert table.kept_from == 0, (rid, gi, table.kept_from)
                 assert len(table.blocks) == blocks_for_tokens(table.seq_len, bs), (rid, gi)
-                if spec.kind is AttentionKind.CROSS:
-                    assert table.seq_len == spec.encoder_len, (rid, gi)
+                if not rule.self_attention:
+                    assert table.seq_len == rule.spec.encoder_len, (rid, gi)
                 for j, b in enumerate(table.blocks):
                     inside = (j + 1) * bs > table.kept_from
                     assert (b != NULL_BLOCK) == inside, (rid, gi, j, b, table.kept_from)

@@ -53,11 +53,11 @@ conformance suite checks that the engine's whole timeline is identical.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from kvbench.paged.block_pool import BlockPool
+from kvbench.paged.spec_requests import NULL_BLOCK, SpecRequest, entries, move_pages
 from kvbench.reference.contract import (
     CacheStats,
     Footprint,
@@ -74,36 +74,10 @@ from kvbench.workloads.errors import (
     UnknownRequestError,
 )
 from kvbench.workloads.geometry import KVGeometry, require_positive
+from kvbench.workloads.kv_rules import rule_for
 from kvbench.workloads.kv_spec import ModelKVSpec
 from kvbench.workloads.spec_capacity import request_peak_blocks
 from kvbench.workloads.torch_dtypes import torch_dtype
-
-#: Table entry of a block that left its window (vLLM's null block).
-NULL_BLOCK = -1
-
-
-@dataclass
-class SpecRequest:
-    """One request's tables: a list of block ids per self-attention group (NULL_BLOCK
-    where a block left the window), its cross-attention blocks, and its reservation."""
-
-    prompt_len: int
-    tables: list[list[int]]
-    cross: list[int]
-    seq_len: int = 0
-    #: self-attention pages held (not NULL), summed over groups
-    held: int = 0
-    #: pages the prefill may come to hold (0 once the prompt is complete)
-    floor: int = 0
-    #: per group, the index of the first block still held
-    first: list[int] = field(default_factory=list)
-    #: its tables and cross pages hold CPU page ids (swap space) instead of device ones
-    swapped: bool = False
-
-    @property
-    def outstanding(self) -> int:
-        """Reserved pages not held yet (kept out of everyone else's free count)."""
-        return self.floor - self.held if self.floor > self.held else 0
 
 
 class LayerGroupServingCache:
@@ -158,12 +132,11 @@ class LayerGroupServingCache:
         self.pool = BlockPool(num_blocks, block_size)
         #: CPU swap space (None: none)
         self.cpu = BlockPool(num_cpu_blocks, block_size) if num_cpu_blocks else None
-        #: per self-attention group: its window (None for full attention)
-        self.windows: list[int | None] = [model.groups[g].spec.window for g in model.self_groups]
-        self.encoder_lens: list[int] = [
-            int(model.groups[g].spec.encoder_len or 0) for g in model.cross_groups
-        ]
-        self.cross_blocks = sum(blocks_for_tokens(n, block_size) for n in self.encoder_lens)
+        #: per self-attention group: the rule of its kind (`workloads.kv_rules`)
+        self.rules = [rule_for(model.groups[g].spec) for g in model.self_groups]
+        cross = [rule_for(model.groups[g].spec) for g in model.cross_groups]
+        self.encoder_lens: list[int] = [int(r.spec.encoder_len or 0) for r in cross]
+        self.cross_blocks = sum(r.admission_blocks(block_size) for r in cross)
         self.cross_slots = sum(self.encoder_lens)
         self.outstanding = 0  # sum of the requests' outstanding reservations
         self._requests: dict[RequestId, SpecRequest] = {}
@@ -238,17 +211,8 @@ class LayerGroupServingCache:
     def prefill_pages(self, prompt_len: int) -> int:
         """Self-attention pages a prompt of `prompt_len` tokens may hold during its
         prefill in chunks of at most `prefill_chunk` tokens (module docstring)."""
-        bs = self.block_size
-        prompt_blocks = blocks_for_tokens(prompt_len, bs)
         chunk = self.prefill_chunk or prompt_len
-        total = 0
-        for w in self.windows:
-            if w is None:
-                total += prompt_blocks
-            else:
-                span = min(prompt_len, w - 1 + chunk)  # tokens one step's range can cover
-                total += min(prompt_blocks, -(-(span - 1) // bs) + 1)
-        return total
+        return sum(r.prefill_pages(prompt_len, chunk, self.block_size) for r in self.rules)
 
     def blocks_needed_to_admit(self, prompt: Sequence[int], *, salt: str | None = None) -> int:
         """Pages admitting `prompt` takes from the free count: its prefill reservation
@@ -271,13 +235,13 @@ class LayerGroupServingCache:
         releases: list[list[int]] = []
         take = early = late = 0
         held = req.held
-        for gi, (w, table) in enumerate(zip(self.windows, req.tables, strict=True)):
-            new = end_blocks - len(table)
+        for gi, (rule, table) in enumerate(zip(self.rules, req.tables, strict=True)):
+            new = rule.blocks_to_grow(len(table), s, n, bs)
             cow = s % bs != 0 and ref[table[-1]] > 1
             gone: list[int] = []
-            if w is not None and query - w + 1 >= bs:
-                keep = min((query - w + 1) // bs, end_blocks)  # blocks before lie wholly out
-                gone = list(range(req.first[gi], keep))
+            out = rule.first_kept(query) // bs  # blocks before it lie wholly out
+            if out:
+                gone = list(range(req.first[gi], min(out, end_blocks)))
                 for j in gone:
                     if j < written:
                         early += ref[table[j]] == 1
@@ -332,7 +296,7 @@ class LayerGroupServingCache:
             k = blocks_for_tokens(length, self.block_size)
             self.pool.fill_span(cross[start : start + k], 0, length)
             start += k
-        groups = len(self.windows)
+        groups = len(self.rules)
         req = SpecRequest(plen, [[] for _ in range(groups)], cross, floor=floor)
         req.first = [0] * groups
         self._requests[request_id] = req
@@ -450,31 +414,6 @@ class LayerGroupServingCache:
                 )
         return reqs
 
-    @staticmethod
-    def _entries(req: SpecRequest) -> list[int]:
-        """Every page id the request's tables and cross pages hold (with repeats)."""
-        return [b for t in req.tables for b in t if b != NULL_BLOCK] + req.cross
-
-    def _move(self, reqs: list[SpecRequest], src: BlockPool, dst: BlockPool) -> None:
-        """Copy each distinct page of `reqs` from `src` into one new `dst` page (its fill
-        kept), one reference per table entry, and release the `src` entries."""
-        distinct = list(dict.fromkeys(b for req in reqs for b in self._entries(req)))
-        to = dict(zip(distinct, dst.allocate_many(len(distinct)), strict=True))
-        for old, new in to.items():
-            dst.set_fill(new, src.fill[old])
-        taken: set[int] = set()
-        for req in reqs:
-            src.release(self._entries(req))
-            for table in req.tables:
-                for j, b in enumerate(table):
-                    if b != NULL_BLOCK:
-                        table[j] = to[b]
-            req.cross = [to[b] for b in req.cross]
-            for b in self._entries(req):
-                if b in taken:
-                    dst.incref(b)
-                taken.add(b)
-
     def swap_out_group(self, request_ids: Sequence[RequestId]) -> None:
         """Move resident requests to swap space together (module docstring); all or
         nothing: CapacityError (no swap space, or too little for the distinct pages) or a
@@ -484,13 +423,13 @@ class LayerGroupServingCache:
             raise CapacityError(
                 "LayerGroupServingCache has no swap space (num_cpu_blocks=0): preemption recomputes"
             )
-        need = len({b for req in reqs for b in self._entries(req)})
+        need = len({b for req in reqs for b in entries(req)})
         if need > self.cpu.num_free:
             raise CapacityError(
                 f"cannot swap out request(s) {list(request_ids)!r}: needs {need} pages of "
                 f"swap space, {self.cpu.num_free} free"
             )
-        self._move(reqs, self.pool, self.cpu)
+        move_pages(reqs, self.pool, self.cpu)
         for req in reqs:
             req.swapped = True
 
@@ -500,14 +439,14 @@ class LayerGroupServingCache:
         the watermark."""
         reqs = self._group(request_ids, swapped=True)
         assert self.cpu is not None  # only a cache with swap space swaps out
-        need = len({b for req in reqs for b in self._entries(req)})
+        need = len({b for req in reqs for b in entries(req)})
         free = self.num_free_blocks
         if free - need < self.watermark_blocks:
             raise CapacityError(
                 f"cannot swap in request(s) {list(request_ids)!r}: needs {need} pages, {free} "
                 f"free, watermark keeps {self.watermark_blocks}"
             )
-        self._move(reqs, self.cpu, self.pool)
+        move_pages(reqs, self.cpu, self.pool)
         for req in reqs:
             req.swapped = False
 
@@ -520,8 +459,8 @@ class LayerGroupServingCache:
             can_swap=self.cpu is not None,
             max_seq_len=self.max_seq_len,
             watermark_blocks=self.watermark_blocks,
-            releases_blocks=any(w is not None for w in self.windows),
-            slots_per_token=len(self.windows),
+            releases_blocks=any(r.bounded for r in self.rules),
+            slots_per_token=len(self.rules),
         )
 
     def footprint(self, tokens: int) -> Footprint:
@@ -541,10 +480,10 @@ class LayerGroupServingCache:
         bs = self.block_size
         best = -(-length // bs) * bs
         req = self._requests.get(request_id)
-        for gi, w in enumerate(self.windows):
-            if w is not None:
-                first = req.first[gi] if req is not None else 0
-                best = min(best, max(length, (first + 1) * bs + w - 1))
+        for gi, rule in enumerate(self.rules):
+            point = rule.release_point(req.first[gi] if req is not None else 0, bs)
+            if point is not None:
+                best = min(best, max(length, point))
         return best
 
     @property
@@ -566,7 +505,7 @@ class LayerGroupServingCache:
         held: set[tuple[bool, int]] = set()
         for rid in request_ids:
             req = self._get(rid)
-            held.update((req.swapped, b) for b in self._entries(req))
+            held.update((req.swapped, b) for b in entries(req))
         return len(held)
 
     def stats(self) -> CacheStats:

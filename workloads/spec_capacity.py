@@ -1,5 +1,8 @@
 """Capacity per KV cache spec: the blocks a sequence holds, per group and for a model.
 
+Each kind's rule lives in `workloads.kv_rules` (the table every layer asks); this module
+sums and maximizes it over a model's groups and a request's steps.
+
 The release rule (sliding window), which the paged cache and the kernels follow: before
 a step computes the tokens at positions n .. n + c - 1, a windowed group releases every
 block that lies wholly before position n - window + 1, the first position the query at n
@@ -25,31 +28,17 @@ from math import gcd
 from kvbench.workloads.capacity import blocks_for_tokens
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import require_positive
-from kvbench.workloads.kv_spec import AttentionKind, KVCacheSpec, LayerGroup, ModelKVSpec
-
-
-def first_kept_position(spec: KVCacheSpec, query_position: int) -> int:
-    """The first token position a query at `query_position` reads (0 unless windowed)."""
-    if spec.kind is AttentionKind.SLIDING_WINDOW:
-        assert spec.window is not None
-        return max(0, query_position - spec.window + 1)
-    return 0
+from kvbench.workloads.kv_rules import rule_for
+from kvbench.workloads.kv_spec import KVCacheSpec, LayerGroup, ModelKVSpec
 
 
 def blocks_in_step(spec: KVCacheSpec, computed: int, new: int, block_size: int) -> int:
     """Blocks one sequence's group holds while a step computes `new` tokens after
-    `computed` cached ones (the release rule of this module's docstring)."""
+    `computed` cached ones (the rule of `spec`'s kind, `KindRule.blocks_in_step`)."""
     require_positive("block_size", block_size)
     if computed < 0 or new < 0:
         raise ConfigError(f"token counts must be >= 0, got computed={computed}, new={new}")
-    if spec.kind is AttentionKind.CROSS:
-        assert spec.encoder_len is not None
-        return blocks_for_tokens(spec.encoder_len, block_size)
-    end = computed + new
-    if end == 0:
-        return 0
-    start = first_kept_position(spec, computed)
-    return (end - 1) // block_size - start // block_size + 1
+    return rule_for(spec).blocks_in_step(computed, new, block_size)
 
 
 def _step_blocks(model: ModelKVSpec, k: int, seq_len: int, step: int, block_size: int) -> int:
@@ -71,9 +60,7 @@ def _candidate_steps(model: ModelKVSpec, seq_len: int, step: int, block_size: in
     period = block_size // gcd(step, block_size)
     ends = {last, last - 1}
     for g in model.groups:
-        if g.spec.kind is AttentionKind.SLIDING_WINDOW:
-            assert g.spec.window is not None
-            ends.add(min(last, (g.spec.window - 1) // step))
+        ends.update(min(last, e) for e in rule_for(g.spec).phase_ends(step))
     return {e - j for e in ends for j in range(period + 1) if 0 <= e - j <= last}
 
 
@@ -104,11 +91,9 @@ def window_block_bound(window: int, block_size: int) -> int:
 
 def as_full_attention(model: ModelKVSpec) -> ModelKVSpec:
     """The same model with every sliding window widened to full attention (the baseline
-    a window's savings are measured against; cross-attention is left as it is)."""
-    groups = tuple(
-        replace(g, spec=KVCacheSpec.full()) if g.spec.kind is AttentionKind.SLIDING_WINDOW else g
-        for g in model.groups
-    )
+    a window's savings are measured against, `KindRule.as_full`; cross-attention is left
+    as it is)."""
+    groups = tuple(replace(g, spec=rule_for(g.spec).as_full()) for g in model.groups)
     return ModelKVSpec(f"{model.name} (all full attention)", groups, model.source)
 
 

@@ -24,17 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvbench.workloads.kv_spec import AttentionKind, KVCacheSpec
-from kvbench.workloads.spec_capacity import first_kept_position
+from kvbench.workloads.kv_rules import rule_for
+from kvbench.workloads.kv_spec import KVCacheSpec
 
 
 def blocks_a_hit_needs(spec: KVCacheSpec, hit_blocks: int, block_size: int) -> range:
     """Logical blocks of `spec`'s group that a hit of `hit_blocks` whole blocks needs
-    cached (see the module docstring); empty for cross-attention."""
-    if spec.kind is AttentionKind.CROSS or hit_blocks == 0:
-        return range(0)
-    first = first_kept_position(spec, hit_blocks * block_size) // block_size
-    return range(min(first, hit_blocks - 1), hit_blocks)
+    cached (see the module docstring; `KindRule.hit_blocks`); empty for cross-attention."""
+    return rule_for(spec).hit_blocks(hit_blocks, block_size)
 
 
 def longest_hit_blocks(
@@ -47,10 +44,11 @@ def longest_hit_blocks(
 
     cached[g][i]: whether group g has block i of the prompt cached (each list at least
     max_blocks long; cross-attention groups are ignored)."""
+    rules = [rule_for(spec) for spec in specs]
     for m in range(max_blocks, 0, -1):
         if all(
-            all(cached[g][i] for i in blocks_a_hit_needs(spec, m, block_size))
-            for g, spec in enumerate(specs)
+            all(cached[g][i] for i in rule.hit_blocks(m, block_size))
+            for g, rule in enumerate(rules)
         ):
             return m
     return 0

@@ -13,20 +13,23 @@ its groups must have one per-layer KV shape (the model's geometry), as the prese
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvbench.workloads.errors import ConfigError
-from kvbench.workloads.kv_spec import AttentionKind, ModelKVSpec
+from kvbench.workloads.kv_rules import KindRule, rule_for
+from kvbench.workloads.kv_spec import AttentionKind, KVCacheSpec, ModelKVSpec
 
 
 @dataclass(frozen=True)
 class LayoutGroup:
     """`layers` layers reading the same KV: full (window and encoder_len None), a
-    sliding `window` (tokens), or cross-attention over `encoder_len` tokens."""
+    sliding `window` (tokens), or cross-attention over `encoder_len` tokens. `rule` is
+    its kind's rule (`workloads.kv_rules`), which every count below asks."""
 
     layers: int
     window: int | None = None
     encoder_len: int | None = None
+    rule: KindRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("layers", "window", "encoder_len"):
@@ -35,6 +38,14 @@ class LayoutGroup:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
         if self.window is not None and self.encoder_len is not None:
             raise ConfigError("a layer group is windowed or cross-attention, not both")
+        kind = (
+            AttentionKind.SLIDING_WINDOW
+            if self.window is not None
+            else AttentionKind.CROSS
+            if self.encoder_len is not None
+            else AttentionKind.FULL
+        )
+        object.__setattr__(self, "rule", rule_for(KVCacheSpec(kind, self.window, self.encoder_len)))
 
 
 @dataclass(frozen=True)
@@ -46,7 +57,7 @@ class AttentionLayout:
     def __post_init__(self) -> None:
         if not self.groups:
             raise ConfigError("an attention layout needs at least one layer group")
-        if all(g.encoder_len is not None for g in self.groups):
+        if not any(g.rule.self_attention for g in self.groups):
             raise ConfigError("an attention layout needs a self-attention group to decode")
 
     @property
@@ -57,7 +68,7 @@ class AttentionLayout:
     def windows(self) -> tuple[int, ...]:
         """The distinct window sizes, ascending (the engine tracks, per window, the
         decoders whose context passed it)."""
-        return tuple(sorted({g.window for g in self.groups if g.window is not None}))
+        return tuple(sorted({g.rule.reach for g in self.groups if g.rule.reach is not None}))
 
     @classmethod
     def from_spec(cls, model: ModelKVSpec) -> AttentionLayout:
@@ -69,13 +80,7 @@ class AttentionLayout:
                 f"model {model.name!r} mixes per-layer KV shapes {sorted(shapes)}: the time "
                 "model prices one shape"
             )
-        out = []
-        for g in model.groups:
-            s = g.spec
-            if s.kind is AttentionKind.CROSS:
-                out.append(LayoutGroup(g.num_layers, encoder_len=s.encoder_len))
-            else:
-                out.append(LayoutGroup(g.num_layers, window=s.window))
+        out = (LayoutGroup(g.num_layers, g.spec.window, g.spec.encoder_len) for g in model.groups)
         return cls(tuple(out))
 
     # -- layer-token counts (a layer reading one token of KV counts 1) -----------------
@@ -85,61 +90,31 @@ class AttentionLayout:
         for each window W_i of `windows`. `excess` empty: as if every decoder read
         kv_read / decoders (exact for one decoder; callers without the decoders'
         contexts, like the latency floor)."""
-        index = {w: i for i, w in enumerate(self.windows)}
-        if not excess and self.windows:
-            excess = [max(0, kv_read - decoders * w) for w in self.windows]
-        total = 0
-        for g in self.groups:
-            if g.encoder_len is not None:
-                total += g.layers * decoders * g.encoder_len
-            elif g.window is None:
-                total += g.layers * kv_read
-            else:
-                total += g.layers * (kv_read - excess[index[g.window]])
-        return total
+        windows = self.windows
+        if not excess and windows:
+            excess = [max(0, kv_read - decoders * w) for w in windows]
+        by_reach: dict[int | None, int] = dict(zip(windows, excess, strict=False))
+        return sum(
+            g.layers * g.rule.decode_reads(decoders, kv_read, by_reach.get(g.rule.reach, 0))
+            for g in self.groups
+        )
 
     def decode_slope(self, decoders: int, above: Sequence[int]) -> int:
         """How much `decode_layer_tokens` grows per decode step when every decoder
         gains a token and `above[i]` of them are already past window W_i."""
-        index = {w: i for i, w in enumerate(self.windows)}
-        total = 0
-        for g in self.groups:
-            if g.encoder_len is None:
-                total += g.layers * (decoders - (above[index[g.window]] if g.window else 0))
-        return total
+        by_reach: dict[int | None, int] = dict(zip(self.windows, above, strict=False))
+        return sum(
+            g.layers * g.rule.decode_slope(decoders, by_reach.get(g.rule.reach, 0))
+            for g in self.groups
+        )
 
     def chunk_layer_tokens(self, ctx: int, n: int) -> int:
         """KV layer-tokens a prefill chunk of n queries at positions ctx .. ctx + n - 1
         reads from memory (each layer once: the positions any of its queries reads)."""
-        total = 0
-        for g in self.groups:
-            if g.encoder_len is not None:
-                total += g.layers * g.encoder_len
-            elif g.window is None:
-                total += g.layers * (ctx + n)
-            else:
-                total += g.layers * (ctx + n - max(0, ctx - g.window + 1))
-        return total
+        return sum(g.layers * g.rule.chunk_reads(ctx, n) for g in self.groups)
 
     def chunk_pairs(self, ctx: int, n: int) -> int:
         """(query, key) layer-pairs of a prefill chunk: each query at position p pairs
         with min(p + 1, W) keys on a windowed layer, p + 1 on a full one, E on a cross
         one."""
-        total = 0
-        for g in self.groups:
-            if g.encoder_len is not None:
-                total += g.layers * n * g.encoder_len
-            else:
-                total += g.layers * _capped_sum(ctx + 1, ctx + n, g.window)
-        return total
-
-
-def _capped_sum(a: int, b: int, cap: int | None) -> int:
-    """sum of min(q, cap) for q in a .. b (None: no cap), exactly."""
-    if b < a:
-        return 0
-    if cap is None or b <= cap:
-        return (a + b) * (b - a + 1) // 2
-    if a > cap:
-        return (b - a + 1) * cap
-    return (a + cap) * (cap - a + 1) // 2 + (b - cap) * cap
+        return sum(g.layers * g.rule.chunk_pairs(ctx, n) for g in self.groups)

@@ -42,7 +42,6 @@ from kvbench.suites.e2e.spec_attention import GroupNativeAttention, GroupOracleA
 from kvbench.suites.e2e.spec_forward import LayerMap, spec_forward
 from kvbench.suites.e2e.spec_models import build_spec_model, model_kv_spec
 from kvbench.workloads.kv_spec import KVCacheSpec, LayerGroup, ModelKVSpec
-from kvbench.workloads.spec_capacity import first_kept_position
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None,
@@ -339,10 +338,10 @@ class EarlyReleaseCache(LayerGroupsPagedCache):
 
     def _plan(self, group, table, n):  # type: ignore[no-untyped-def]
         release, cow, new = super()._plan(group, table, n)
-        spec = self.model.groups[group].spec
-        if spec.window is None:
+        rule = self.rules[group]
+        if not rule.bounded:
             return release, cow, new
-        keep = first_kept_position(spec, table.seq_len) + 1
+        keep = rule.first_kept(table.seq_len) + 1
         bs = self.block_size
         early = [j for j, b in enumerate(table.blocks) if b != NULL_BLOCK and (j + 1) * bs <= keep]
         return early, cow, new

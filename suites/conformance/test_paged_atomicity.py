@@ -11,7 +11,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from kvbench.paged.cache import PagedKVCache, snapshots_equal
+from kvbench.paged.cache import PagedKVCache
+from kvbench.paged.snapshots import snapshots_equal
 from kvbench.suites.conformance.paged_model import kv_for
 from kvbench.workloads.errors import (
     CapacityError,

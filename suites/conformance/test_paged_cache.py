@@ -294,7 +294,7 @@ def test_group_swap_keeps_sharing_and_kv() -> None:
     ],
 )
 def test_bad_group_swap_out_changes_nothing(ids, error, match) -> None:
-    from kvbench.paged.cache import snapshots_equal
+    from kvbench.paged.snapshots import snapshots_equal
 
     cache = make(num_blocks=16, num_cpu_blocks=8)
     _forked_family(cache)
@@ -307,7 +307,7 @@ def test_bad_group_swap_out_changes_nothing(ids, error, match) -> None:
 
 
 def test_group_swap_is_all_or_nothing_on_capacity() -> None:
-    from kvbench.paged.cache import snapshots_equal
+    from kvbench.paged.snapshots import snapshots_equal
 
     cache = make(num_blocks=12, num_cpu_blocks=3)  # the family has 4 distinct blocks
     _forked_family(cache)

@@ -48,7 +48,8 @@ from hypothesis.stateful import (
 )
 
 from kvbench.kernels import ops
-from kvbench.paged.cache import PagedKVCache, snapshots_equal
+from kvbench.paged.cache import PagedKVCache
+from kvbench.paged.snapshots import snapshots_equal
 from kvbench.reference.contiguous import ContiguousKVCache
 from kvbench.reference.oracle import extend_attention, relative_error, tolerance
 from kvbench.suites.conformance.paged_model import bitwise_equal, kv_for

@@ -18,7 +18,8 @@ import pytest
 from kvbench.paged.cache import PagedKVCache
 from kvbench.paged.serving.engine import Engine
 from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult
-from kvbench.paged.spec_serving import NULL_BLOCK, LayerGroupServingCache
+from kvbench.paged.spec_requests import NULL_BLOCK
+from kvbench.paged.spec_serving import LayerGroupServingCache
 from kvbench.workloads.errors import CapacityError, ConfigError, UnknownRequestError
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.kv_spec import KVCacheSpec, ModelKVSpec, group_layers

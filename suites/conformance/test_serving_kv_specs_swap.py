@@ -15,7 +15,8 @@ import pytest
 from kvbench.paged.serving.attention_layout import AttentionLayout
 from kvbench.paged.serving.engine import Engine
 from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
-from kvbench.paged.spec_serving import NULL_BLOCK, LayerGroupServingCache, spec_serving_cache
+from kvbench.paged.spec_requests import NULL_BLOCK
+from kvbench.paged.spec_serving import LayerGroupServingCache, spec_serving_cache
 from kvbench.workloads.errors import CapacityError, ConfigError, RequestStateError
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.kv_spec import KVCacheSpec, ModelKVSpec, group_layers
