@@ -43,6 +43,7 @@ from kvbench.paged.group_prefix import GroupPrefixIndex
 from kvbench.paged.prefix_cache import PrefixCache
 from kvbench.paged.swap import CpuBlockPool
 from kvbench.reference.contract import KVPair as KV
+from kvbench.workloads.block_size import check_block_size
 from kvbench.workloads.capacity import blocks_for_tokens
 from kvbench.workloads.errors import (
     CapacityError,
@@ -52,7 +53,6 @@ from kvbench.workloads.errors import (
     ShapeError,
     UnknownRequestError,
 )
-from kvbench.workloads.geometry import require_positive
 from kvbench.workloads.kv_spec import AttentionKind, ModelKVSpec
 from kvbench.workloads.spec_capacity import first_kept_position
 
@@ -97,7 +97,7 @@ class LayerGroupsPagedCache:
                 f"layer-group cache (supported: {names}; fp8 KV is PagedKVCache's)"
             )
         self.model = model
-        self.block_size = require_positive("block_size", block_size)
+        self.block_size = check_block_size(block_size)
         prefix = PrefixCache() if enable_prefix_caching else None
         self.pool = BlockPool(num_blocks, block_size, prefix=prefix)
         self.index = GroupPrefixIndex(prefix, model, block_size) if prefix is not None else None

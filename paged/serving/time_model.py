@@ -44,6 +44,7 @@ from typing import Any
 from kvbench.paged.serving.attention_layout import AttentionLayout
 from kvbench.paged.serving.latency import flat
 from kvbench.paged.serving.records import SeqRecord
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE, check_block_size
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.profiles import DeviceProfile
@@ -168,7 +169,10 @@ class TimeModel:
             attention FLOPs).
         weight_bytes: the whole model's weight bytes (divided over `tp` ranks).
         params: parameter count (2 FLOPs per parameter per token).
-        block_size: tokens per block (swap sizes).
+        block_size: tokens per block (swap sizes): the block size of the cache it prices.
+            One source of truth: the cache decides, and an engine refuses a time model
+            whose block size differs from the blocks of a cache that can swap
+            (`check_prices`), rather than price its swaps at another size.
         tp: tensor-parallel ranks: weights, KV and FLOPs divide over them; each layer
             adds two all-reduces of the step's activations.
         hidden_size: model width (all-reduce message size); defaults to q heads x head dim.
@@ -183,13 +187,14 @@ class TimeModel:
     geometry: KVGeometry
     weight_bytes: int
     params: float
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     tp: int = 1
     hidden_size: int = 0
     layout: AttentionLayout | None = None
     swap_block_bytes: int = 0
 
     def __post_init__(self) -> None:
+        check_block_size(self.block_size)
         require_positive("tp", self.tp)
         if self.layout is not None and self.layout.num_layers != self.geometry.num_layers:
             raise ConfigError(
@@ -200,6 +205,20 @@ class TimeModel:
             raise ConfigError(
                 f"params must be > 0 and weight_bytes >= 0, got {self.params!r}, "
                 f"{self.weight_bytes!r}"
+            )
+
+    def check_prices(self, cache_block_size: int, can_swap: bool) -> None:
+        """Refuse (ConfigError naming both sizes) to price the swaps of a cache whose
+        blocks hold `cache_block_size` tokens when this model was built for another block
+        size: its swaps would be priced at the wrong size, silently (as `simulate(trace,
+        cache)` once priced every cache's swaps at 16 tokens). A cache without blocks
+        (0) or without swap space never asks for a swap price, so any model prices it."""
+        if can_swap and cache_block_size and cache_block_size != self.block_size:
+            raise ConfigError(
+                f"the time model prices swaps of {self.block_size}-token blocks but the "
+                f"cache's blocks hold {cache_block_size} tokens; build the time model with "
+                f"block_size={cache_block_size} (time_model_for(spec), "
+                f"setup_time_model(setup, {cache_block_size}))"
             )
 
     # -- integer coefficients, each rounded once (ps) --------------------------------
