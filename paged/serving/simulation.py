@@ -90,8 +90,8 @@ def simulate(
     device `profile` (or by `time_model`, e.g. a set-up's).
 
     The cache decides the block size swaps are priced at: without `time_model` the
-    model is built at the cache's block size; a `time_model` built for another block size
-    than a swapping cache's is refused (ConfigError naming both, `TimeModel.check_prices`).
+    model is built at the cache's block size, and a `time_model` built for another block
+    size prices the cache's swaps at the cache's (the engine's `TimeModel.for_cache`).
 
     The preemption policy ("swap", "recompute", "auto") has one place: `config.preemption`.
     `policy` is shorthand for `config=SchedulerConfig(preemption=policy)`; giving both is a

@@ -37,7 +37,7 @@ in the KV read on both sides of the max, so `decode_span_ps` sums a quiet stretc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -169,10 +169,9 @@ class TimeModel:
             attention FLOPs).
         weight_bytes: the whole model's weight bytes (divided over `tp` ranks).
         params: parameter count (2 FLOPs per parameter per token).
-        block_size: tokens per block (swap sizes): the block size of the cache it prices.
-            One source of truth: the cache decides, and an engine refuses a time model
-            whose block size differs from the blocks of a cache that can swap
-            (`check_prices`), rather than price its swaps at another size.
+        block_size: tokens per block (swap sizes) when the model prices swaps alone; an
+            engine prices a cache's swaps at the cache's block size (`for_cache`: the
+            cache decides, whatever this says).
         tp: tensor-parallel ranks: weights, KV and FLOPs divide over them; each layer
             adds two all-reduces of the step's activations.
         hidden_size: model width (all-reduce message size); defaults to q heads x head dim.
@@ -207,19 +206,24 @@ class TimeModel:
                 f"{self.weight_bytes!r}"
             )
 
-    def check_prices(self, cache_block_size: int, can_swap: bool) -> None:
-        """Refuse (ConfigError naming both sizes) to price the swaps of a cache whose
-        blocks hold `cache_block_size` tokens when this model was built for another block
-        size: its swaps would be priced at the wrong size, silently (as `simulate(trace,
-        cache)` once priced every cache's swaps at 16 tokens). A cache without blocks
-        (0) or without swap space never asks for a swap price, so any model prices it."""
-        if can_swap and cache_block_size and cache_block_size != self.block_size:
+    def for_cache(self, cache_block_size: int, can_swap: bool) -> TimeModel:
+        """This model as it prices a cache whose blocks hold `cache_block_size` tokens:
+        the cache decides the block size swaps are priced at. Itself when the sizes agree
+        or the cache never swaps (no blocks, 0, or no swap space); else a copy at the
+        cache's block size (`simulate(trace, cache)` once priced every cache's swaps at 16
+        tokens). A model given `swap_block_bytes` (a layer-group page) for another block
+        size is refused (ConfigError naming both sizes): those bytes cannot be re-derived
+        here."""
+        if not can_swap or not cache_block_size or cache_block_size == self.block_size:
+            return self
+        if self.swap_block_bytes:
             raise ConfigError(
-                f"the time model prices swaps of {self.block_size}-token blocks but the "
-                f"cache's blocks hold {cache_block_size} tokens; build the time model with "
-                f"block_size={cache_block_size} (time_model_for(spec), "
-                f"setup_time_model(setup, {cache_block_size}))"
+                f"the time model's swap_block_bytes={self.swap_block_bytes} are pages of "
+                f"{self.block_size}-token blocks but the cache's blocks hold "
+                f"{cache_block_size} tokens; build it with block_size={cache_block_size} "
+                "and that block size's page bytes"
             )
+        return replace(self, block_size=check_block_size(cache_block_size))
 
     # -- integer coefficients, each rounded once (ps) --------------------------------
     def _ps(self, seconds: float) -> int:

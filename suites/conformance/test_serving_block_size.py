@@ -1,8 +1,8 @@
 """Swaps are priced at the block size of the cache they move (issue 38 item 5).
 
 The cache decides: `simulate(trace, cache)` and `simulate(trace, spec)` build their time
-model at the cache's block size, and a time model built for another block size than a
-swapping cache's is refused by the engine (`TimeModel.check_prices`), never used. The
+model at the cache's block size, and a time model built for another block size prices
+a swapping cache's swaps at the cache's (`TimeModel.for_cache`, in the engine). The
 oracle here is independent of the time model: the bytes of one block of the geometry
 (2 x layers x KV heads x head dim x dtype bytes x block size) over the device's host
 link, computed in this file. `simulate(trace, cache)` once priced every cache's swaps at
@@ -83,32 +83,45 @@ def test_swaps_are_priced_at_the_cache_block_size(
     assert {bs for _, _, bs in priced} == {32}
 
 
-def test_a_time_model_for_another_block_size_is_refused() -> None:
-    """simulate(..., time_model=) and Engine refuse a time model built for 16-token blocks
-    on a cache of 32 that can swap, naming both sizes; nothing runs."""
+@pytest.mark.parametrize("given", ["cache", "spec", "engine"])
+def test_a_time_model_of_another_block_size_follows_the_cache(
+    monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    """A time model built for 16-token blocks, given to simulate or Engine with a cache
+    of 32 that swaps: the swaps are priced at 32 (the cache decides), and the run is the
+    run with the cache's own time model, step for step."""
+    priced: list[int] = []
+    swap_ps = TimeModel.swap_ps
+
+    def recording(self: TimeModel, blocks: int) -> int:
+        priced.append(self.block_size)
+        return swap_ps(self, blocks)
+
+    monkeypatch.setattr(TimeModel, "swap_ps", recording)
     spec = _spec(32)
     at_16 = time_model_for(replace(spec, block_size=16), PROFILE)
     cfg = SchedulerConfig(preemption="swap")
-    for run in (
-        lambda: simulate(_trace(), spec, config=cfg, time_model=at_16),
-        lambda: simulate(_trace(), spec.build(), config=cfg, time_model=at_16),
-        lambda: Engine(spec.build(), cfg, at_16),
-    ):
-        with pytest.raises(ConfigError, match=r"16-token blocks.*hold 32 tokens"):
-            run()
-    # the time model of the cache's own size is taken
-    same = simulate(_trace(), spec, config=cfg, time_model=replace(at_16, block_size=32))
-    assert same.swaps > 0
+    if given == "engine":
+        got = Engine(spec.build(), cfg, at_16).run(_trace())
+    else:
+        target = spec.build() if given == "cache" else spec
+        got = simulate(_trace(), target, config=cfg, time_model=at_16)
+    assert got.swaps > 0 and set(priced) == {32}
+    own = simulate(_trace(), spec, config=cfg, time_model=time_model_for(spec, PROFILE))
+    assert [r.times() for r in got.records] == [r.times() for r in own.records]
+    assert got.modeled_seconds == own.modeled_seconds
 
 
-def test_a_cache_that_never_swaps_is_priced_by_any_time_model() -> None:
-    """No swap space (a contiguous cache, blocks 0) or no swaps to price: the time model's
-    block size is never used, so it is not checked."""
+def test_for_cache() -> None:
+    """A cache without swap space or without blocks never asks for a swap price: the
+    model is kept as it is; pages of a layer group cannot be re-priced: refused."""
     at_16 = time_model_for(_spec(16), PROFILE)
-    contiguous = replace(_spec(16), kind="contiguous-max", num_blocks=None, kv_budget=2**20)
-    result = simulate(_trace(), contiguous, config=SchedulerConfig(), time_model=at_16)
-    assert result.swaps == 0
-    at_16.check_prices(32, can_swap=False)
-    at_16.check_prices(0, can_swap=True)
-    with pytest.raises(ConfigError, match="block_size=32"):
-        at_16.check_prices(32, can_swap=True)
+    assert at_16.for_cache(32, can_swap=False) is at_16
+    assert at_16.for_cache(0, can_swap=True) is at_16
+    assert at_16.for_cache(16, can_swap=True) is at_16
+    at_32 = at_16.for_cache(32, can_swap=True)
+    assert at_32 == replace(at_16, block_size=32)
+    assert at_32.swap_ps(3) == _oracle_ps(3, 32) == 2 * at_16.swap_ps(3)
+    pages = replace(at_16, swap_block_bytes=at_16.geometry.bytes_per_block(16) // 2)
+    with pytest.raises(ConfigError, match=r"swap_block_bytes=.*16-token.*hold 32 tokens"):
+        pages.for_cache(32, can_swap=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -244,8 +243,7 @@ def test_hash_block_prompts_share_what_their_ids_share() -> None:
         spec = CacheSpec(
             kind="paged", geometry=GEOM, num_blocks=2000, block_size=bs, max_seq_len=4096
         )
-        tm = replace(TM, block_size=bs)  # priced at the cache's block size
-        result = simulate(trace, spec, config=SchedulerConfig(max_concurrency=1), time_model=tm)
+        result = simulate(trace, spec, config=SchedulerConfig(max_concurrency=1), time_model=TM)
         cached = {int(r.id): r.cached_tokens for r in result.records}
         shared_tokens = {0: 0, 1: 2 * 512, 2: 512, 3: 1400}  # 3 shares all of 0's prompt
         for i, tokens in shared_tokens.items():

@@ -44,8 +44,6 @@ class Preemption:
         self.lines = lines
         #: The cache has swap space (else every preemption recomputes).
         self.can_swap = can_swap
-        if tm is not None:  # swaps are priced at the cache's block size, or refused
-            tm.check_prices(cache.serving_traits().block_size, can_swap)
 
     def family_fits(self, r: TraceRequest) -> bool:
         """Whether the n samples of `r` are preempted as one unit: configured so
