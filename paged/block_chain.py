@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, block_key, packed_chain, token_bytes
-from kvbench.workloads.geometry import require_positive
+from kvbench.workloads.block_size import check_block_size
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,7 +64,7 @@ def block_chain(
     key_fn: KeyFn = block_key,
 ) -> BlockChain:
     """Compute the chain of `prompt`'s full blocks (see `BlockChain`)."""
-    bs = require_positive("block_size", block_size)
+    bs = check_block_size(block_size)
     n = len(prompt) // bs
     ids = prompt[: n * bs]
     flat = ids if isinstance(ids, tuple) else tuple(ids)

@@ -33,6 +33,7 @@ from itertools import islice
 from kvbench.paged.eviction import make_queue
 from kvbench.paged.prefix_cache import PrefixCache
 from kvbench.reference.validation import MAX_INDEX
+from kvbench.workloads.block_size import check_block_size
 from kvbench.workloads.errors import CapacityError, ConfigError
 from kvbench.workloads.geometry import require_positive
 
@@ -49,7 +50,7 @@ class BlockPool:
     ):
         # block ids and slots go to kernels as int32
         self.num_blocks = require_positive("num_blocks", num_blocks, MAX_INDEX)
-        self.block_size = require_positive("block_size", block_size, MAX_INDEX)
+        self.block_size = check_block_size(block_size)
         self.prefix = prefix
         self._evictable: OrderedDict[int, None] = make_queue(eviction)  # type: ignore[assignment]
         self.eviction = eviction

@@ -88,6 +88,7 @@ from kvbench.reference.validation import (
     validate_prompt,
     validate_token_ids,
 )
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE, check_block_size
 from kvbench.workloads.capacity import watermark_blocks
 from kvbench.workloads.errors import CapacityError, ConfigError, ShapeError
 from kvbench.workloads.geometry import KVGeometry, require_positive
@@ -153,7 +154,7 @@ class PagedKVCache:
         self,
         geometry: KVGeometry,
         num_blocks: int,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         *,
         max_seq_len: int | None = None,
         watermark: float = 0.0,
@@ -176,7 +177,7 @@ class PagedKVCache:
         make_queue(eviction_policy)  # ConfigError on an unknown name, before anything
         # block ids and slots go to kernels as int32; checked before anything is allocated
         num_blocks = require_positive("num_blocks", num_blocks, MAX_INDEX)
-        block_size = require_positive("block_size", block_size, MAX_INDEX)
+        block_size = check_block_size(block_size)
         if num_cpu_blocks:
             require_positive("num_cpu_blocks", num_cpu_blocks, MAX_INDEX)
         if max_seq_len is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from kvbench.paged.cache import PagedKVCache
 from kvbench.reference.contiguous import ContiguousKVCache
 from kvbench.reference.contract import ServingCache
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.capacity import blocks_in_budget
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, parse_bytes
@@ -48,7 +49,7 @@ class CacheSpec:
     kind: str = "paged"
     model: str = "llama-2-70b"
     kv_budget: str | int = "42GB"
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     max_seq_len: int = 2048
     watermark: float = 0.01
     cpu_blocks: int = 0

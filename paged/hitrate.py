@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from kvbench.paged.block_chain import BlockChain, block_chain
 from kvbench.paged.cache import PagedKVCache
 from kvbench.paged.gc_pause import gc_paused
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE, check_block_size
 from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.trace import Trace
 
@@ -70,7 +71,7 @@ class ReplayResult:
 def replay(
     trace: Trace,
     capacity_tokens: int,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     policy: str = "lru",
     *,
     pool_limit: int | None = None,
@@ -79,7 +80,7 @@ def replay(
     """Replay `trace` through a memory-only PagedKVCache of `capacity_tokens` (see the
     module docstring). `pool_limit`: blocks past which the pool provably never evicts
     (`footprint_blocks`); the pool is min(capacity // block_size, pool_limit)."""
-    require_positive("block_size", block_size)
+    check_block_size(block_size)
     cache = _memory_cache(capacity_tokens, block_size, policy, pool_limit)
     with gc_paused():
         hits, prompts = _replay_one(trace, cache, progress)
@@ -121,7 +122,7 @@ class ReplayConfig:
 def replay_many(
     trace: Trace,
     configs: Sequence[ReplayConfig],
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     *,
     pool_limit: int | None = None,
     progress: Callable[[int], None] | None = None,
@@ -130,7 +131,7 @@ def replay_many(
     key chain (`paged.block_chain`) is computed once and handed to every cache, which
     makes every decision itself (the results equal `replay`'s, config by config).
     Memory: all the caches at once (their block tuples shared through the chains)."""
-    require_positive("block_size", block_size)
+    check_block_size(block_size)
     if not configs:
         return []
     caches = [_memory_cache(c.capacity_tokens, block_size, c.policy, pool_limit) for c in configs]
@@ -279,7 +280,7 @@ def hit_rates(
     between calls."""
     from kvbench.workloads import prefix_oracle
 
-    require_positive("block_size", block_size)
+    check_block_size(block_size)
     for q in queries:
         _check_query(q, block_size)
     acc = prefix_oracle.block_accesses(trace, block_size)

@@ -43,6 +43,7 @@ from kvbench.paged.group_prefix import GroupPrefixIndex
 from kvbench.paged.prefix_cache import PrefixCache
 from kvbench.paged.swap import CpuBlockPool
 from kvbench.reference.contract import KVPair as KV
+from kvbench.workloads.block_size import check_block_size
 from kvbench.workloads.capacity import blocks_for_tokens
 from kvbench.workloads.errors import (
     CapacityError,
@@ -52,7 +53,6 @@ from kvbench.workloads.errors import (
     ShapeError,
     UnknownRequestError,
 )
-from kvbench.workloads.geometry import require_positive
 from kvbench.workloads.kv_rules import rule_for
 from kvbench.workloads.kv_spec import ModelKVSpec
 
@@ -99,7 +99,7 @@ class LayerGroupsPagedCache:
         self.model = model
         #: per group, the rule of its kind (`workloads.kv_rules`)
         self.rules = [rule_for(g.spec) for g in model.groups]
-        self.block_size = require_positive("block_size", block_size)
+        self.block_size = check_block_size(block_size)
         prefix = PrefixCache() if enable_prefix_caching else None
         self.pool = BlockPool(num_blocks, block_size, prefix=prefix)
         self.index = GroupPrefixIndex(prefix, model, block_size) if prefix is not None else None

@@ -65,6 +65,7 @@ from kvbench.reference.contract import (
     RequestId,
     ServingTraits,
 )
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE, check_block_size
 from kvbench.workloads.capacity import blocks_for_tokens, watermark_blocks
 from kvbench.workloads.errors import (
     CapacityError,
@@ -99,7 +100,7 @@ class LayerGroupServingCache:
         self,
         model: ModelKVSpec,
         num_blocks: int,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         *,
         max_seq_len: int | None = None,
         watermark: float = 0.0,
@@ -109,7 +110,7 @@ class LayerGroupServingCache:
         if not isinstance(model, ModelKVSpec):
             raise ConfigError(f"model must be a ModelKVSpec, got {type(model).__name__}")
         num_blocks = require_positive("num_blocks", num_blocks)
-        block_size = require_positive("block_size", block_size)
+        block_size = check_block_size(block_size)
         if max_seq_len is not None:
             require_positive("max_seq_len", max_seq_len)
         if prefill_chunk is not None:
@@ -580,7 +581,7 @@ class LayerGroupServingCache:
 def spec_serving_cache(
     model: ModelKVSpec,
     kv_budget: int,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     *,
     max_seq_len: int | None = None,
     watermark: float = 0.01,
@@ -591,7 +592,7 @@ def spec_serving_cache(
     (`ModelKVSpec.page_bytes`), and `swap_bytes` of CPU swap space (as many pages as fit;
     0: none); ConfigError when not one device page fits."""
     require_positive("kv_budget", kv_budget)
-    page = model.page_bytes(require_positive("block_size", block_size))
+    page = model.page_bytes(check_block_size(block_size))
     if kv_budget < page:
         raise ConfigError(f"kv_budget={kv_budget} B holds no {page}-byte page of {model.name!r}")
     if isinstance(swap_bytes, bool) or not isinstance(swap_bytes, int) or swap_bytes < 0:

@@ -26,6 +26,7 @@ import torch
 
 from kvbench.paged.cache import PagedKVCache
 from kvbench.reference.contiguous import ContiguousKVCache
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE, check_block_size
 from kvbench.workloads.capacity import blocks_for_tokens
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, require_positive
@@ -89,14 +90,14 @@ def seed002_lengths(
 
 
 def measure_batch(
-    lengths: Iterable[int], block_size: int = 16, max_len: int = 2048
+    lengths: Iterable[int], block_size: int = DEFAULT_BLOCK_SIZE, max_len: int = 2048
 ) -> UtilizationRow:
     """Fill a contiguous (max_len reservation) and a paged cache with requests of these
     lengths (prompt = the whole length, all appended) and read their stats."""
     lens = [int(n) for n in lengths]
     if not lens:
         raise ConfigError("a batch needs at least one request")
-    require_positive("block_size", block_size)
+    check_block_size(block_size)
     naive = ContiguousKVCache(TINY, len(lens) * max_len, max_len, "max", store_kv=False)
     blocks = sum(blocks_for_tokens(n, block_size) for n in lens)
     paged = PagedKVCache(
@@ -124,7 +125,7 @@ def measure_batch(
 def utilization_table(
     batch_sizes: Sequence[int] = SEED002_BATCH_SIZES,
     *,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     seed: int = 42,
     mean: float = 500.0,
     std: float = 200.0,
@@ -139,7 +140,7 @@ def utilization_table(
 
 
 def shared_prompt_blocks(
-    requests: int = 10, prompt_len: int = 200, block_size: int = 16
+    requests: int = 10, prompt_len: int = 200, block_size: int = DEFAULT_BLOCK_SIZE
 ) -> SharingRow:
     """Device blocks for `requests` requests whose prompt is the same `prompt_len` tokens."""
     require_positive("requests", requests)

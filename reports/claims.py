@@ -50,6 +50,7 @@ from kvbench.reports.claims_serving import (
 )
 from kvbench.reports.claims_traces import MOONCAKE_PAPER, prefix_capacity
 from kvbench.reports.tables import latest
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 
 __all__ = [
     "CLAIMS",
@@ -170,10 +171,10 @@ def _overhead(lo: float, hi: float, grows: bool) -> Callable[[pd.DataFrame], Ver
     different kernel, is shown as a second baseline and never judged."""
 
     def check(frame: pd.DataFrame) -> Verdict:
-        rows = _rows(frame, "kernel.decode", "paging_overhead", block_size=16)
-        sdpa = _rows(frame, "kernel.decode", "overhead_vs_sdpa", block_size=16)
+        rows = _rows(frame, "kernel.decode", "paging_overhead", block_size=DEFAULT_BLOCK_SIZE)
+        sdpa = _rows(frame, "kernel.decode", "overhead_vs_sdpa", block_size=DEFAULT_BLOCK_SIZE)
         if sdpa.empty:  # runs from before the rename
-            sdpa = _rows(frame, "kernel.decode", "paged_overhead", block_size=16)
+            sdpa = _rows(frame, "kernel.decode", "paged_overhead", block_size=DEFAULT_BLOCK_SIZE)
         second = (
             f"; second baseline, SDPA on contiguous K/V (a different kernel, not judged): "
             f"{_range(sdpa['value'])}"
@@ -281,11 +282,19 @@ def _saved_range(suite: str, lo: float, hi: float) -> Callable[[pd.DataFrame], V
 
 
 def _prefix_99(frame: pd.DataFrame) -> Verdict:
-    fork = _rows(frame, "prefix.shared_prompt", "saved_fraction", block_size=16, mode="fork")
-    cached = _rows(
-        frame, "prefix.shared_prompt", "saved_fraction", block_size=16, mode="prefix-cache"
+    fork = _rows(
+        frame, "prefix.shared_prompt", "saved_fraction", block_size=DEFAULT_BLOCK_SIZE, mode="fork"
     )
-    formula = _rows(frame, "capacity.prefix_formula", "saved_fraction", block_size=16)
+    cached = _rows(
+        frame,
+        "prefix.shared_prompt",
+        "saved_fraction",
+        block_size=DEFAULT_BLOCK_SIZE,
+        mode="prefix-cache",
+    )
+    formula = _rows(
+        frame, "capacity.prefix_formula", "saved_fraction", block_size=DEFAULT_BLOCK_SIZE
+    )
     source = fork if not fork.empty else formula
     if source.empty:
         return _missing("run prefix.shared_prompt or capacity.prefix_formula (block size 16)")
@@ -301,11 +310,21 @@ def _prefix_99(frame: pd.DataFrame) -> Verdict:
 
 def _prefix_scenario(name: str, published: float) -> Callable[[pd.DataFrame], Verdict]:
     def check(frame: pd.DataFrame) -> Verdict:
-        rows = _rows(frame, "prefix.scenarios", "saved_fraction", scenario=name, block_size=16)
+        rows = _rows(
+            frame,
+            "prefix.scenarios",
+            "saved_fraction",
+            scenario=name,
+            block_size=DEFAULT_BLOCK_SIZE,
+        )
         if rows.empty:
             return _missing("run the prefix.scenarios sweep")
         formula = _rows(
-            frame, "prefix.scenarios", "token_formula_saved_fraction", scenario=name, block_size=16
+            frame,
+            "prefix.scenarios",
+            "token_formula_saved_fraction",
+            scenario=name,
+            block_size=DEFAULT_BLOCK_SIZE,
         )
         v = float(rows["value"].iloc[-1])
         note = (
@@ -321,7 +340,9 @@ def _prefix_scenario(name: str, published: float) -> Callable[[pd.DataFrame], Ve
 
 
 def _swap(frame: pd.DataFrame) -> Verdict:
-    rows = _rows(frame, "preempt.swap_vs_recompute", "swap_over_recompute", block_size=16)
+    rows = _rows(
+        frame, "preempt.swap_vs_recompute", "swap_over_recompute", block_size=DEFAULT_BLOCK_SIZE
+    )
     if rows.empty:
         return _missing("run the preempt.swap_vs_recompute sweep")
     a100 = rows[rows["profile"] == "a100-80gb"]
@@ -337,7 +358,7 @@ def _swap(frame: pd.DataFrame) -> Verdict:
         frame,
         "preempt.swap_vs_recompute",
         "swap_seconds",
-        block_size=16,
+        block_size=DEFAULT_BLOCK_SIZE,
         profile="a100-80gb",
         seq_len=4096,
     )
@@ -345,7 +366,7 @@ def _swap(frame: pd.DataFrame) -> Verdict:
         frame,
         "preempt.swap_vs_recompute",
         "recompute_seconds",
-        block_size=16,
+        block_size=DEFAULT_BLOCK_SIZE,
         profile="a100-80gb",
         seq_len=4096,
     )

@@ -12,6 +12,7 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvbench.workloads.block_size import check_block_size
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, require_positive
 
@@ -21,7 +22,7 @@ DEFAULT_TAIL_ALLOWANCE = 1.04
 
 def blocks_for_tokens(tokens: int, block_size: int) -> int:
     """Blocks needed to hold `tokens` tokens: ceil(tokens / block_size)."""
-    require_positive("block_size", block_size)
+    check_block_size(block_size)
     if tokens < 0:
         raise ConfigError(f"tokens must be >= 0, got {tokens!r}")
     return -(-tokens // block_size)

@@ -11,6 +11,7 @@ import numbers
 import re
 from dataclasses import dataclass
 
+from kvbench.workloads.block_size import check_block_size
 from kvbench.workloads.errors import ConfigError
 
 #: Bytes per element of every KV dtype kvbench knows. fp8 variants are 1 byte.
@@ -114,7 +115,7 @@ class KVGeometry:
 
     def bytes_per_block(self, block_size: int) -> int:
         """Bytes of one paged block of `block_size` tokens across all layers."""
-        return require_positive("block_size", block_size) * self.bytes_per_token
+        return check_block_size(block_size) * self.bytes_per_token
 
     def bytes_for_tokens(self, tokens: int) -> int:
         """Bytes of `tokens` tokens of KV across all layers."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from kvbench.workloads import capacity as cap
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE, check_block_size
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, require_positive
 
@@ -50,14 +51,15 @@ def plan_capacity(
     model: str,
     geometry: KVGeometry,
     kv_budget_per_rank: int,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     avg_len: int = 500,
     max_len: int = 2048,
     tp: int = 1,
     tail_allowance: float = cap.DEFAULT_TAIL_ALLOWANCE,
 ) -> CapacityPlan:
     """Compute the whole plan; raises ConfigError naming any bad value."""
-    for name, value in (("block_size", block_size), ("avg_len", avg_len), ("max_len", max_len)):
+    check_block_size(block_size)
+    for name, value in (("avg_len", avg_len), ("max_len", max_len)):
         require_positive(name, value)
     if avg_len > max_len:
         raise ConfigError(

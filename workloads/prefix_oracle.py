@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvbench.workloads.block_size import check_block_size
 from kvbench.workloads.errors import ConfigError
-from kvbench.workloads.geometry import require_positive
 from kvbench.workloads.trace import Trace
 
 
@@ -66,7 +66,7 @@ class BlockAccesses:
 
 def block_accesses(trace: Trace, block_size: int) -> BlockAccesses:
     """The trace's full-block identities at `block_size` (module docstring)."""
-    require_positive("block_size", block_size)
+    check_block_size(block_size)
     reqs = trace.requests
     compact = len({r.prompt_block_tokens for r in reqs}) == 1 and all(
         r.prompt_blocks is not None

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from math import gcd
 
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE, check_block_size
 from kvbench.workloads.capacity import blocks_for_tokens
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import require_positive
@@ -35,7 +36,7 @@ from kvbench.workloads.kv_spec import KVCacheSpec, LayerGroup, ModelKVSpec
 def blocks_in_step(spec: KVCacheSpec, computed: int, new: int, block_size: int) -> int:
     """Blocks one sequence's group holds while a step computes `new` tokens after
     `computed` cached ones (the rule of `spec`'s kind, `KindRule.blocks_in_step`)."""
-    require_positive("block_size", block_size)
+    check_block_size(block_size)
     if computed < 0 or new < 0:
         raise ConfigError(f"token counts must be >= 0, got computed={computed}, new={new}")
     return rule_for(spec).blocks_in_step(computed, new, block_size)
@@ -70,7 +71,7 @@ def request_peak_blocks(
     """Most pages (blocks summed over groups) a request holds while it grows to
     `seq_len` tokens in steps of `step_tokens` (the last step may be shorter)."""
     require_positive("seq_len", seq_len)
-    require_positive("block_size", block_size)
+    check_block_size(block_size)
     require_positive("step_tokens", step_tokens)
     steps = _candidate_steps(model, seq_len, step_tokens, block_size)
     return max(_step_blocks(model, k, seq_len, step_tokens, block_size) for k in steps)
@@ -142,16 +143,16 @@ class SpecCapacityPlan:
 def plan_spec_capacity(
     model: ModelKVSpec,
     kv_budget: int,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     avg_len: int = 500,
     max_len: int = 2048,
     step_tokens: int = 1,
 ) -> SpecCapacityPlan:
     """The capacity plan of `model` in a pool of `kv_budget` bytes; ConfigError names
     any bad value."""
+    check_block_size(block_size)
     for name, value in (
         ("kv_budget", kv_budget),
-        ("block_size", block_size),
         ("avg_len", avg_len),
         ("max_len", max_len),
         ("step_tokens", step_tokens),

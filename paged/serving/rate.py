@@ -49,6 +49,7 @@ from kvbench.paged.serving.simulation import setup_spec, setup_time_model, simul
 from kvbench.paged.serving.slo import SLO, goodput
 from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, TimeModel
 from kvbench.workloads.arrivals import check_burstiness, gamma
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.setups import ServingSetup
 from kvbench.workloads.trace import Trace
@@ -148,7 +149,7 @@ def run_at_rate(
     trace: RateTrace,
     rate: float,
     duration: float | None = None,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     max_num_seqs: int = 256,
     *,
     max_concurrency: int = 0,
@@ -170,7 +171,7 @@ def run_system(
     setup: ServingSetup,
     system: str,
     trace: Trace,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     max_num_seqs: int = 256,
     *,
     max_concurrency: int = 0,

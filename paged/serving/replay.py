@@ -30,6 +30,7 @@ from kvbench.paged.serving.rate import served_throughput, sustained_rate
 from kvbench.paged.serving.simulation import setup_spec, setup_time_model, simulate
 from kvbench.paged.serving.slo import SLO, goodput, slo_margin
 from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import require_positive
 from kvbench.workloads.setups import ServingSetup
@@ -42,7 +43,7 @@ def serve_trace(
     setup: ServingSetup,
     *,
     time_scale: float = 1.0,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     config: SchedulerConfig | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> SimulationResult:

@@ -24,6 +24,7 @@ from kvbench.paged.cache_spec import CacheSpec
 from kvbench.paged.serving.engine import Engine
 from kvbench.paged.serving.time_model import SchedulerConfig, SimulationResult, TimeModel
 from kvbench.reference.contract import ServingCache
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.presets import get_preset
 from kvbench.workloads.profiles import get_profile
@@ -44,7 +45,7 @@ def time_model_for(spec: CacheSpec, profile: str = "a100-80gb") -> TimeModel:
 
 
 def setup_spec(
-    setup: ServingSetup, kind: str, block_size: int = 16, **options: object
+    setup: ServingSetup, kind: str, block_size: int = DEFAULT_BLOCK_SIZE, **options: object
 ) -> CacheSpec:
     """The cache of a serving set-up: its model, KV memory and longest sequence."""
     setup.check_fits()
@@ -59,7 +60,7 @@ def setup_spec(
     )
 
 
-def setup_time_model(setup: ServingSetup, block_size: int = 16) -> TimeModel:
+def setup_time_model(setup: ServingSetup, block_size: int = DEFAULT_BLOCK_SIZE) -> TimeModel:
     """The step pricing of a serving set-up: its weights and FLOPs over `tp` ranks of its
     device, with the all-reduces tensor parallelism adds."""
     preset = setup.preset
@@ -88,6 +89,10 @@ def simulate(
     """Replay `trace` on a cache built from `spec` (or a given empty cache), priced on
     device `profile` (or by `time_model`, e.g. a set-up's).
 
+    The cache decides the block size swaps are priced at: without `time_model` the
+    model is built at the cache's block size, and a `time_model` built for another block
+    size prices the cache's swaps at the cache's (the engine's `TimeModel.for_cache`).
+
     The preemption policy ("swap", "recompute", "auto") has one place: `config.preemption`.
     `policy` is shorthand for `config=SchedulerConfig(preemption=policy)`; giving both is a
     ConfigError (one would silently overwrite the other)."""
@@ -106,7 +111,7 @@ def simulate(
     else:
         cache = spec
         # priced at the given cache's own block size (swaps move whole blocks)
-        block_size = spec.serving_traits().block_size or CacheSpec.block_size
+        block_size = spec.serving_traits().block_size or DEFAULT_BLOCK_SIZE
         own = CacheSpec(model=model, geometry=spec.geometry, block_size=block_size)
         tm = time_model or time_model_for(own, profile)
         label = type(spec).__name__

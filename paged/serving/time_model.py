@@ -37,13 +37,14 @@ in the KV read on both sides of the max, so `decode_span_ps` sums a quiet stretc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from kvbench.paged.serving.attention_layout import AttentionLayout
 from kvbench.paged.serving.latency import flat
 from kvbench.paged.serving.records import SeqRecord
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE, check_block_size
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, require_positive
 from kvbench.workloads.profiles import DeviceProfile
@@ -168,7 +169,9 @@ class TimeModel:
             attention FLOPs).
         weight_bytes: the whole model's weight bytes (divided over `tp` ranks).
         params: parameter count (2 FLOPs per parameter per token).
-        block_size: tokens per block (swap sizes).
+        block_size: tokens per block (swap sizes) when the model prices swaps alone; an
+            engine prices a cache's swaps at the cache's block size (`for_cache`: the
+            cache decides, whatever this says).
         tp: tensor-parallel ranks: weights, KV and FLOPs divide over them; each layer
             adds two all-reduces of the step's activations.
         hidden_size: model width (all-reduce message size); defaults to q heads x head dim.
@@ -183,13 +186,14 @@ class TimeModel:
     geometry: KVGeometry
     weight_bytes: int
     params: float
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     tp: int = 1
     hidden_size: int = 0
     layout: AttentionLayout | None = None
     swap_block_bytes: int = 0
 
     def __post_init__(self) -> None:
+        check_block_size(self.block_size)
         require_positive("tp", self.tp)
         if self.layout is not None and self.layout.num_layers != self.geometry.num_layers:
             raise ConfigError(
@@ -201,6 +205,25 @@ class TimeModel:
                 f"params must be > 0 and weight_bytes >= 0, got {self.params!r}, "
                 f"{self.weight_bytes!r}"
             )
+
+    def for_cache(self, cache_block_size: int, can_swap: bool) -> TimeModel:
+        """This model as it prices a cache whose blocks hold `cache_block_size` tokens:
+        the cache decides the block size swaps are priced at. Itself when the sizes agree
+        or the cache never swaps (no blocks, 0, or no swap space); else a copy at the
+        cache's block size (`simulate(trace, cache)` once priced every cache's swaps at 16
+        tokens). A model given `swap_block_bytes` (a layer-group page) for another block
+        size is refused (ConfigError naming both sizes): those bytes cannot be re-derived
+        here."""
+        if not can_swap or not cache_block_size or cache_block_size == self.block_size:
+            return self
+        if self.swap_block_bytes:
+            raise ConfigError(
+                f"the time model's swap_block_bytes={self.swap_block_bytes} are pages of "
+                f"{self.block_size}-token blocks but the cache's blocks hold "
+                f"{cache_block_size} tokens; build it with block_size={cache_block_size} "
+                "and that block size's page bytes"
+            )
+        return replace(self, block_size=check_block_size(cache_block_size))
 
     # -- integer coefficients, each rounded once (ps) --------------------------------
     def _ps(self, seconds: float) -> int:

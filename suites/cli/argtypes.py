@@ -15,6 +15,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from kvbench.workloads.block_size import (
+    BLOCK_SIZE_RANGE,
+    DEFAULT_BLOCK_SIZE,
+    MAX_BLOCK_SIZE,
+    MIN_BLOCK_SIZE,
+    check_block_size,
+)
 from kvbench.workloads.errors import ConfigError
 
 
@@ -96,6 +103,32 @@ seed_int = int_range(0, 2**32 - 1)
 finite_float = float_range()
 positive_float = float_range(0.0, lo_open=True)
 nonnegative_float = float_range(0.0)
+
+
+def block_size_arg(text: str) -> int:
+    """An argparse type: a block size (`workloads.block_size.check_block_size`, the one
+    range of kvbench), refused in the CLI's one-line form naming the text."""
+    value = _number(text, int)
+    try:
+        return check_block_size(value)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {BLOCK_SIZE_RANGE}") from None
+
+
+# the bounds are read by the hostile-input battery, as int_range's are
+block_size_arg.bounds = (MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)  # type: ignore[attr-defined]
+
+#: The help text of every `--block-size` (the same words, range and default everywhere).
+BLOCK_SIZE_HELP = f"tokens per KV block, {BLOCK_SIZE_RANGE} (default {DEFAULT_BLOCK_SIZE})"
+
+
+def add_block_size_option(parser: argparse.ArgumentParser) -> argparse.Action:
+    """Add `--block-size` to a subcommand: the one block-size option of the CLI (same
+    type, range, help and default, `DEFAULT_BLOCK_SIZE`, in every subcommand that takes
+    it; a test enumerates the subcommands and checks)."""
+    return parser.add_argument(
+        "--block-size", type=block_size_arg, default=DEFAULT_BLOCK_SIZE, help=BLOCK_SIZE_HELP
+    )
 
 
 def _first_file_ancestor(path: Path) -> Path | None:

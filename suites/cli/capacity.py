@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvbench.suites.cli.argtypes import check_input_file, float_range, int_range
+from kvbench.suites.cli.argtypes import (
+    add_block_size_option,
+    check_input_file,
+    float_range,
+    int_range,
+)
 from kvbench.suites.cli.spec_capacity import SPEC_ONLY_OPTIONS, run_spec_plan
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry, parse_bytes
@@ -59,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--head-dim", type=_count, help="override: head dim")
     p.add_argument("--dtype", default=None, help="KV dtype (float16, bfloat16, float32, fp8_e4m3)")
     p.add_argument("--kv-budget", required=True, help="KV budget per rank, e.g. 42GB, 8GiB")
-    p.add_argument("--block-size", type=_count, default=16, help="tokens per block (default 16)")
+    add_block_size_option(p)
     p.add_argument("--avg-len", type=_length, default=500, help="average live tokens per request")
     p.add_argument("--max-len", type=_length, default=2048, help="max sequence length reserved")
     p.add_argument("--tp", type=_count, default=1, help="tensor-parallel ranks (default 1)")

@@ -25,7 +25,7 @@ import math
 import sys
 
 from kvbench.paged.eviction import POLICIES as EVICTION_POLICIES
-from kvbench.suites.cli.argtypes import check_input_file, int_range
+from kvbench.suites.cli.argtypes import add_block_size_option, check_input_file
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.units import format_bytes
 
@@ -130,7 +130,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--capacity", default="3e6,5e7", help="comma-separated cache capacities [tokens]"
     )
-    p.add_argument("--block-size", type=int_range(1, 1 << 16), default=16, help="tokens per block")
+    add_block_size_option(p)
     p.add_argument("--policy", default="lru", help=f"one of {', '.join(POLICIES)}")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

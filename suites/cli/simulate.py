@@ -59,6 +59,7 @@ from kvbench.paged.serving.simulation import simulate, time_model_for
 from kvbench.paged.serving.slo import SLO, goodput
 from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
 from kvbench.suites.cli.argtypes import (
+    add_block_size_option,
     check_input_file,
     check_output_dir,
     float_range,
@@ -307,7 +308,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="tensor-parallel ranks (layer-group models: mistral-7b, gemma-2-9b)",
     )
     p.add_argument("--kv-budget", default="42GB")
-    p.add_argument("--block-size", type=int_range(1, 1 << 16), default=16)
+    add_block_size_option(p)
     p.add_argument(
         "--max-seq-len",
         type=int_range(1, 1 << 24),

@@ -21,7 +21,7 @@ from kvbench.paged.utilization import (
     seed002_lengths,
     shared_prompt_blocks,
 )
-from kvbench.suites.cli.argtypes import float_range, int_range, seed_int
+from kvbench.suites.cli.argtypes import add_block_size_option, float_range, int_range, seed_int
 from kvbench.workloads.errors import ConfigError
 
 SUITE = "paged.utilization"
@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=list(SEED002_BATCH_SIZES),
         help="comma-separated batch sizes (default 10,25,50,100,200)",
     )
-    p.add_argument("--block-size", type=_length, default=16, help="tokens per block (16)")
+    add_block_size_option(p)
     p.add_argument("--max-len", type=_length, default=2048, help="naive reservation per request")
     p.add_argument(
         "--mean",

@@ -22,7 +22,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.cache import PagedKVCache
+from kvbench.paged.cache_spec import CacheSpec
+from kvbench.paged.serving.time_model import TimeModel
 from kvbench.reference.contiguous import ContiguousKVCache
 from kvbench.suites.conformance.hostile import TRIED
 from kvbench.workloads.errors import (
@@ -34,6 +37,9 @@ from kvbench.workloads.errors import (
     UnknownRequestError,
 )
 from kvbench.workloads.geometry import KVGeometry
+from kvbench.workloads.planner import plan_capacity
+from kvbench.workloads.prefix_oracle import block_accesses
+from kvbench.workloads.profiles import get_profile
 from kvbench.workloads.time_scale import time_scaled
 from kvbench.workloads.trace import MAX_ARRIVAL_S, MAX_TOKENS, Trace, TraceError, TraceRequest
 
@@ -334,6 +340,34 @@ def test_a_bad_cache_is_refused_at_construction(build, error, names: str) -> Non
         build()
     assert names in str(info.value)
     TRIED["api: bad construction"] += 1
+
+
+#: Block sizes every entry point refuses (`workloads.block_size`: one range, [1, 2^16]).
+BAD_BLOCK_SIZES: tuple[object, ...] = (0, -1, 10**9, 2**16 + 1, "abc", 1.5, 16.0, True, None)
+#: Entry points that take a block size: each builds from it or refuses it.
+BLOCK_SIZE_TAKERS: dict[str, Callable[[Any], object]] = {
+    "PagedKVCache": lambda bs: PagedKVCache(G, 8, bs, num_cpu_blocks=4),
+    "BlockPool": lambda bs: BlockPool(8, bs),
+    "CacheSpec.build": lambda bs: CacheSpec(geometry=G, num_blocks=8, block_size=bs).build(),
+    "TimeModel": lambda bs: TimeModel(get_profile("cpu"), G, 10**6, 1e6, bs),
+    "plan_capacity": lambda bs: plan_capacity("m", G, 2**20, bs),
+    "block_accesses": lambda bs: block_accesses(Trace((TraceRequest("a", 0.0, 4, 1),)), bs),
+}
+
+
+@pytest.mark.parametrize("taker", sorted(BLOCK_SIZE_TAKERS))
+def test_a_bad_block_size_is_refused_by_every_entry_point(taker: str) -> None:
+    """0, -1, 10^9, 2^16 + 1, a word, a fraction, a float 16.0, a bool and None: a
+    ConfigError naming `block_size` and the value; 3 (no power-of-two rule) and the
+    range's ends are taken."""
+    build = BLOCK_SIZE_TAKERS[taker]
+    for bad in BAD_BLOCK_SIZES:
+        with pytest.raises(ConfigError) as info:
+            build(bad)
+        assert "block_size" in str(info.value) and repr(bad) in str(info.value), info.value
+        TRIED["api: bad block size"] += 1
+    for good in (3, 1, 2**16):
+        build(good)
 
 
 @pytest.mark.parametrize("which", sorted(CACHES))

@@ -30,6 +30,7 @@ from kvbench.reference.contract import KVCache
 from kvbench.reference.oracle import relative_error
 from kvbench.suites.e2e.llama_runner import GenerationRequest, LlamaCacheRunner
 from kvbench.suites.e2e.tiny_llama import GreedyResult, hf_greedy, kv_geometry
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.errors import ConfigError
 
 #: KV dtypes a case may store (float32 is the control: the model's own dtype).
@@ -61,7 +62,7 @@ def make_cache(
     kind: str,
     *,
     granularity: str = "tensor",
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     capacity_tokens: int = 2048,
     max_seq_len: int = 256,
 ) -> KVCache:
@@ -93,7 +94,7 @@ def measure(
     kind: str = "paged",
     *,
     granularity: str = "tensor",
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     hf: dict[tuple[int, ...], GreedyResult] | None = None,
 ) -> list[RequestAccuracy]:
     """Every prompt's accuracy against HF for one case (module docstring). `hf` memoizes

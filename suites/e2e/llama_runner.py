@@ -50,6 +50,7 @@ from kvbench.suites.e2e.llama_forward import (
     PagedNativeAttention,
     pack,
 )
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.errors import CapacityError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class LlamaCacheRunner:
             an Attention engine.
         preemption: "swap" or "recompute".
         block_size: block size of the kernel engine's scratch pool (defaults to the
-            cache's `block_size` attribute, else 16).
+            cache's `block_size` attribute, else DEFAULT_BLOCK_SIZE).
         kernel_backend: backend passed to kernels.ops ("torch", "triton", None).
         read_via_cache: pick tokens from the `cache.attend` read pass (True) or from the
             write pass (False).
@@ -221,7 +222,7 @@ class LlamaCacheRunner:
         if name == "native":
             return PagedNativeAttention(cache, self.forward.scale, kernel_backend)
         if name == "kernels":
-            bs = block_size or int(getattr(cache, "block_size", 16))
+            bs = block_size or int(getattr(cache, "block_size", DEFAULT_BLOCK_SIZE))
             return KernelAttention(bs, self.forward.scale, kernel_backend)
         raise ConfigError(f"unknown write attention {name!r}")
 

@@ -41,6 +41,7 @@ import torch
 from kvbench.reference.contract import KVCache
 from kvbench.suites.e2e.llama_forward import LlamaForward, PackedBatch, pack
 from kvbench.suites.e2e.tiny_llama import random_llama
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
 
@@ -236,7 +237,7 @@ class ModelStep:
     model: object
     cache: KVCache
     backend: str | None = "torch"
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     repeats: int = 1
     samples: list[StepSample] = field(default_factory=list)
     #: keep each step's last-row logits per sequence id (tests hold them to an oracle)

@@ -27,10 +27,11 @@ import torch
 
 from kvbench.reference import oracle
 from kvbench.reports.kernel_labels import TORCH_SDPA, kernel_label
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 
 log = logging.getLogger(__name__)
 
-BLOCK = 16
+BLOCK = DEFAULT_BLOCK_SIZE
 Q_HEADS, KV_HEADS, HEAD_DIM = 4, 2, 64
 
 

@@ -110,6 +110,8 @@ class Engine:
         if cache.request_ids():
             raise ConfigError("the engine needs an empty cache")
         self.traits = cache.serving_traits()
+        if time_model is not None:  # swaps priced at the cache's block size (TimeModel.for_cache)
+            self.tm = time_model.for_cache(self.traits.block_size, self.traits.can_swap)
         #: Block boundaries are the only decode events unless appends also release
         #: blocks (sliding windows): then every event comes from `next_growth` (0 here).
         self.block_size = 0 if self.traits.releases_blocks else self.traits.block_size

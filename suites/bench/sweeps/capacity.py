@@ -11,6 +11,7 @@ from kvbench.reports.provenance import CLOSED_FORM
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads import capacity as cap
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.geometry import parse_bytes
 from kvbench.workloads.presets import PRESETS, get_preset
 
@@ -47,7 +48,13 @@ def _concurrency_cases(full: bool) -> list[Case]:
     models = ["llama-2-70b", "llama-3-8b"] + (["mha-96", "gpt-32x32"] if full else [])
     avg = [128, 256, 512, 1024, 2048] if full else [256, 512, 1024]
     return [
-        {"model": m, "budget": "42GB", "block_size": 16, "avg_len": a, "max_len": 4096}
+        {
+            "model": m,
+            "budget": "42GB",
+            "block_size": DEFAULT_BLOCK_SIZE,
+            "avg_len": a,
+            "max_len": 4096,
+        }
         for m in models
         for a in avg
     ]

@@ -49,6 +49,7 @@ from kvbench.suites.bench.paging_layout import (
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.suites.bench.sdpa_baseline import decode_forms, fastest
 from kvbench.suites.bench.sweeps.peers import _paired_ratio, _paired_times
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.errors import KVBenchError
 from kvbench.workloads.torch_dtypes import torch_dtype
 
@@ -82,7 +83,13 @@ def _decode_cases(full: bool, gpu: bool | None = None) -> list[Case]:
     gpu = _on_gpu(gpu)
     batch = 32 if gpu else 8
     seq = [
-        {"block_size": 16, "ctx_len": L, "batch": batch, "dtype": dtypes[0], "gqa": 4}
+        {
+            "block_size": DEFAULT_BLOCK_SIZE,
+            "ctx_len": L,
+            "batch": batch,
+            "dtype": dtypes[0],
+            "gqa": 4,
+        }
         for L in (128, 512, 1024, 2048, 4096)
     ]
     blocks = [
@@ -90,7 +97,13 @@ def _decode_cases(full: bool, gpu: bool | None = None) -> list[Case]:
         for bs in (8, 32, 64, 128)
     ]
     batches = [
-        {"block_size": 16, "ctx_len": 1024, "batch": b, "dtype": dtypes[0], "gqa": 4}
+        {
+            "block_size": DEFAULT_BLOCK_SIZE,
+            "ctx_len": 1024,
+            "batch": b,
+            "dtype": dtypes[0],
+            "gqa": 4,
+        }
         for b in ((1, 16, 64) if gpu else (1, 16))
     ]
     goals = (
@@ -102,7 +115,7 @@ def _decode_cases(full: bool, gpu: bool | None = None) -> list[Case]:
             for bs in (16, 32)
         ]
         + [
-            {"block_size": 16, "ctx_len": 4096, "batch": 8, "dtype": dt, "gqa": 4}
+            {"block_size": DEFAULT_BLOCK_SIZE, "ctx_len": 4096, "batch": 8, "dtype": dt, "gqa": 4}
             for dt in ("bfloat16", "float16")
         ]
     )

@@ -39,6 +39,7 @@ from kvbench.suites.bench.sweeps.kernels import (
 )
 from kvbench.suites.bench.sweeps.peers import _paired_times
 from kvbench.workloads import fp8
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.torch_dtypes import torch_dtype
 
 #: The 16-bit pools every fp8 case is timed against.
@@ -51,7 +52,7 @@ SPREADS = (1, 256)
 def _cases(full: bool) -> list[Case]:
     kv = ("fp8_e4m3", "fp8_e5m2")
     grans = ("tensor", "head")
-    base = {"block_size": 16, "gqa": 4}
+    base = {"block_size": DEFAULT_BLOCK_SIZE, "gqa": 4}
     if full:
         return [
             {**base, "ctx_len": L, "batch": b, "kv_dtype": k, "scales": g, "head_spread": sp}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from kvbench.reports.provenance import CLOSED_FORM
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.geometry import parse_bytes
 from kvbench.workloads.spec_capacity import plan_spec_capacity
 from kvbench.workloads.spec_presets import get_spec_preset, spec_preset_names
@@ -24,7 +25,13 @@ _LENGTHS = {"whisper-large-v3": [448]}
 def _cases(full: bool) -> list[Case]:
     lengths = [1024, 4096, 8192, 32768, 131072] if full else [4096, 32768]
     return [
-        {"model": m, "budget": "16GiB", "block_size": 16, "seq_len": n, "step_tokens": 1}
+        {
+            "model": m,
+            "budget": "16GiB",
+            "block_size": DEFAULT_BLOCK_SIZE,
+            "seq_len": n,
+            "step_tokens": 1,
+        }
         for m in spec_preset_names()
         for n in _LENGTHS.get(m, lengths)
     ]

@@ -44,6 +44,7 @@ from kvbench.reports.provenance import MEASURED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import CopyProbe, TimingConfig, paired_fraction, summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.errors import KVBenchError
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ def _pool_cases(full: bool) -> list[Case]:
             "impl": name,
             "version": version,
             "ops": 100_000 if full else 20_000,
-            "block_size": 16,
+            "block_size": DEFAULT_BLOCK_SIZE,
             "num_blocks": 4096,
         }
         for name, version in _available("allocator")
@@ -205,7 +206,7 @@ def _trace_cases(full: bool) -> list[Case]:
             "version": version,
             "requests": n,
             "window": 64,
-            "block_size": 16,
+            "block_size": DEFAULT_BLOCK_SIZE,
             "num_blocks": 1024,
         }
         for n in sizes

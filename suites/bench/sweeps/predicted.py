@@ -19,15 +19,29 @@ from kvbench.reports.provenance import PREDICTED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.suites.bench.sweeps import kernels as kernel_sweeps
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.torch_dtypes import torch_dtype
 
 GPUS = ("a100", "h100", "h200")
-HEADLINE = {"block_size": 16, "ctx_len": 4096, "batch": 32, "dtype": "float16", "gqa": 4}
+HEADLINE = {
+    "block_size": DEFAULT_BLOCK_SIZE,
+    "ctx_len": 4096,
+    "batch": 32,
+    "dtype": "float16",
+    "gqa": 4,
+}
 #: fp16 prefill cases that reach each of the Triton prefill's tiles (16 rows for a 16-token
 #: extend, 32 and 64 for 64- and 512-token runs at GQA 4), so the predictions cover the
 #: configurations the GPU dispatch picks, whatever dtype the CPU sweep defaults to.
 PREFILL_TIERS = [
-    {"block_size": 16, "ctx_len": 2048, "q_len": n, "batch": 8, "dtype": "float16", "gqa": 4}
+    {
+        "block_size": DEFAULT_BLOCK_SIZE,
+        "ctx_len": 2048,
+        "q_len": n,
+        "batch": 8,
+        "dtype": "float16",
+        "gqa": 4,
+    }
     for n in (16, 64, 512)
 ]
 

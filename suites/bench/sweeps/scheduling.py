@@ -29,6 +29,7 @@ from kvbench.reports.provenance import COUNTED, MEASURED, MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 
 if TYPE_CHECKING:
     from kvbench.workloads.trace import Trace
@@ -90,7 +91,7 @@ def _batch_cases(full: bool) -> list[Case]:
             "requests": 2000 if full else 500,
             "batch": b,
             "cache": c,
-            "block_size": 16,
+            "block_size": DEFAULT_BLOCK_SIZE,
             "profile": "a100-80gb",
             "kv_budget": "42GB",
         }
@@ -275,7 +276,7 @@ REPLAY_REPEATS = 3
 
 def _replay_cases(full: bool) -> list[Case]:
     sizes = (10_000, 100_000) if full else (10_000,)
-    base = {"workload": "sharegpt", "block_size": 16, "kv_budget": REPLAY_BUDGET}
+    base = {"workload": "sharegpt", "block_size": DEFAULT_BLOCK_SIZE, "kv_budget": REPLAY_BUDGET}
     return [{**base, "requests": n, "mode": "event"} for n in sizes] + [
         {**base, "requests": TOKEN_COMPARE_REQUESTS, "mode": "token"}
     ]

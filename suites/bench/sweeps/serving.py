@@ -26,6 +26,7 @@ from kvbench.reports.provenance import CLOSED_FORM, COUNTED, MEASURED, MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads import capacity as cap
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.distributions import named
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.presets import get_preset
@@ -68,7 +69,7 @@ def _lengths(workload: str, rng: np.random.Generator, n: int) -> tuple[np.ndarra
 
 def _sampling_cases(full: bool) -> list[Case]:
     return [
-        {"workload": w, "n": n, "requests": 50 if full else 12, "block_size": 16}
+        {"workload": w, "n": n, "requests": 50 if full else 12, "block_size": DEFAULT_BLOCK_SIZE}
         for w in ("sharegpt", "alpaca")
         for n in (2, 4, 6)
     ]
@@ -138,7 +139,7 @@ def parallel_sampling(case: Case, ctx: BenchContext) -> list[Measurement]:
 
 def _beam_cases(full: bool) -> list[Case]:
     return [
-        {"workload": w, "width": k, "requests": 20 if full else 6, "block_size": 16}
+        {"workload": w, "width": k, "requests": 20 if full else 6, "block_size": DEFAULT_BLOCK_SIZE}
         for w in ("sharegpt", "alpaca")
         for k in (2, 4, 6)
     ]

@@ -40,6 +40,7 @@ from dataclasses import replace
 from kvbench.reports.provenance import MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.kv_spec import ModelKVSpec
 
@@ -48,7 +49,7 @@ MODELS = ("mistral-7b", "gemma-2-9b")
 #: KV budget: what an A100-80GB leaves after the weights, rounded down (both models).
 KV_BUDGET = 40 * 2**30
 PROFILE = "a100-80gb"
-BLOCK_SIZE = 16
+BLOCK_SIZE = DEFAULT_BLOCK_SIZE
 #: Requests per trace (default run, --full): the burst runs take them all; the rate
 #: search serves those arriving within DURATION seconds (so its highest rate is
 #: requests / duration).

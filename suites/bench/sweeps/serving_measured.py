@@ -43,10 +43,11 @@ from kvbench.reports.provenance import MEASURED, MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 
 KV_SLOTS = 4096
 MAX_SEQ_LEN = 512
-BLOCK = 16
+BLOCK = DEFAULT_BLOCK_SIZE
 BATCHES = (4, 8, 16, 32)
 RATES = (12.0, 32.0)
 #: Requests of every batch case (the same trace at every batch size and system).

@@ -44,6 +44,7 @@ from kvbench.reports.provenance import MEASURED, MODELED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.shipped import shipped_trace
 from kvbench.workloads.time_scale import arrivals_before
@@ -51,7 +52,7 @@ from kvbench.workloads.trace import Trace
 
 TRACE = "mooncake-conversation"
 SETUP = "llama-3-70b-8xh100-tp8"
-BLOCK = 16
+BLOCK = DEFAULT_BLOCK_SIZE
 SLO_TTFT_S = 20.0
 SLO_TPOT_S = 0.2
 TIME_SCALES = (0.25, 0.5, 0.75, 1.0)

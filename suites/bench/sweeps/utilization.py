@@ -20,6 +20,7 @@ from kvbench.reports.provenance import CLOSED_FORM, COUNTED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads import capacity as cap
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 from kvbench.workloads.distributions import named
 from kvbench.workloads.geometry import KVGeometry
 
@@ -54,7 +55,7 @@ def _cases(full: bool) -> list[Case]:
     workloads = WORKLOADS if full else ("seed002", "sharegpt")
     impls = ["contiguous-max", "paged" if paged_cache_available() else "paged-formula"]
     return [
-        {"workload": w, "batch": b, "impl": impl, "max_len": 2048, "block_size": 16}
+        {"workload": w, "batch": b, "impl": impl, "max_len": 2048, "block_size": DEFAULT_BLOCK_SIZE}
         for w in workloads
         for b in batches
         for impl in impls

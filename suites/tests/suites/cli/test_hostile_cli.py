@@ -221,6 +221,28 @@ def test_bad_number_in_a_spec_is_refused_in_one_line(
     _refused(workdir, [command, *argv, *extra], command, "cli number: in a spec", names)
 
 
+#: Block sizes every `--block-size` refuses (the one range, `workloads.block_size`), and
+#: ones every subcommand takes (3: no power-of-two rule; the bounds themselves).
+BAD_BLOCK_SIZES = ("0", "-1", str(10**9), "65537", "abc", "1.5")
+GOOD_BLOCK_SIZES = ("3", "1", "16", "65536")
+BLOCK_SIZE_COMMANDS = sorted(c for c, o, _ in NUMERIC if o == "--block-size")
+
+
+@pytest.mark.parametrize("command", BLOCK_SIZE_COMMANDS)
+def test_every_block_size_option_refuses_the_same_values(workdir: Path, command: str) -> None:
+    """Each subcommand with `--block-size` (found in the parser, not listed by hand)
+    refuses 0, -1, 10^9, 2^16 + 1, words and fractions in one line naming the option,
+    and its type takes 3 and the range's ends."""
+    assert len(BLOCK_SIZE_COMMANDS) >= 4  # capacity, hitrate, simulate, utilization
+    cases = [
+        ([command, f"--block-size={v}"], command, "cli block size", f"--block-size: {v!r}")
+        for v in BAD_BLOCK_SIZES
+    ]
+    _all_refused(workdir, cases)
+    parse = {o: t for c, o, t in NUMERIC if c == command}["--block-size"]
+    assert [parse(v) for v in GOOD_BLOCK_SIZES] == [int(v) for v in GOOD_BLOCK_SIZES]
+
+
 @settings(max_examples=60)
 @given(option=st.sampled_from(NUMERIC), text=st.text(max_size=12))
 def test_random_text_for_a_number_is_taken_or_refused_in_one_line(
