@@ -30,6 +30,12 @@ def window_start(
 ) -> int | torch.Tensor:
     """The first key position the first new query of each sequence reads (the rule's
     `first_kept` of position L - q_len; ints, or int64 tensors elementwise)."""
+    return _start(lens, window, q_lens)
+
+
+def _start(
+    lens: int | torch.Tensor, window: int | None, q_lens: int | torch.Tensor
+) -> int | torch.Tensor:
     rule = rule_for_window(window)
     first_query = lens - q_lens
     if isinstance(first_query, torch.Tensor):
@@ -48,7 +54,7 @@ def first_block(
 ) -> int | torch.Tensor:
     """The first block (table column) a sequence's launch reads: the block holding
     `window_start` (0 for full attention)."""
-    return window_start(lens, window, q_lens) // block_size
+    return _start(lens, window, q_lens) // block_size
 
 
 def span(max_seq_len: int, block_size: int, window: int | None, max_q_len: int = 1) -> int:
