@@ -69,6 +69,11 @@ class UnitClock:
     def decode_span_ps(self, d: int, kv: int, k: int, *rest: object) -> int:
         return self.PS * k
 
+    def for_cache(self, cache_block_size: int, can_swap: bool) -> UnitClock:
+        """Itself: a step costs STEP_S whatever the cache's block size (TimeModel's
+        `for_cache`, which the engine asks)."""
+        return self
+
 
 @dataclass(frozen=True)
 class Case:
