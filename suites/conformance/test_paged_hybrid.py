@@ -68,15 +68,15 @@ class LayerGroupsMachine(RuleBasedStateMachine):
     #: tokens of the prompt appended at admission, of `rest` after the hit
     FIRST_CHUNK = staticmethod(lambda rest: st.one_of(st.just(rest), st.integers(0, rest)))
 
-    @initialize(
-        data=st.data(),
-        block_size=st.sampled_from([1, 2, 3, 4, 8]),
-        num_cpu_blocks=st.integers(0, 24),
-    )
-    def setup(self, data: st.DataObject, block_size: int, num_cpu_blocks: int) -> None:
-        num_blocks = data.draw(self.NUM_BLOCKS, label="num_blocks")
+    BLOCK_SIZES: st.SearchStrategy[int] = st.sampled_from([1, 2, 3, 4, 8])
+
+    @initialize(data=st.data(), num_cpu_blocks=st.integers(0, 24))
+    def setup(self, data: st.DataObject, num_cpu_blocks: int) -> None:
+        block_size = data.draw(self.BLOCK_SIZES, label="block_size")
+        specs = self.draw_specs(data, block_size)
+        num_blocks = self.draw_num_blocks(data, specs, block_size)
         prefix = data.draw(self.PREFIX, label="prefix caching")
-        self.model = _model(self.draw_specs(data, block_size))
+        self.model = _model(specs)
         self.paged = LayerGroupsPagedCache(
             self.model,
             num_blocks,
@@ -92,12 +92,22 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         self.hit_kept: dict[int, dict[int, int]] = {}
         #: requests whose prompt is still being appended: (prompt, tokens appended)
         self.prompts: dict[int, tuple[list[int], int]] = {}
+        #: every prompt admitted, with its salt (later admissions share their prefixes)
+        self.shared: list[tuple[list[int], str | None]] = []
         self.next_id = 0
         self.gen = torch.Generator().manual_seed(0)
+        self.prepare(data)
+
+    def prepare(self, data: st.DataObject) -> None:
+        """The first operations of every example (subclasses; none here)."""
 
     def draw_specs(self, data: st.DataObject, block_size: int) -> list[KVCacheSpec]:
         """The model's groups (subclasses draw orders and windows by the block size)."""
         return data.draw(self.MODELS, label="specs")
+
+    def draw_num_blocks(self, data: st.DataObject, specs: list[KVCacheSpec], bs: int) -> int:
+        """The pool's pages (subclasses size it by the model)."""
+        return data.draw(self.NUM_BLOCKS, label="num_blocks")
 
     def _kv(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         k = torch.randn((LAYERS, n, HEADS, DIM), generator=self.gen)
@@ -157,15 +167,19 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         data: st.DataObject,
     ) -> int:
         """Admit with a prompt from shared stems (prefix hits when caching is on) and
-        append a drawn part of the rest of its prompt now (all of it, or 0 .. all: the
-        `append` rule goes on with the prompt); the hit must be whole blocks of the
-        prompt, short of its last token. Right after a hit each group holds exactly the
-        blocks `spec_prefix.blocks_a_hit_needs` lists; gather and attend then refuse a
-        window reaching a block the hit did not keep and read the reference's view
-        otherwise (the invariant)."""
+        append a drawn part of the rest of its prompt now (`_admit_prompt`)."""
+        return self._admit_prompt([*stem[:cut], *tail], salt, data)
+
+    def _admit_prompt(self, prompt: list[int], salt: str | None, data: st.DataObject) -> int:
+        """Admit a request with `prompt` and append a drawn part of the rest of it now
+        (all of it, or 0 .. all: the `append` rule goes on with the prompt); the hit
+        must be whole blocks of the prompt, short of its last token. Right after a hit
+        each group holds exactly the blocks `spec_prefix.blocks_a_hit_needs` lists;
+        gather and attend then refuse a window reaching a block the hit did not keep and
+        read the reference's view otherwise (the invariant)."""
         rid = self.next_id
         self.next_id += 1
-        prompt = [*stem[:cut], *tail]
+        self.shared.append((prompt, salt))
         enc = self._encoder_kv()
         before = self.paged.snapshot()
         try:

@@ -10,6 +10,12 @@ CACHE = C + "test_paged_cache.py"
 HITRATE = C + "test_paged_hitrate.py"
 ORACLE = C + "test_oracle.py"
 CONTIG = C + "test_contiguous.py"
+#: the layer-group state machines alone (issue 36's classes: group orders and failures;
+#: the views right after prefix hits)
+GROUPS_MACHINE = (
+    C + "test_paged_hybrid_atomic.py::test_group_orders_and_injected_failures_paged_vs_reference"
+)
+HITS_MACHINE = C + "test_paged_hybrid_atomic.py::test_views_after_prefix_hits_paged_vs_reference"
 
 PAGED: list[Mutant] = [
     Mutant(
@@ -211,6 +217,42 @@ PAGED: list[Mutant] = [
         "        return self.rules[group].first_kept(seq_len)",
         "a sliding-window group's view starts one token late (the window's first token is lost)",
         (C + "test_paged_hybrid.py", C + "test_paged_sliding_window.py"),
+    ),
+    Mutant(
+        "paged.layer_groups.allocate_group_by_group",
+        "paged/layer_groups.py",
+        "                table.kept_from = first_kept_position(self.model.groups[gi].spec, table.seq_len)\n"
+        "            fresh = pool.allocate_many(take) if n else []\n",
+        "                table.kept_from = first_kept_position(self.model.groups[gi].spec, table.seq_len)\n"
+        "                mine = sum(c + w for g, _, c, w in plans if g == gi)\n"
+        "                fresh = ([] if gi == plans[0][0] else fresh) + pool.allocate_many(mine)\n"
+        "            fresh = fresh if n else []\n",
+        "issue 36 (1): each group allocates before the next releases: a full group listed first is refused what the capacity answer grants",
+        (GROUPS_MACHINE,),
+    ),
+    Mutant(
+        "paged.layer_groups.write_failure_not_rolled_back",
+        "paged/layer_groups.py",
+        "        except BaseException:\n            pool.release(fresh)\n",
+        "        except BaseException:\n            raise\n            pool.release(fresh)\n",
+        "issue 36 (2): a failed write leaves the groups before it appended (group lengths differ, blocks taken)",
+        (GROUPS_MACHINE,),
+    ),
+    Mutant(
+        "paged.layer_groups.release_not_undone",
+        "paged/layer_groups.py",
+        "            for table, j, b, fill in reversed(released):\n",
+        "            for table, j, b, fill in reversed(released[:0]):\n",
+        "issue 36 (2): a failed allocation leaves the windows' releases standing (the append half done)",
+        (GROUPS_MACHINE,),
+    ),
+    Mutant(
+        "paged.layer_groups.gather_reads_released",
+        "paged/layer_groups.py",
+        "        start = self._readable_from(request_id, group, table)\n",
+        "        start = self.window_start(group, table.seq_len)\n",
+        "issue 36 (3): gather right after a prefix hit reads a released block (window mod block == 1)",
+        (HITS_MACHINE,),
     ),
     Mutant(
         "reference.oracle.causal_sees_next",
