@@ -221,9 +221,9 @@ PAGED: list[Mutant] = [
     Mutant(
         "paged.layer_groups.allocate_group_by_group",
         "paged/layer_groups.py",
-        "                table.kept_from = first_kept_position(self.model.groups[gi].spec, table.seq_len)\n"
+        "                table.kept_from = self.rules[gi].first_kept(table.seq_len)\n"
         "            fresh = pool.allocate_many(take) if n else []\n",
-        "                table.kept_from = first_kept_position(self.model.groups[gi].spec, table.seq_len)\n"
+        "                table.kept_from = self.rules[gi].first_kept(table.seq_len)\n"
         "                mine = sum(c + w for g, _, c, w in plans if g == gi)\n"
         "                fresh = ([] if gi == plans[0][0] else fresh) + pool.allocate_many(mine)\n"
         "            fresh = fresh if n else []\n",
