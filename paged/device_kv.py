@@ -20,7 +20,7 @@ import torch
 
 from kvbench.kernels import ops
 from kvbench.paged.block_table import block_table_tensor, slot_mapping
-from kvbench.reference.validation import allocate_zeros
+from kvbench.reference.validation import allocate_zeros, validate_attend_query
 from kvbench.workloads.errors import ConfigError, ShapeError
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.kv_quant import KVQuant
@@ -119,13 +119,7 @@ class DeviceKV:
         query, a request without tokens) before anything runs."""
         g = self.geometry
         k, v = self.storage()
-        expected = (len(tables), g.num_q_heads, g.head_dim)
-        if not isinstance(query, torch.Tensor) or query.dim() != 3:
-            raise ShapeError(f"query must be a tensor {list(expected)}, got {query!r:.80}")
-        if tuple(query.shape) != expected:
-            raise ShapeError(f"query must be {list(expected)}, got {tuple(query.shape)}")
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < g.num_layers:
-            raise ConfigError(f"layer {layer!r} outside [0, {g.num_layers})")
+        validate_attend_query(query, len(tables), g, layer)
         for rid, length in zip(request_ids, seq_lens, strict=True):
             if length == 0:
                 raise ShapeError(f"request {rid!r} has no cached tokens to attend over")

@@ -34,6 +34,7 @@ from kvbench.reference.oracle import decode_attention
 from kvbench.reference.validation import (
     allocate_zeros,
     token_id_count,
+    validate_attend_query,
     validate_device,
     validate_geometry,
     validate_kv_append,
@@ -401,13 +402,7 @@ class ContiguousKVCache:
         reqs = [self._get(r) for r in request_ids]
         if not self.store_kv:
             raise ConfigError("attend needs KV tensors; this cache is memory-only")
-        expected = (len(reqs), g.num_q_heads, g.head_dim)
-        if not isinstance(query, torch.Tensor) or query.dim() != 3:
-            raise ShapeError(f"query must be a tensor {list(expected)}, got {query!r:.80}")
-        if tuple(query.shape) != expected:
-            raise ShapeError(f"query must be {list(expected)}, got {tuple(query.shape)}")
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < g.num_layers:
-            raise ConfigError(f"layer {layer!r} outside [0, {g.num_layers})")
+        validate_attend_query(query, len(reqs), g, layer)
         if scale is not None and (
             isinstance(scale, bool)
             or not isinstance(scale, (int, float))

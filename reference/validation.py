@@ -143,3 +143,17 @@ def token_id_count(token_ids: object) -> int:
         return len(token_ids)  # type: ignore[arg-type]
     except TypeError:
         raise ShapeError(f"token_ids must be a sequence, got {token_ids!r:.80}") from None
+
+
+def validate_attend_query(query: object, batch: int, geometry: KVGeometry, layer: object) -> None:
+    """An `attend` call's query ([batch, num_q_heads, head_dim] tensor) and layer (an int
+    in [0, num_layers)): ShapeError / ConfigError naming the bad value, the same from
+    both caches."""
+    g = geometry
+    expected = (batch, g.num_q_heads, g.head_dim)
+    if not isinstance(query, torch.Tensor) or query.dim() != 3:
+        raise ShapeError(f"query must be a tensor {list(expected)}, got {query!r:.80}")
+    if tuple(query.shape) != expected:
+        raise ShapeError(f"query must be {list(expected)}, got {tuple(query.shape)}")
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < g.num_layers:
+        raise ConfigError(f"layer {layer!r} outside [0, {g.num_layers})")
