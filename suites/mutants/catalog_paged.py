@@ -244,7 +244,11 @@ PAGED: list[Mutant] = [
         "            for table, j, b, fill in reversed(released):\n",
         "            for table, j, b, fill in reversed(released[:0]):\n",
         "issue 36 (2): a failed allocation leaves the windows' releases standing (the append half done)",
-        (GROUPS_MACHINE,),
+        (
+            GROUPS_MACHINE,
+            C + "test_paged_hybrid_atomic.py::"
+            "test_failed_append_changes_nothing_and_check_compares_group_lengths",
+        ),
     ),
     Mutant(
         "paged.layer_groups.gather_reads_released",
@@ -252,7 +256,12 @@ PAGED: list[Mutant] = [
         "        start = self._readable_from(request_id, group, table)\n",
         "        start = self.window_start(group, table.seq_len)\n",
         "issue 36 (3): gather right after a prefix hit reads a released block (window mod block == 1)",
-        (HITS_MACHINE,),
+        (
+            HITS_MACHINE,
+            C + "test_paged_hybrid_atomic.py::"
+            "test_gather_and_attend_refuse_the_same_positions_after_a_prefix_hit",
+            C + "test_paged_hybrid_atomic.py::test_views_after_a_hit_at_every_position",
+        ),
     ),
     Mutant(
         "reference.oracle.causal_sees_next",
