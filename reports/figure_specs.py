@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.reports.provenance import COUNTED, MEASURED, MODELED
+from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ SPECS: tuple[FigureSpec, ...] = (
         "Paging overhead vs context length (same kernel, scattered vs contiguous layout)",
         "ctx_len",
         ("paging_overhead",),
-        fixed={"block_size": 16},
+        fixed={"block_size": DEFAULT_BLOCK_SIZE},
         logx=True,
         percent=True,
         ylabel="scattered / contiguous layout - 1",
@@ -152,7 +153,7 @@ SPECS: tuple[FigureSpec, ...] = (
         "Second baseline: paged kernel vs SDPA on contiguous K/V",
         "ctx_len",
         ("overhead_vs_sdpa",),
-        fixed={"block_size": 16},
+        fixed={"block_size": DEFAULT_BLOCK_SIZE},
         logx=True,
         percent=True,
         ylabel="paged / SDPA - 1",
@@ -162,7 +163,7 @@ SPECS: tuple[FigureSpec, ...] = (
         "Decode time vs context length",
         "ctx_len",
         ("time_paged", "time_paged_contiguous_layout", "time_contiguous"),
-        fixed={"block_size": 16},
+        fixed={"block_size": DEFAULT_BLOCK_SIZE},
         logx=True,
         logy=True,
         ylabel="seconds per call",
@@ -182,7 +183,7 @@ SPECS: tuple[FigureSpec, ...] = (
         "Achieved bandwidth vs copy peak",
         "ctx_len",
         ("bandwidth_fraction", "contiguous_bandwidth_fraction"),
-        fixed={"block_size": 16},
+        fixed={"block_size": DEFAULT_BLOCK_SIZE},
         logx=True,
         logy=True,
         percent=True,
@@ -193,7 +194,7 @@ SPECS: tuple[FigureSpec, ...] = (
         "Predicted decode HBM fraction vs context length (predicted, not measured)",
         "ctx_len",
         ("predicted_hbm_fraction",),
-        fixed={"kernel": "decode", "block_size": 16},
+        fixed={"kernel": "decode", "block_size": DEFAULT_BLOCK_SIZE},
         logx=True,
         percent=True,
         ylabel="of HBM bandwidth (predicted)",
@@ -203,7 +204,7 @@ SPECS: tuple[FigureSpec, ...] = (
         "Predicted decode time vs context length (predicted, not measured)",
         "ctx_len",
         ("predicted_time",),
-        fixed={"kernel": "decode", "block_size": 16},
+        fixed={"kernel": "decode", "block_size": DEFAULT_BLOCK_SIZE},
         logx=True,
         logy=True,
         ylabel="seconds per call (predicted)",
@@ -409,7 +410,7 @@ SPECS: tuple[FigureSpec, ...] = (
         "Swap vs recompute cost",
         "seq_len",
         ("swap_seconds", "recompute_seconds"),
-        fixed={"block_size": 16},
+        fixed={"block_size": DEFAULT_BLOCK_SIZE},
         logx=True,
         logy=True,
         ylabel="seconds",

@@ -215,10 +215,7 @@ class Engine:
         st = self.st
         self.arrivals()
         if not st.running and not st.waiting and not st.swapped:
-            if st.next_arrival >= len(self.reqs):
-                return False
-            st.now_ps = max(st.now_ps, self.arrivals_ps[st.next_arrival])
-            return True
+            return self.jump_to_next_arrival()
         t = st.t
         st.processed += 1
         st.preempted = False
@@ -254,6 +251,15 @@ class Engine:
         st.t = t + 1
         if self.event_mode and not st.prefilling and not had_finishes and not st.preempted:
             st.t = self.skip_quiet(t, occupancy)
+        return True
+
+    def jump_to_next_arrival(self) -> bool:
+        """Nothing is queued: False when the trace is over, else the clock jumps to the
+        next arrival (never backwards) and True. Both policies' idle step."""
+        st = self.st
+        if st.next_arrival >= len(self.reqs):
+            return False
+        st.now_ps = max(st.now_ps, self.arrivals_ps[st.next_arrival])
         return True
 
     def arrivals(self) -> None:

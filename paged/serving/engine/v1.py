@@ -81,11 +81,11 @@ class V1Host(Protocol):
     traits: ServingTraits
     event_mode: bool
     big_prompt_ids: bool
-    reqs: tuple[TraceRequest, ...]
-    arrivals_ps: list[int]
     step_hook: StepHook | None
 
     def arrivals(self) -> None: ...
+
+    def jump_to_next_arrival(self) -> bool: ...
 
     def retire(self, t: int) -> None: ...
 
@@ -265,10 +265,7 @@ class V1Policy:
             st.epoch += 1  # the queue grew: the chunk threshold may apply now
         running, waiting = st.running, st.waiting
         if not running and not waiting:
-            if st.next_arrival >= len(e.reqs):
-                return False
-            st.now_ps = max(st.now_ps, e.arrivals_ps[st.next_arrival])
-            return True
+            return e.jump_to_next_arrival()
         t = st.t
         st.processed += 1
         st.preempted = False
