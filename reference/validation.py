@@ -109,14 +109,23 @@ def validate_geometry(geometry: object) -> KVGeometry:
 
 
 def validate_device(device: object) -> torch.device:
-    """`device` as a torch.device; ConfigError naming it when torch does not know it."""
+    """`device` as a torch.device with its index resolved; ConfigError naming it when
+    torch does not know it.
+
+    "cuda" becomes "cuda:N" (the current CUDA device) where CUDA is available: tensors
+    allocated on "cuda" report "cuda:N", and torch.device("cuda") != torch.device("cuda:0"),
+    so a cache that kept the bare name failed its own `check()` on every GPU (found by the
+    first GPU run, 2026-11-28). Without CUDA the name is kept (allocation then fails with
+    its own error)."""
     try:
         # torch itself decides what names a device (str, bytes, int, numpy ints, device);
         # its stubs accept fewer, so the call is checked at run time, here
         parsed: torch.device = torch.device(device)  # type: ignore[call-overload]
-        return parsed
     except (RuntimeError, TypeError, ValueError) as exc:
         raise ConfigError(f"unknown device {device!r:.80}: {exc}") from None
+    if parsed.type == "cuda" and parsed.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return parsed
 
 
 def allocate_zeros(
