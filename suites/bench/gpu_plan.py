@@ -7,15 +7,18 @@ step has a budget (the gpu tests, the kernel timing, the predictions, the report
 the runner (`kvbench.suites.cli.gpu`) interrupts a step at its budget and goes on, so the
 whole run ends inside `TOTAL_BUDGET_S` whatever the device does.
 
-The estimates are modeled here, not measured on a GPU (none has run this yet). Each kernel
+The estimates are modeled, with their fixed costs measured on an H200 (runs
+gpu-20261128-084929 and gpu-20261128-second, Triton 3.6, 16 host cores; `MEASURED_H200`
+holds each step's wall time there, which the dry run prints beside the plan). Each kernel
 case's time is its bandwidth bound: the bytes the sweep counts for one call over
 `predict.ATTAINABLE` of the profile's HBM bandwidth, or its FLOPs over the profile's peak
 where that is longer, plus `predict.LAUNCH_SECONDS` (the memory term of `kernels.predict`
 without its occupancy factor, so no compile is needed to plan). Timing one callable with a
 CUDA graph (`harness.time_gpu`, `triton.testing.do_bench_cudagraph` with rep=100 ms)
-costs about `GRAPH_REPLAYS` replays of ~100 ms, plus capturing 100 ms / kernel time calls
-at `HOST_CALL_S` each (the host cost of a Triton call, 15-66 us per issue 39), plus a
-few warm-up calls. A case times the paged call, the contiguous SDPA call and, per repeat,
+captures 100 ms / estimate calls, where the estimate is its 5-call event timing outside a
+graph (host-bound for short kernels: max(kernel, `HOST_CALL_S`)), each captured at
+`HOST_CALL_S` (the host cost of one call of the public op, measured 100-250 us on the
+H200's host), then replays the graph `GRAPH_REPLAYS` times. A case times the paged call, the contiguous SDPA call and, per repeat,
 the scattered and contiguous paged layouts (`paging_layout.paired_gpu_times`), and
 measures the host cost per call (`harness.host_call_time`: 50 calls a repeat). Each
 distinct Triton configuration the grid reaches is compiled once at its first call
@@ -42,22 +45,26 @@ GPU_SWEEPS = ("kernel.decode", "kernel.prefill")
 #: The whole run's bound (s): issue 39 asks for under 8 minutes on one H100.
 TOTAL_BUDGET_S = 450.0
 #: Per-step budgets (s); they add up to TOTAL_BUDGET_S.
-BUDGETS = {"tests": 180.0, "bench": 210.0, "predict": 40.0, "report": 20.0}
+BUDGETS = {"tests": 140.0, "bench": 210.0, "predict": 70.0, "report": 30.0}
 #: Repeats per kernel case (bench --repeats): the paging pair is timed this many times.
 DEFAULT_REPEATS = 3
-#: Fixed costs of the estimate (s), assumed (no GPU has run this plan yet).
-HOST_CALL_S = 40e-6  # Python + launch cost of one Triton call (15-66 us, issue 39)
+#: Fixed costs of the estimate (s), measured on an H200 (2026-11-28) unless marked assumed.
+HOST_CALL_S = 160e-6  # host cost of one public-op call (host_time_paged: 104-254 us, median)
 GRAPH_REP_S = 0.1  # do_bench_cudagraph's rep: the calls captured into one graph
 GRAPH_REPLAYS = 10  # replays it times (each one sample)
-GRAPH_FIXED_S = 0.05  # graph instantiation and stream set-up per timed callable
+GRAPH_FIXED_S = 0.05  # graph instantiation and stream set-up per timed callable (assumed)
 HOST_CALLS_PER_REPEAT = 50  # harness.host_call_time
-JIT_COMPILE_S = 4.0  # Triton JIT of one configuration at its first call (sm_90, 16 cores)
-AOT_COMPILE_S = 8.0  # the same configuration compiled ahead of time for the prediction
-GPU_TEST_S = 1.5  # one gpu-marked test (small shapes; its first call compiles)
-PYTEST_START_S = 20.0  # pytest start-up and collection of suites/conformance
-BENCH_START_S = 15.0  # kvbench bench start-up: imports, the run's copy peak
-REPORT_S = 15.0  # kvbench report over one run
-HOST_ELEMENTS_PER_S = 2e8  # torch.randn on the host, the cases' K/V (then copied over)
+JIT_COMPILE_S = 0.8  # Triton JIT of one configuration at its first call (0.3-0.9 s)
+AOT_COMPILE_S = 8.0  # the same configuration compiled ahead of time (assumed; cached here)
+PREDICT_START_S = 30.0  # the predict step's imports and reading the run (34 s, all cached)
+GPU_TEST_S = 0.65  # one gpu-marked test (100 in 73.6 s, 102 in 63.2 s)
+PYTEST_START_S = 8.0  # pytest start-up and collection of suites/conformance
+BENCH_START_S = 8.0  # kvbench bench start-up: imports, the run's copy peak
+REPORT_S = 10.0  # kvbench report over one run (9 s)
+HOST_ELEMENTS_PER_S = 5e7  # the cases' K/V built on the host and copied over (fitted)
+CASE_FIXED_S = 1.0  # per case: reference calls and checks (batch 1 took 2.8-2.9 s in all)
+#: Each step's wall time in the two H200 runs (s): the plan's yardstick.
+MEASURED_H200 = {"tests": (80.0, 72.0), "bench": (90.0, 95.0), "predict": (34.0,), "report": (9.0,)}
 
 #: GPU profile names `kernels.predict.GPUS` knows, by what the device name contains.
 PROFILE_NAMES = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"))
@@ -122,10 +129,10 @@ def bound_seconds(sweep: str, case: Mapping[str, Any], profile: str) -> float:
 
 def timed_callable_seconds(kernel_s: float) -> float:
     """Wall time of timing one callable with `harness.time_gpu` (CUDA graph) (s)."""
-    per_call = max(kernel_s, HOST_CALL_S)
-    captured = max(1, int(GRAPH_REP_S / max(kernel_s, 1e-9)))
+    estimate = max(kernel_s, HOST_CALL_S)  # its 5-call estimate runs outside a graph
+    captured = max(1, int(GRAPH_REP_S / estimate))
     return (
-        6 * per_call  # do_bench_cudagraph's warm-up call and its 5-call estimate
+        6 * estimate  # do_bench_cudagraph's warm-up call and its 5-call estimate
         + captured * HOST_CALL_S  # the capture launches every call from the host
         + GRAPH_REPLAYS * captured * kernel_s
         + GRAPH_FIXED_S
@@ -142,7 +149,7 @@ def case_seconds(sweep: str, case: Mapping[str, Any], profile: str, repeats: int
     setup = 2 * b * hkv * length * d / HOST_ELEMENTS_PER_S
     timed = (2 + 2 * repeats) * timed_callable_seconds(kernel_s)
     host = (3 + repeats * HOST_CALLS_PER_REPEAT) * max(kernel_s, HOST_CALL_S)
-    return setup + timed + host
+    return CASE_FIXED_S + setup + timed + host
 
 
 def configs_reached(grid: Iterable[tuple[str, Case]]) -> list[Any]:
@@ -242,7 +249,7 @@ def build_plan(
             f"pytest suites/conformance -m gpu: {n_tests} gpu tests",
             PYTEST_START_S + n_tests * GPU_TEST_S,
             BUDGETS["tests"],
-            f"{PYTEST_START_S:.0f} s start-up + {n_tests} tests x {GPU_TEST_S} s (assumed)",
+            f"{PYTEST_START_S:.0f} s start-up + {n_tests} tests x {GPU_TEST_S} s",
         ),
         Step(
             "bench",
@@ -252,18 +259,19 @@ def build_plan(
             BUDGETS["bench"],
             f"{BENCH_START_S:.0f} s start-up + {len(cfgs)} configurations x {JIT_COMPILE_S} s "
             f"JIT + per case: (2 + 2 x {repeats}) CUDA-graph timings of the bandwidth bound "
-            f"(~{GRAPH_REPLAYS} x {GRAPH_REP_S} s each, capture at {HOST_CALL_S * 1e6:.0f} "
-            f"us a call) + host cost {repeats} x {HOST_CALLS_PER_REPEAT} calls + K/V set-up",
+            f"({GRAPH_REP_S} s of calls captured at {HOST_CALL_S * 1e6:.0f} us a call, "
+            f"replayed {GRAPH_REPLAYS} x) + host cost {repeats} x {HOST_CALLS_PER_REPEAT} "
+            f"calls + K/V set-up + {CASE_FIXED_S:.0f} s",
         ),
         Step(
             "predict",
             f"kernel.predicted's time on {profile} for each case, measured / predicted",
-            (len(cfgs) - n_cached) * AOT_COMPILE_S + 1.0,
+            PREDICT_START_S + (len(cfgs) - n_cached) * AOT_COMPILE_S,
             BUDGETS["predict"],
-            f"{len(cfgs) - n_cached} of {len(cfgs)} configurations not in out/aot x "
-            f"{AOT_COMPILE_S} s (sm_{arch} compile) + 1 s",
+            f"{PREDICT_START_S:.0f} s start-up + {len(cfgs) - n_cached} of {len(cfgs)} "
+            f"configurations not in out/aot x {AOT_COMPILE_S} s (sm_{arch} compile)",
         ),
-        Step("report", "kvbench report over the run", REPORT_S, BUDGETS["report"], "assumed"),
+        Step("report", "kvbench report over the run", REPORT_S, BUDGETS["report"], "measured"),
     )
     return Plan(profile, repeats, steps, rows, len(cfgs), n_cached)
 
@@ -283,11 +291,14 @@ def format_plan(plan: Plan) -> str:
     case with its bandwidth bound and its expected wall time."""
     lines = [
         f"kvbench gpu plan (profile {plan.profile}, {plan.repeats} repeats a case; "
-        f"estimates modeled, not measured)",
+        f"estimates modeled from costs measured on an H200, 2026-11-28)",
     ]
     for s in plan.steps:
         lines.append(f"  {s.name:<8} ~{s.estimate_s:6.0f} s (budget {s.budget_s:.0f} s)  {s.what}")
         lines.append(f"  {'':<8}   how: {s.how}")
+        seen = ", ".join(f"{t:.0f}" for t in MEASURED_H200.get(s.name, ()))
+        if seen:
+            lines.append(f"  {'':<8}   measured on an H200 (16 cases, 100-102 tests): {seen} s")
     total = sum(s.budget_s for s in plan.steps)
     lines.append(
         f"  total    ~{plan.estimate_s:6.0f} s expected, {total:.0f} s at most "

@@ -4,6 +4,7 @@ processes), since no GPU runs these tests."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -182,3 +183,53 @@ def test_prediction_error() -> None:
     assert err["median_ratio"] == pytest.approx(1.25)
     with pytest.raises(Exception, match="positive"):
         gpu_plan.compare({"a": {"sweep": "s", "case": {}, "time_paged": 1.0}}, lambda s, c: 0.0)
+
+
+#: The rows of the first GPU runs (an H200, 2026-11-28; docs/gpu.md).
+GPU_RUNS = Path(__file__).resolve().parents[4] / "docs" / "gpu-runs"
+H200_RUNS = ("gpu-20261128-084929.jsonl", "gpu-20261128-second.jsonl")
+
+
+def _measured_case_walls() -> dict[tuple[str, str], list[float]]:
+    from kvbench.reports.store.reader import load_run
+
+    walls: dict[tuple[str, str], list[float]] = {}
+    for name in H200_RUNS:
+        for row in load_run(GPU_RUNS / name).rows:
+            if row.get("metric") == "case_wall_time":
+                key = (row["suite"], json.dumps(row["case"], sort_keys=True))
+                walls.setdefault(key, []).append(float(row["value"]))
+    return walls
+
+
+def test_the_plan_matches_the_h200_runs_it_was_measured_on() -> None:
+    """Every planned case was timed in both H200 runs; the plan's expected wall time of
+    each is within 3x of what it took there, and of the whole bench within 30%."""
+    walls = _measured_case_walls()
+    grid = gpu_plan.gpu_grid()
+    expected, measured = 0.0, 0.0
+    for sweep, case in grid:
+        took = walls[(sweep, json.dumps(dict(case), sort_keys=True))]
+        assert len(took) == 2
+        mean = sum(took) / len(took)
+        est = gpu_plan.case_seconds(sweep, case, "h200", gpu_plan.DEFAULT_REPEATS)
+        assert 1 / 3 < est / mean < 3, (sweep, case, est, took)
+        expected, measured = expected + est, measured + mean
+    assert abs(expected / measured - 1) < 0.3, (expected, measured)
+
+
+def test_the_h200_rows_judge_the_kernel_overhead_claims_on_the_gpu() -> None:
+    """On real GPU rows the paging-overhead claims are judged (not "not applicable"),
+    labelled measured on a GPU, and do not hold: the overhead measured there is -0.6% to
+    +0.6%, below both published ranges."""
+    from kvbench.reports import claims
+    from kvbench.reports.store.frame import to_frame
+    from kvbench.reports.store.reader import load_run
+
+    frame = to_frame([load_run(GPU_RUNS / H200_RUNS[0])])
+    verdicts = {c.key: v for c, v in claims.evaluate(frame)}
+    kernel = [v for key, v in verdicts.items() if "overhead" in key]
+    assert len(kernel) >= 2
+    for v in kernel:
+        assert v.verdict == claims.FAILS
+        assert "measured on a GPU" in v.note or "measured on a GPU" in v.measured
