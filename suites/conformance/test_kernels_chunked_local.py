@@ -115,9 +115,7 @@ def test_chunked_decode_skips_released_blocks_and_splits(backend: str) -> None:
 def _prefill(backend, lens, q_lens, chunk, bs, dtype, before="nan", hkv=2, group=2, d=64):  # type: ignore[no-untyped-def]
     _need_cpp(backend)
     gen = torch.Generator().manual_seed(chunk * 7 + bs)
-    kc, vc, tables, tlens, keys, values = _pool(
-        lens, q_lens, chunk, hkv, d, bs, dtype, gen, before
-    )
+    kc, vc, tables, tlens, keys, values = _pool(lens, q_lens, chunk, hkv, d, bs, dtype, gen, before)
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn((int(cu[-1]), hkv * group, d), generator=gen).to(dtype)
     out = torch.full_like(q, float("nan"))
@@ -131,7 +129,7 @@ def _prefill(backend, lens, q_lens, chunk, bs, dtype, before="nan", hkv=2, group
         name = "triton" if backend == "triton" else "torch"
         ops.paged_prefill_attention(q, kc, vc, tables, cu, tlens, out=out, backend=name,
                                     window=spec)  # fmt: skip
-    for b, n in enumerate(q_lens):
+    for b in range(len(q_lens)):
         rows = slice(int(cu[b]), int(cu[b + 1]))
         ref = oracle.extend_attention(q[rows], keys[b], values[b], chunk=chunk)
         err = oracle.relative_error(out[rows], ref)
