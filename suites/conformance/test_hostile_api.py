@@ -41,7 +41,7 @@ from kvbench.workloads.errors import (
 )
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.hf_spec import model_spec_from_hf_config
-from kvbench.workloads.kv_spec import KVCacheSpec, LayerGroup, ModelKVSpec
+from kvbench.workloads.kv_spec import AttentionKind, KVCacheSpec, LayerGroup, ModelKVSpec
 from kvbench.workloads.planner import plan_capacity
 from kvbench.workloads.prefix_oracle import block_accesses
 from kvbench.workloads.profiles import get_profile
@@ -494,7 +494,7 @@ def _llama4_config(chunk: object) -> dict[str, object]:
 #: Entry points that take an attention chunk, each building from it or refusing it.
 CHUNK_TAKERS: dict[str, Callable[[Any], object]] = {
     "KVCacheSpec.chunked_local": KVCacheSpec.chunked_local,
-    "KVCacheSpec(kind, chunk=)": lambda c: KVCacheSpec("chunked_attention", chunk=c),
+    "KVCacheSpec(kind, chunk=)": lambda c: KVCacheSpec(AttentionKind.CHUNKED_LOCAL, chunk=c),
     "oracle.extend_attention": lambda c: oracle.extend_attention(
         torch.ones(1, 2, 4), torch.ones(3, 1, 4), torch.ones(3, 1, 4), chunk=c
     ),
