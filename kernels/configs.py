@@ -162,9 +162,14 @@ def _decode_capped(dtype: torch.dtype, d_pad: int, qh: int, kv_fp8: dict[str, in
     return dtype != torch.float32 and not kv_fp8 and d_pad == 64 and qh == 16
 
 
-def _windowed(constexprs: dict[str, object], windowed: bool) -> dict[str, object]:
+def _windowed(
+    constexprs: dict[str, object], windowed: bool, chunked: bool = False
+) -> dict[str, object]:
     """The constexprs of the sliding-window variant: WINDOWED is listed only when True, so
-    the full-attention variants keep the keys (and baselines) they always had."""
+    the full-attention variants keep the keys (and baselines) they always had; CHUNKED
+    (chunked local attention, `window` read as the chunk) likewise, on top of WINDOWED."""
+    if chunked:
+        return {**constexprs, "WINDOWED": True, "CHUNKED": True}
     return {**constexprs, "WINDOWED": True} if windowed else constexprs
 
 
@@ -200,13 +205,14 @@ def decode_config(
     kv_dtype: torch.dtype | None = None,
     *,
     windowed: bool = False,
+    chunked: bool = False,
 ) -> KernelConfig:
     """Stage-1 split-KV decode kernel (`kv_dtype` fp8: K/V bytes dequantized in
     registers, same tiles as the query dtype's; ConfigError for a float32 query). KV tile sizes are chosen so that no variant spills
     and, for 16-bit types, so that the common GQA case (QH 16) at head dim 128 costs no
     more registers or shared memory than vLLM's Triton decode for the same shape (16 KV
     tokens per step: 72 registers, 12.8 KB shared on sm_90; `kvbench kernels --peers`).
-    `windowed`: the sliding-window variant (same tiles)."""
+    `windowed`: the sliding-window variant (same tiles); `chunked`: the chunked-local one."""
     d_pad = head_dim_pad(head_dim)
     kv_fp8 = fp8_constexprs(kv_dtype)
     _check_fp8_query(dtype, kv_fp8, "decode")
@@ -232,6 +238,7 @@ def decode_config(
                 **kv_fp8,
             },
             windowed,
+            chunked,
         ),
         # float32 keeps Triton's 3: at 2 its QH-16 split variant spills at head dim 128
         num_stages=DEFAULT_STAGES if dtype == torch.float32 else DECODE_STAGES,
@@ -239,9 +246,11 @@ def decode_config(
     )
 
 
-def reduce_config(dtype: torch.dtype, head_dim: int, *, windowed: bool = False) -> KernelConfig:
+def reduce_config(
+    dtype: torch.dtype, head_dim: int, *, windowed: bool = False, chunked: bool = False
+) -> KernelConfig:
     """Stage-2 log-sum-exp merge of decode partitions (`windowed`: of the sliding-window
-    variant's partitions)."""
+    variant's partitions; `chunked`: the chunked-local one's)."""
     d_pad = head_dim_pad(head_dim)
     return KernelConfig(
         "paged_decode_reduce",
@@ -249,6 +258,7 @@ def reduce_config(dtype: torch.dtype, head_dim: int, *, windowed: bool = False) 
         _windowed(
             {"D_PAD": d_pad, "P_CHUNK": REDUCE_CHUNK if d_pad <= 128 else REDUCE_CHUNK // 2},
             windowed,
+            chunked,
         ),
     )
 
@@ -301,6 +311,7 @@ def prefill_config(
     kv_dtype: torch.dtype | None = None,
     *,
     windowed: bool = False,
+    chunked: bool = False,
 ) -> KernelConfig:
     """Paged prefill/extend kernel; rows are (query token, query head) pairs.
 
@@ -314,7 +325,7 @@ def prefill_config(
 
     `kv_dtype` fp8: K/V bytes dequantized in registers (16-bit queries only, ConfigError
     otherwise), with the caps of `_prefill_cap`; `windowed`: the sliding-window variant,
-    same tiles as its full twin."""
+    same tiles as its full twin; `chunked`: the chunked-local variant, likewise."""
     d_pad = head_dim_pad(head_dim)
     kv_fp8 = fp8_constexprs(kv_dtype)
     _check_fp8_query(dtype, kv_fp8, "prefill")
@@ -337,6 +348,7 @@ def prefill_config(
                 **kv_fp8,
             },
             windowed,
+            chunked,
         ),
         num_warps=warps,
         num_stages=PREFILL_STAGES,
@@ -349,15 +361,21 @@ def prefill_configs(
     kv_dtype: torch.dtype | None = None,
     *,
     windowed: bool = False,
+    chunked: bool = False,
 ) -> list[KernelConfig]:
     """Every prefill tile the dispatch can pick for `dtype` and `head_dim` (fp8
-    `kv_dtype`, `windowed` as for `prefill_config`), smallest first."""
+    `kv_dtype`, `windowed`, `chunked` as for `prefill_config`), smallest first."""
     out: list[KernelConfig] = []
     for rows in (*(limit for limit, _ in PREFILL_TIERS), None):
-        cfg = prefill_config(dtype, head_dim, rows, kv_dtype, windowed=windowed)
+        cfg = prefill_config(dtype, head_dim, rows, kv_dtype, windowed=windowed, chunked=chunked)
         if cfg not in out:
             out.append(cfg)
     return out
+
+
+#: The attention variants every decode, reduce and prefill configuration compiles in:
+#: (windowed, chunked) for full attention, a sliding window and chunked local attention.
+VARIANTS: tuple[tuple[bool, bool], ...] = ((False, False), (True, False), (True, True))
 
 
 def all_configs() -> list[KernelConfig]:
@@ -376,12 +394,12 @@ def all_configs() -> list[KernelConfig]:
         for d_pad in HEAD_DIM_PADS:
             for group in (1, *DECODE_QH, 2 * DECODE_QH[-1]):
                 for single in (True, False):
-                    for windowed in (False, True):
-                        add(decode_config(dtype, d_pad, group, single, windowed=windowed))
-            add(reduce_config(dtype, d_pad))
-            add(reduce_config(dtype, d_pad, windowed=True))
-            for windowed in (False, True):
-                for cfg in prefill_configs(dtype, d_pad, windowed=windowed):
+                    for windowed, chunked in VARIANTS:
+                        add(decode_config(dtype, d_pad, group, single, windowed=windowed,
+                                          chunked=chunked))  # fmt: skip
+            for windowed, chunked in VARIANTS:
+                add(reduce_config(dtype, d_pad, windowed=windowed, chunked=chunked))
+                for cfg in prefill_configs(dtype, d_pad, windowed=windowed, chunked=chunked):
                     add(cfg)
     for fmt in fp8.FORMATS.values():
         for dtype in DTYPES:
@@ -390,13 +408,12 @@ def all_configs() -> list[KernelConfig]:
             for d_pad in HEAD_DIM_PADS:
                 for group in (1, *DECODE_QH, 2 * DECODE_QH[-1]):
                     for single in (True, False):
-                        for windowed in (False, True):
-                            add(
-                                decode_config(
-                                    dtype, d_pad, group, single, fmt.dtype, windowed=windowed
-                                )
-                            )
-                for windowed in (False, True):
-                    for cfg in prefill_configs(dtype, d_pad, fmt.dtype, windowed=windowed):
+                        for windowed, chunked in VARIANTS:
+                            add(decode_config(dtype, d_pad, group, single, fmt.dtype,
+                                              windowed=windowed, chunked=chunked))  # fmt: skip
+                for windowed, chunked in VARIANTS:
+                    for cfg in prefill_configs(
+                        dtype, d_pad, fmt.dtype, windowed=windowed, chunked=chunked
+                    ):
                         add(cfg)
     return list(seen.values())

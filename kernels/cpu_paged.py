@@ -52,7 +52,10 @@ import torch
 
 from kvbench.kernels.launch_plan import LaunchPlan
 from kvbench.kernels.validation import AttentionDims, IndexRangeError
+from kvbench.kernels.window_rule import device_window
+from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.kv_rules import rule_for_window
+from kvbench.workloads.kv_spec import KernelWindow
 
 log = logging.getLogger(__name__)
 
@@ -306,11 +309,14 @@ def supports(plan: LaunchPlan) -> str | None:
     """None when the C++ kernel runs `plan` here, else why not, naming the value: CPU
     tensors only, blocks of at most `MAX_BLOCK_SIZE` tokens (its score rows), and a
     library that built or loaded (`status()`; checked last, since it builds on first use).
-    Every dtype the ops take (fp8 K/V included), any head dim, window or not."""
+    Every dtype the ops take (fp8 K/V included), any head dim, window or not; chunked
+    local attention with 16/32-bit K/V only (the fp8 kernels read sliding windows)."""
     if plan.device != "cpu":
         return f"device {plan.device}: the C++ kernel reads CPU tensors only"
     if plan.block_size > MAX_BLOCK_SIZE:
         return f"block size {plan.block_size} > {MAX_BLOCK_SIZE} the C++ kernel is compiled for"
+    if plan.is_fp8 and device_window(plan.window)[1]:
+        return f"{plan.kv_format} K/V with chunked local attention: the C++ fp8 kernel reads sliding windows only"
     if _module() is None:
         return f"the C++ kernel is not loaded here: {status().reason}"
     return None
@@ -338,8 +344,24 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int32 else t.to(torch.int32)
 
 
+def _signed(window: KernelWindow) -> int:
+    """The C++ kernels' `window` argument: W > 0 for a sliding window, -C for chunked
+    local attention of C tokens, 0 for full attention (`first_key` in paged_attn.cpp)."""
+    reach, chunked = device_window(window)
+    return -reach if chunked else reach
+
+
+def _fp8_window(window: KernelWindow) -> int:
+    """The fp8 kernels' `window` (sliding windows only: ConfigError for a chunk, as
+    `supports` says)."""
+    reach, chunked = device_window(window)
+    if chunked:
+        raise ConfigError(f"window={window!r}: the C++ fp8 kernels read sliding windows only")
+    return reach
+
+
 def _tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: AttentionDims,  # type: ignore[no-untyped-def]
-            window: int | None = None, cu_seqlens_q: torch.Tensor | None = None):  # fmt: skip
+            window: KernelWindow = None, cu_seqlens_q: torch.Tensor | None = None):  # fmt: skip
     """int32 tables (row-contiguous) and lens; IndexRangeError on an entry outside the pool
     (with a sliding `window`, only entries from a sequence's first window block on: for a
     prefill, given `cu_seqlens_q` (int32), the block of its first new token's first key)."""
@@ -358,10 +380,10 @@ def _tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: AttentionD
         )
     if cu_seqlens_q is None:
         bad = int(mod.first_bad_entry_windowed(tables, lens, dims.cache.block_size,
-                                               dims.cache.num_blocks, window or 0))  # fmt: skip
+                                               dims.cache.num_blocks, _signed(window)))  # fmt: skip
     else:
         bad = int(mod.first_bad_entry_prefill(tables, cu_seqlens_q, lens, dims.cache.block_size,
-                                              dims.cache.num_blocks, window or 0))  # fmt: skip
+                                              dims.cache.num_blocks, _signed(window)))  # fmt: skip
     if bad >= 0:
         b, j = divmod(bad, tables.shape[1])
         raise IndexRangeError(
@@ -381,7 +403,7 @@ def decode(
     out: torch.Tensor,
     dims: AttentionDims,
     *,
-    window: int | None = None,
+    window: KernelWindow = None,
     span: int | None = None,
 ) -> torch.Tensor:
     """Paged decode attention into `out` ([B, Hq, D]) with the C++ kernel; see kernels.ops.
@@ -400,7 +422,7 @@ def decode(
     mod = _module()
     assert mod is not None
     mod.paged_decode_windowed(query, k_cache, v_cache, tables, lens, float(scale), out,
-                              int(dims.max_seq_len), parts, heads, window or 0)  # fmt: skip
+                              int(dims.max_seq_len), parts, heads, _signed(window))  # fmt: skip
     return out
 
 
@@ -416,7 +438,7 @@ def decode_fp8(
     kv_scales: tuple[torch.Tensor, torch.Tensor],
     *,
     conversion: str = "vector",
-    window: int | None = None,
+    window: KernelWindow = None,
 ) -> torch.Tensor:
     """Paged decode over fp8 K/V (`cpu_ext/paged_attn_fp8.cpp`) into `out`; see kernels.ops.
     One task per (sequence, KV head); scales float32 [num_kv_heads] for K and V.
@@ -437,7 +459,7 @@ def decode_fp8(
         else torch.ops.kvbench_fp8.paged_decode_fp8_lut
     )
     op(query, k_cache.view(torch.uint8), v_cache.view(torch.uint8), tables, lens, ks, vs,
-       float(scale), out, man, bias, window or 0)  # fmt: skip
+       float(scale), out, man, bias, _fp8_window(window))  # fmt: skip
     return out
 
 
@@ -465,7 +487,7 @@ def prefill_fp8(
     dims: AttentionDims,
     kv_scales: tuple[torch.Tensor, torch.Tensor],
     *,
-    window: int | None = None,
+    window: KernelWindow = None,
 ) -> torch.Tensor:
     """Paged prefill/extend over fp8 K/V (`cpu_ext/paged_attn_fp8.cpp`: bytes dequantized in
     registers, causal, GQA) into `out` ([total_q, Hq, D]); see kernels.ops. Tasks are
@@ -482,7 +504,7 @@ def prefill_fp8(
                         torch.get_num_threads())  # fmt: skip
     torch.ops.kvbench_fp8.paged_prefill_fp8(
         query, k_cache.view(torch.uint8), v_cache.view(torch.uint8), tables, cu, lens, ks, vs,
-        float(scale), out, man, bias, tile, window or 0,
+        float(scale), out, man, bias, tile, _fp8_window(window),
     )  # fmt: skip
     return out
 
@@ -517,7 +539,7 @@ def prefill(
     out: torch.Tensor,
     dims: AttentionDims,
     *,
-    window: int | None = None,
+    window: KernelWindow = None,
 ) -> torch.Tensor:
     """Paged prefill/extend attention into `out` ([total_q, Hq, D]); see kernels.ops.
     With a sliding `window` a task's key loop starts at its first row's first key (row p
@@ -532,7 +554,7 @@ def prefill(
     tile = prefill_tile(dims.group, int(query.shape[0]), dims.cache.num_kv_heads,
                         torch.get_num_threads())  # fmt: skip
     mod.paged_prefill_windowed(query, k_cache, v_cache, tables, cu, lens, float(scale), out,
-                               tile, window or 0)  # fmt: skip
+                               tile, _signed(window))  # fmt: skip
     return out
 
 

@@ -16,6 +16,7 @@ import torch
 from kvbench.kernels import window_rule
 from kvbench.kernels.validation import AttentionDims
 from kvbench.workloads import fp8
+from kvbench.workloads.kv_spec import KernelWindow
 
 #: The operations a plan describes.
 OPS: tuple[str, ...] = ("decode", "prefill")
@@ -34,7 +35,8 @@ class LaunchPlan:
         query_dtype, kv_dtype: the query's and the caches' dtypes.
         kv_format: the fp8 format name (`workloads.fp8.FORMATS`) of an fp8 cache, else None.
         scales: how fp8 scales are laid out (`PER_KV_HEAD`), None for a 16/32-bit cache.
-        window: the sliding window (tokens), None for full attention.
+        window: the sliding window (tokens), a `KVCacheSpec` for another kind that bounds
+            what a query reads (chunked local), None for full attention.
         block_size, head_dim, num_q_heads, num_kv_heads: the geometry.
         max_seq_len, max_q_len: the launch's bounds (tokens) as validation derived them.
         span: tokens a launch reads per sequence at most, from its first block on
@@ -48,7 +50,7 @@ class LaunchPlan:
     kv_dtype: torch.dtype
     kv_format: str | None
     scales: str | None
-    window: int | None
+    window: KernelWindow
     block_size: int
     head_dim: int
     num_q_heads: int
@@ -73,7 +75,13 @@ class LaunchPlan:
         kv = str(self.kv_dtype).removeprefix("torch.")
         if self.kv_format is not None:
             kv += f" ({self.kv_format}, {self.scales} scales)"
-        window = "full attention" if self.window is None else f"window {self.window}"
+        window = (
+            "full attention"
+            if self.window is None
+            else f"window {self.window}"
+            if isinstance(self.window, int)
+            else self.window.describe()
+        )
         return (
             f"{self.op} on {self.device}, query {str(self.query_dtype).removeprefix('torch.')}, "
             f"KV {kv}, {window}, block size {self.block_size}, head dim {self.head_dim}, "
@@ -87,7 +95,7 @@ def build(
     k_cache: torch.Tensor,
     dims: AttentionDims,
     *,
-    window: int | None,
+    window: KernelWindow,
 ) -> LaunchPlan:
     """The plan of a validated call (`dims` from `validation.check_decode` /
     `check_prefill`, `window` checked there too); reads no tensor values."""

@@ -54,6 +54,7 @@ import torch
 from kvbench.kernels import backends, cpu_paged, fp8_ops, launch_plan, torch_ops
 from kvbench.kernels import validation as val
 from kvbench.workloads import fp8
+from kvbench.workloads.kv_spec import KernelWindow
 
 __all__ = [
     "choose_backend",
@@ -188,7 +189,7 @@ def paged_decode_attention(
     max_seq_len: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
-    window: int | None = None,
+    window: KernelWindow = None,
 ) -> torch.Tensor:
     """Attention of one new query token per sequence over its paged KV.
 
@@ -250,7 +251,7 @@ def decode_launch(
     max_seq_len: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
-    window: int | None = None,
+    window: KernelWindow = None,
 ) -> backends.Launch:
     """What `paged_decode_attention` with these arguments would run, and why (its plan,
     backend and reason), after the same checks, without running it: what the kernel
@@ -274,7 +275,7 @@ def _prepare_decode(
     max_seq_len: int | None,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
-    window: int | None,
+    window: KernelWindow,
 ) -> tuple[backends.Launch, float, fp8_ops.KVScales | None]:
     """Validate a decode call and choose its backend: (launch, softmax scale, fp8 scales)."""
     val.check_backend(backend)
@@ -306,7 +307,7 @@ def paged_prefill_attention(
     max_q_len: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
-    window: int | None = None,
+    window: KernelWindow = None,
 ) -> torch.Tensor:
     """Causal attention of a ragged batch of new tokens over cached prefixes and themselves.
 
@@ -365,7 +366,7 @@ def prefill_launch(
     max_q_len: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
-    window: int | None = None,
+    window: KernelWindow = None,
 ) -> backends.Launch:
     """What `paged_prefill_attention` with these arguments would run, and why, after the
     same checks, without running it (as `decode_launch`)."""
@@ -390,7 +391,7 @@ def _prepare_prefill(
     max_q_len: int | None,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
-    window: int | None,
+    window: KernelWindow,
 ) -> tuple[backends.Launch, float, fp8_ops.KVScales | None]:
     """Validate a prefill call and choose its backend: (launch, softmax scale, fp8 scales)."""
     val.check_backend(backend)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from kvbench.kernels.launch_plan import LaunchPlan
 from kvbench.kernels.validation import AttentionDims, CacheDims
 from kvbench.workloads.kv_rules import KindRule, rule_for_window
+from kvbench.workloads.kv_spec import KernelWindow
 
 
 def supports(plan: LaunchPlan) -> str | None:
@@ -155,7 +156,7 @@ def paged_decode_attention(
     dims: AttentionDims,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
-    window: int | None = None,
+    window: KernelWindow = None,
     span: int | None = None,
 ) -> torch.Tensor:
     """Decode attention of `query[b]` over the first `seq_lens[b]` tokens of its blocks
@@ -212,7 +213,8 @@ def window_tables(
 
     Sequence b of length L reads positions k = rule.first_kept(L - 1) .. L - 1 (a window
     W: max(0, L - W)). Its first block is f = k // block_size; shifted, it has
-    L' = L - f * block_size tokens and reads from rule.first_kept(L' - 1). `span` bounds
+    L' = L - f * block_size tokens and reads from k - f * block_size (not the rule at
+    L' - 1: a chunk's start does not move with the shift). `span` bounds
     every L' (tokens; the launch size, `rule.read_span`).
     """
     lens = seq_lens.to(torch.int64)
@@ -222,7 +224,7 @@ def window_tables(
     cols = cols.clamp(max=block_tables.shape[1] - 1)
     tables = block_tables.to(torch.int64).gather(1, cols)
     shifted = lens - first * block_size
-    return tables, shifted, rule.first_kept_many(shifted - 1)
+    return tables, shifted, rule.first_kept_many(lens - 1) - first * block_size
 
 
 def _windowed_decode(
@@ -276,7 +278,7 @@ def paged_prefill_attention(
     dims: AttentionDims,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
-    window: int | None = None,
+    window: KernelWindow = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached prefix and itself.
     fp8 caches: dequantized after the gather with `kv_scales`, as in decode.

@@ -168,6 +168,7 @@ def _paged_decode(
     FP8_MAN: tl.constexpr = 0,
     FP8_BIAS: tl.constexpr = 0,
     WINDOWED: tl.constexpr = False,
+    CHUNKED: tl.constexpr = False,
 ):
     """Stage 1 of split-KV paged decode. Grid: (batch, num_kv_heads * n_chunks, parts).
 
@@ -191,7 +192,8 @@ def _paged_decode(
     the window's first token, so that block's earlier tokens are not loaded either. A
     partition left with no visible token stores l = 0 and a zero output, which the
     reduction weighs by 0. Both together: only the window's tiles are loaded, then
-    dequantized.
+    dequantized. With CHUNKED too, `window` is the attention chunk C (Llama 4's chunked
+    local attention): the query at L - 1 reads from floor((L - 1) / C) x C, the same way.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1) // n_chunks
@@ -199,7 +201,11 @@ def _paged_decode(
     part = tl.program_id(2)
     seq_len = tl.load(lens_ptr + seq)
     if WINDOWED:
-        skipped = tl.maximum(seq_len - window, 0) // block_size
+        if CHUNKED:  # the newest query's chunk start, in the shifted coordinates below
+            skipped = ((seq_len - 1) - (seq_len - 1) % window) // block_size
+            lo = (seq_len - 1) - (seq_len - 1) % window - skipped * block_size
+        else:
+            skipped = tl.maximum(seq_len - window, 0) // block_size
         seq_len = seq_len - skipped * block_size
     start = part * partition_size
     if start < seq_len:
@@ -228,7 +234,7 @@ def _paged_decode(
             qk_scale = scale_log2 * k_scale
         begin = start
         if WINDOWED:  # the first block's tokens before the window: the loop starts past them
-            begin = tl.maximum(start, seq_len - window)
+            begin = tl.maximum(start, lo) if CHUNKED else tl.maximum(start, seq_len - window)
         for t0 in range(begin, end, TILE_N):
             tok = t0 + tl.arange(0, TILE_N)
             tok_ok = tok < end
@@ -293,15 +299,20 @@ def _paged_decode_reduce(
     D_PAD: tl.constexpr,
     P_CHUNK: tl.constexpr,
     WINDOWED: tl.constexpr = False,
+    CHUNKED: tl.constexpr = False,
 ):
     """Stage 2 of split-KV decode: merge a sequence's partitions by log-sum-exp.
     Grid: (batch, num_q_heads). out = sum_p w_p o_p / sum_p w_p, w_p = l_p 2^(m_p - M).
-    WINDOWED: the partitions cover the length from the window's first block, as stage 1."""
+    WINDOWED: the partitions cover the length from the window's first block, as stage 1
+    (CHUNKED: from the chunk's first block)."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(lens_ptr + seq)
     if WINDOWED:
-        seq_len = seq_len - tl.maximum(seq_len - window, 0) // block_size * block_size
+        if CHUNKED:
+            seq_len = seq_len - ((seq_len - 1) - (seq_len - 1) % window) // block_size * block_size
+        else:
+            seq_len = seq_len - tl.maximum(seq_len - window, 0) // block_size * block_size
     n_parts = (seq_len + partition_size - 1) // partition_size
     base = (seq.to(tl.int64) * num_q_heads + head) * max_parts
     p = tl.arange(0, P_CHUNK)
@@ -366,6 +377,7 @@ def _paged_prefill(
     FP8_MAN: tl.constexpr = 0,
     FP8_BIAS: tl.constexpr = 0,
     WINDOWED: tl.constexpr = False,
+    CHUNKED: tl.constexpr = False,
 ):
     """Paged prefill/extend attention. Grid: (batch, num_kv_heads * n_chunks, q_tiles).
 
@@ -381,7 +393,9 @@ def _paged_prefill(
     WINDOWED (sliding window of `window` tokens): the query at position p sees keys
     p - window + 1 .. p. The key loop starts at the first key the program's earliest
     query sees, so blocks wholly before it (their table entries included) are never
-    loaded; keys inside the loop but before a later row's window are masked.
+    loaded; keys inside the loop but before a later row's window are masked. With
+    CHUNKED too, `window` is the attention chunk C: the query at p sees keys
+    floor(p / C) x C .. p, started and masked the same way.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1) // n_chunks
@@ -422,7 +436,10 @@ def _paged_prefill(
             qk_scale = scale_log2 * k_scale
         kv_begin = 0
         if WINDOWED:  # the earliest query's first key: nothing before it is loaded
-            kv_begin = tl.maximum(context + tok0 - window + 1, 0)
+            if CHUNKED:
+                kv_begin = (context + tok0) - (context + tok0) % window
+            else:
+                kv_begin = tl.maximum(context + tok0 - window + 1, 0)
         for t0 in range(kv_begin, kv_end, TILE_N):
             kt = t0 + tl.arange(0, TILE_N)
             k_ok = kt < kv_end
@@ -440,7 +457,10 @@ def _paged_prefill(
             s = s * qk_scale
             visible = k_ok[None, :] & (kt[None, :] <= q_pos[:, None])
             if WINDOWED:
-                visible = visible & (kt[None, :] > q_pos[:, None] - window)
+                if CHUNKED:
+                    visible = visible & (kt[None, :] >= q_pos[:, None] - q_pos[:, None] % window)
+                else:
+                    visible = visible & (kt[None, :] > q_pos[:, None] - window)
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)

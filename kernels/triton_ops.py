@@ -20,8 +20,10 @@ from triton.runtime.jit import JITFunction
 from kvbench.kernels import configs
 from kvbench.kernels.triton_kernels import INTERPRETED, JIT
 from kvbench.kernels.validation import AttentionDims, CacheDims
+from kvbench.kernels.window_rule import device_window
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.kv_rules import rule_for_window
+from kvbench.workloads.kv_spec import KernelWindow
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -167,7 +169,7 @@ def paged_decode_attention(
     partition_size: int | None = None,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
-    window: int | None = None,
+    window: KernelWindow = None,
     span: int | None = None,
 ) -> torch.Tensor:
     """Split-KV paged decode: one partition (single pass) when every sequence fits in
@@ -189,8 +191,9 @@ def paged_decode_attention(
     n_parts = max(1, -(-span // part))
     single = n_parts == 1
     windowed = rule.bounded
+    reach, chunked = device_window(window)
     cfg = configs.decode_config(
-        query.dtype, d, dims.group, single, k_cache.dtype, windowed=windowed
+        query.dtype, d, dims.group, single, k_cache.dtype, windowed=windowed, chunked=chunked
     )
     qh = cfg.int_constexpr("QH")
     n_chunks = -(-dims.group // qh)
@@ -236,10 +239,10 @@ def paged_decode_attention(
         k_cache.stride(2),
         k_scale,
         v_scale,
-        window or 0,
+        reach,
     )
     if not single:
-        rcfg = configs.reduce_config(query.dtype, d, windowed=windowed)
+        rcfg = configs.reduce_config(query.dtype, d, windowed=windowed, chunked=chunked)
         _launch(
             rcfg,
             (batch, hq),
@@ -255,7 +258,7 @@ def paged_decode_attention(
             n_parts,
             out.stride(0),
             out.stride(1),
-            window or 0,
+            reach,
             cd.block_size,
         )
     return out
@@ -273,19 +276,21 @@ def paged_prefill_attention(
     dims: AttentionDims,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
-    window: int | None = None,
+    window: KernelWindow = None,
 ) -> torch.Tensor:
     """Causal paged prefill/extend; see `kernels.ops.paged_prefill_attention`. fp8
     caches: `kv_scales` (float32 [num_kv_heads] for K and V) dequantize each tile, as in
-    decode. `window`: sliding-window attention, blocks before it never read."""
+    decode. `window`: sliding-window (or chunked local) attention, blocks before the
+    first key read never loaded."""
     cd = dims.cache
     if dims.batch == 0 or query.shape[0] == 0:
         return out
     d = query.shape[2]
     # the tile by query count: 16 rows for short extends, up to 64 for long prefills
+    reach, chunked = device_window(window)
     cfg = configs.prefill_config(
         query.dtype, d, dims.max_q_len * dims.group, k_cache.dtype,
-        windowed=rule_for_window(window).bounded,
+        windowed=rule_for_window(window).bounded, chunked=chunked,
     )  # fmt: skip
     k_scale, v_scale, k_cache, v_cache = _kv_operands(query, k_cache, v_cache, kv_scales)
     block_m = cfg.int_constexpr("BLOCK_M")
@@ -322,6 +327,6 @@ def paged_prefill_attention(
         k_cache.stride(2),
         k_scale,
         v_scale,
-        window or 0,
+        reach,
     )
     return out

@@ -34,7 +34,7 @@ from kvbench.workloads import fp8
 from kvbench.workloads.errors import ConfigError, ShapeError
 from kvbench.workloads.geometry import require_positive
 from kvbench.workloads.kv_rules import rule_for_window
-from kvbench.workloads.kv_spec import check_window
+from kvbench.workloads.kv_spec import KernelWindow
 
 #: dtypes the kernels accept for queries, keys, values and caches.
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
@@ -351,7 +351,7 @@ def _check_tables(
     device: torch.device,
     check_indices: bool,
     max_seq_len: int | None = None,
-    window: int | None = None,
+    window: KernelWindow = None,
     q_lens: torch.Tensor | None = None,
 ) -> int:
     """Check block tables and KV lengths; return the longest length (tokens) to size the
@@ -415,13 +415,14 @@ def check_decode(
     check_indices: bool = True,
     max_seq_len: int | None = None,
     *,
-    window: int | None = None,
+    window: KernelWindow = None,
 ) -> AttentionDims:
     """Check a paged decode attention call: query `[batch, num_q_heads, head_dim]`, one
     token per sequence over `seq_lens[b]` cached tokens listed by `block_tables[b]`.
-    `max_seq_len` bounds every `seq_lens[b]` (see the module docstring); `window` is None
-    or an int >= 1 (ConfigError otherwise)."""
-    check_window(window)
+    `max_seq_len` bounds every `seq_lens[b]` (see the module docstring); `window` is None,
+    an int >= 1 (a sliding window) or a self-attention `KVCacheSpec` (chunked local
+    attention; ConfigError otherwise)."""
+    rule_for_window(window)  # ConfigError naming a bad window
     dims = check_cache_pair(k_cache, v_cache)
     group = _check_query(query, dims, k_cache)
     if block_tables.dim() == 2 and query.shape[0] != block_tables.shape[0]:
@@ -447,16 +448,16 @@ def check_prefill(
     max_seq_len: int | None = None,
     max_q_len: int | None = None,
     *,
-    window: int | None = None,
+    window: KernelWindow = None,
 ) -> AttentionDims:
     """Check a paged prefill/extend call: ragged query `[total_q, num_q_heads, head_dim]`
     split by `cu_seqlens_q` (`[batch + 1]`, starting at 0, non-decreasing, ending at
     total_q); sequence b has `q_len_b = cu[b+1] - cu[b]` new tokens, 1 <= q_len_b <=
     seq_lens[b], whose K/V are already written at the end of its `seq_lens[b]` tokens.
     `max_seq_len` and `max_q_len` bound every `seq_lens[b]` and `q_len_b` (see the module
-    docstring). `window` (None or an int >= 1): table entries of blocks wholly before the
-    first new token's window are not checked, as for decode."""
-    check_window(window)
+    docstring). `window` (None, an int >= 1 or a spec, as for decode): table entries of
+    blocks wholly before the first new token's first key are not checked, as for decode."""
+    rule_for_window(window)  # ConfigError naming a bad window
     dims = check_cache_pair(k_cache, v_cache)
     group = _check_query(query, dims, k_cache)
     _check_index("cu_seqlens_q", cu_seqlens_q, 1, k_cache.device)

@@ -17,16 +17,17 @@ from typing import overload
 import torch
 
 from kvbench.workloads.kv_rules import rule_for_window
+from kvbench.workloads.kv_spec import AttentionKind, KernelWindow
 
 
 @overload
-def window_start(lens: int, window: int | None, q_lens: int = 1) -> int: ...
+def window_start(lens: int, window: KernelWindow, q_lens: int = 1) -> int: ...
 @overload
 def window_start(
-    lens: torch.Tensor, window: int | None, q_lens: int | torch.Tensor = 1
+    lens: torch.Tensor, window: KernelWindow, q_lens: int | torch.Tensor = 1
 ) -> torch.Tensor: ...
 def window_start(
-    lens: int | torch.Tensor, window: int | None, q_lens: int | torch.Tensor = 1
+    lens: int | torch.Tensor, window: KernelWindow, q_lens: int | torch.Tensor = 1
 ) -> int | torch.Tensor:
     """The first key position the first new query of each sequence reads (the rule's
     `first_kept` of position L - q_len; ints, or int64 tensors elementwise)."""
@@ -34,7 +35,7 @@ def window_start(
 
 
 def _start(
-    lens: int | torch.Tensor, window: int | None, q_lens: int | torch.Tensor
+    lens: int | torch.Tensor, window: KernelWindow, q_lens: int | torch.Tensor
 ) -> int | torch.Tensor:
     rule = rule_for_window(window)
     first_query = lens - q_lens
@@ -44,20 +45,33 @@ def _start(
 
 
 @overload
-def first_block(lens: int, window: int | None, block_size: int, q_lens: int = 1) -> int: ...
+def first_block(lens: int, window: KernelWindow, block_size: int, q_lens: int = 1) -> int: ...
 @overload
 def first_block(
-    lens: torch.Tensor, window: int | None, block_size: int, q_lens: int | torch.Tensor = 1
+    lens: torch.Tensor, window: KernelWindow, block_size: int, q_lens: int | torch.Tensor = 1
 ) -> torch.Tensor: ...
 def first_block(
-    lens: int | torch.Tensor, window: int | None, block_size: int, q_lens: int | torch.Tensor = 1
+    lens: int | torch.Tensor, window: KernelWindow, block_size: int, q_lens: int | torch.Tensor = 1
 ) -> int | torch.Tensor:
     """The first block (table column) a sequence's launch reads: the block holding
     `window_start` (0 for full attention)."""
     return _start(lens, window, q_lens) // block_size
 
 
-def span(max_seq_len: int, block_size: int, window: int | None, max_q_len: int = 1) -> int:
+def span(max_seq_len: int, block_size: int, window: KernelWindow, max_q_len: int = 1) -> int:
     """Tokens a launch reads per sequence at most, from its first block on (what sizes a
     decode's partitions and its gather): the rule's `read_span`."""
     return rule_for_window(window).read_span(max_seq_len, block_size, max_q_len)
+
+
+def device_window(window: KernelWindow) -> tuple[int, bool]:
+    """What the Triton and C++ kernel bodies take for `window` (device code cannot call
+    the rule, so each computes the first key from these): (W, False) for a sliding window
+    of W tokens (first key p - W + 1), (C, True) for chunked local attention of C tokens
+    (first key floor(p / C) x C), (0, False) for full attention. A kind that reads
+    differently adds its case here and its formula in the kernel bodies."""
+    rule = rule_for_window(window)
+    if not rule.bounded:
+        return 0, False
+    assert rule.reach is not None  # every bounded kind has a reach
+    return rule.reach, rule.kind is AttentionKind.CHUNKED_LOCAL

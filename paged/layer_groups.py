@@ -100,6 +100,8 @@ class LayerGroupsPagedCache:
         #: per group, the rule of its kind (`workloads.kv_rules`)
         self.rules = [rule_for(g.spec) for g in model.groups]
         self.block_size = check_block_size(block_size)
+        for g in model.groups:
+            g.spec.check_block_size(block_size)  # a chunk of whole blocks (vLLM's rule)
         prefix = PrefixCache() if enable_prefix_caching else None
         self.pool = BlockPool(num_blocks, block_size, prefix=prefix)
         self.index = GroupPrefixIndex(prefix, model, block_size) if prefix is not None else None
@@ -212,7 +214,8 @@ class LayerGroupsPagedCache:
                 held = [j for j, b in enumerate(blocks) if b != NULL_BLOCK]
                 for j in held:
                     self.pool.incref(blocks[j])
-                kept = held[0] * self.block_size if held else 0  # first position held
+                # first position held (a chunked-local hit may hold none: all before it)
+                kept = held[0] * self.block_size if held else hit.tokens
                 tables[gi] = GroupTable(blocks, hit.tokens, kept)
             self.index.start(request_id, prompt, salt, hit)
         elif self.index is not None:

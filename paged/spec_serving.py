@@ -111,6 +111,8 @@ class LayerGroupServingCache:
             raise ConfigError(f"model must be a ModelKVSpec, got {type(model).__name__}")
         num_blocks = require_positive("num_blocks", num_blocks)
         block_size = check_block_size(block_size)
+        for g in model.groups:
+            g.spec.check_block_size(block_size)  # a chunk of whole blocks (vLLM's rule)
         if max_seq_len is not None:
             require_positive("max_seq_len", max_seq_len)
         if prefill_chunk is not None:

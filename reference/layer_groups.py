@@ -122,10 +122,15 @@ class LayerGroupsReferenceCache:
         return groups[self.model.self_groups[0]][0].shape[1] if self.model.self_groups else 0
 
     def gather(self, request_id: Hashable, group: int) -> KV:
-        """What the newest token reads in `group` (window slice, all, or the encoder)."""
+        """What the newest token reads in `group` (window slice, its chunk, all, or the
+        encoder), sliced here from the spec's own numbers, not from the kind's rule."""
         k, v = self._get(request_id)[group]
-        window = self.model.groups[group].spec.window
-        start = 0 if window is None else max(0, k.shape[1] - window)
+        spec, length = self.model.groups[group].spec, k.shape[1]
+        start = 0
+        if spec.window is not None:
+            start = max(0, length - spec.window)
+        elif spec.chunk is not None and length:
+            start = (length - 1) // spec.chunk * spec.chunk
         return k[:, start:], v[:, start:]
 
     def attend(

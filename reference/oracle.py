@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from kvbench.workloads.errors import ShapeError
-from kvbench.workloads.kv_spec import check_window
+from kvbench.workloads.kv_spec import check_chunk, check_window
 
 
 def _check_heads(q_heads: int, k: torch.Tensor, v: torch.Tensor, what: str) -> int:
@@ -45,6 +45,7 @@ def extend_attention(
     scale: float | None = None,
     *,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the last n queries of one sequence over its whole KV.
 
@@ -54,12 +55,16 @@ def extend_attention(
         scale: softmax scale; 1/sqrt(head_dim) when None.
         window: sliding window (Mistral, HF `sliding_window`): the query at position p
             sees only keys p - window + 1 .. p, its own token included. None: full.
+        chunk: chunked local attention (Llama 4, HF `attention_chunk_size`): the query
+            at position p sees only the keys of its own chunk of `chunk` tokens up to p
+            (key k with k // chunk == p // chunk). None: no chunking.
 
     Returns:
         [n, num_q_heads, head_dim] float64. Query i sees keys 0 .. L-n+i inclusive
-        (from L-n+i-window+1 with a window).
+        (from L-n+i-window+1 with a window, within its chunk with a chunk).
     """
     check_window(window)
+    check_chunk(chunk)
     if q.dim() != 3:
         raise ShapeError(f"q must be [n, num_q_heads, head_dim], got {tuple(q.shape)}")
     n, q_heads, head_dim = q.shape
@@ -79,6 +84,8 @@ def extend_attention(
     hidden = key_pos > query_pos
     if window is not None:
         hidden = hidden | (key_pos <= query_pos - window)
+    if chunk is not None:
+        hidden = hidden | (key_pos // chunk != query_pos // chunk)
     scores = scores.masked_fill(hidden, float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1), v64)  # [Hq, n, D]
     return out.transpose(0, 1).contiguous()
@@ -91,6 +98,7 @@ def decode_attention(
     scale: float | None = None,
     *,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Attention of one query (the newest token) over a sequence's whole KV.
 
@@ -98,6 +106,7 @@ def decode_attention(
         q: [num_q_heads, head_dim].
         k, v: [L, num_kv_heads, head_dim], L >= 1.
         window: as for extend_attention: keys max(0, L - window) .. L - 1 only.
+        chunk: as for extend_attention: keys of the newest token's chunk only.
 
     Returns:
         [num_q_heads, head_dim] float64.
@@ -106,7 +115,7 @@ def decode_attention(
         raise ShapeError(f"q must be [num_q_heads, head_dim], got {tuple(q.shape)}")
     if k.dim() != 3 or k.shape[0] == 0:
         raise ShapeError(f"k must be [L>=1, num_kv_heads, head_dim], got {tuple(k.shape)}")
-    return extend_attention(q.unsqueeze(0), k, v, scale, window=window)[0]
+    return extend_attention(q.unsqueeze(0), k, v, scale, window=window, chunk=chunk)[0]
 
 
 def batched_decode_attention(
@@ -116,6 +125,7 @@ def batched_decode_attention(
     scale: float | None = None,
     *,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """decode_attention for a batch of sequences of different lengths.
 
@@ -123,6 +133,7 @@ def batched_decode_attention(
         q: [batch, num_q_heads, head_dim].
         keys, values: one [L_i, num_kv_heads, head_dim] tensor per sequence.
         window: sliding window of every sequence (None: full attention).
+        chunk: attention chunk of every sequence (None: no chunking).
 
     Returns:
         [batch, num_q_heads, head_dim] float64.
@@ -133,7 +144,8 @@ def batched_decode_attention(
             f"{tuple(q.shape)}, {len(keys)} keys, {len(values)} values"
         )
     outs = [
-        decode_attention(q[i], keys[i], values[i], scale, window=window) for i in range(q.shape[0])
+        decode_attention(q[i], keys[i], values[i], scale, window=window, chunk=chunk)
+        for i in range(q.shape[0])
     ]
     return torch.stack(outs) if outs else q.new_zeros(q.shape, dtype=torch.float64)
 

@@ -8,12 +8,16 @@ Only the fields that decide the KV cache are read, without importing transformer
   gpt-oss: "full_attention" / "sliding_attention"), else `sliding_window` on every
   layer (Mistral) unless `use_sliding_window` is false (Qwen2), in which case, or with
   no `sliding_window`, every layer is full attention. Qwen2's `max_window_layers` (the
-  first layers stay full) is honoured when `layer_types` is absent.
+  first layers stay full) is honoured when `layer_types` is absent. Llama 4's chunked
+  local attention: "chunked_attention" layers of `attention_chunk_size` tokens; without
+  `layer_types`, a Llama 4 text config (`model_type` llama4_text, or llama4's
+  `text_config`) makes its RoPE layers chunked (`no_rope_layers`: 1 = RoPE, default
+  every `no_rope_layer_interval`-th layer NoPE, full attention), as transformers does.
 * encoder-decoder (`is_encoder_decoder`): the decoder's layers each hold one
   self-attention KV (full) and one cross-attention KV over the encoder output; the
   encoder length is `max_source_positions` (Whisper: 1500 audio frames) unless given.
 
-Any other layer type (linear attention, chunked attention, ...) is refused by name.
+Any other layer type (linear attention, ...) is refused by name.
 """
 
 from __future__ import annotations
@@ -33,7 +37,11 @@ from kvbench.workloads.kv_spec import (
 )
 
 #: The `layer_types` entries a decoder-only config may hold.
-_DECODER_LAYER_TYPES = {AttentionKind.FULL.value, AttentionKind.SLIDING_WINDOW.value}
+_DECODER_LAYER_TYPES = {
+    AttentionKind.FULL.value,
+    AttentionKind.SLIDING_WINDOW.value,
+    AttentionKind.CHUNKED_LOCAL.value,
+}
 
 
 def _int_field(config: Mapping[str, Any], *names: str) -> int:
@@ -55,9 +63,24 @@ def _head_dim(config: Mapping[str, Any], heads: int, width_fields: tuple[str, ..
     return width // heads
 
 
+def _llama4_layer_types(config: Mapping[str, Any], num_layers: int) -> list[str] | None:
+    """Llama 4's layer types when its config has no `layer_types` (transformers'
+    Llama4TextConfig): RoPE layers chunked when `attention_chunk_size` is set."""
+    if config.get("model_type") != "llama4_text" or config.get("attention_chunk_size") is None:
+        return None
+    rope = config.get("no_rope_layers")
+    if not rope:
+        interval = _int_field({"no_rope_layer_interval": 4, **config}, "no_rope_layer_interval")
+        rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
+    if not isinstance(rope, list) or len(rope) != num_layers:
+        raise ConfigError(f"config no_rope_layers must list one 0/1 per layer, got {rope!r}")
+    chunked, full = AttentionKind.CHUNKED_LOCAL.value, AttentionKind.FULL.value
+    return [chunked if r else full for r in rope]
+
+
 def _layer_specs(config: Mapping[str, Any], num_layers: int) -> list[KVCacheSpec]:
     window = config.get("sliding_window")
-    types = config.get("layer_types")
+    types = config.get("layer_types") or _llama4_layer_types(config, num_layers)
     if types is not None:
         if not isinstance(types, list) or len(types) != num_layers:
             raise ConfigError(
@@ -69,15 +92,19 @@ def _layer_specs(config: Mapping[str, Any], num_layers: int) -> list[KVCacheSpec
                 f"config layer_types holds {unknown}, which kvbench does not model (it "
                 f"models {' and '.join(sorted(_DECODER_LAYER_TYPES))})"
             )
-        if AttentionKind.SLIDING_WINDOW.value not in types:
-            return [KVCacheSpec.full()] * num_layers
-        if window is None:
-            raise ConfigError("config layer_types has sliding_attention but no sliding_window")
-        windowed = KVCacheSpec.sliding_window(window)
-        return [
-            windowed if t == AttentionKind.SLIDING_WINDOW.value else KVCacheSpec.full()
-            for t in types
-        ]
+        by_type = {AttentionKind.FULL.value: KVCacheSpec.full()}
+        if AttentionKind.SLIDING_WINDOW.value in types:
+            if window is None:
+                raise ConfigError("config layer_types has sliding_attention but no sliding_window")
+            by_type[AttentionKind.SLIDING_WINDOW.value] = KVCacheSpec.sliding_window(window)
+        if AttentionKind.CHUNKED_LOCAL.value in types:
+            chunk = config.get("attention_chunk_size")
+            if chunk is None:
+                raise ConfigError(
+                    "config layer_types has chunked_attention but no attention_chunk_size"
+                )
+            by_type[AttentionKind.CHUNKED_LOCAL.value] = KVCacheSpec.chunked_local(chunk)
+        return [by_type[t] for t in types]
     if window is None or config.get("use_sliding_window") is False:
         return [KVCacheSpec.full()] * num_layers
     first_windowed = config.get("max_window_layers") if "use_sliding_window" in config else 0
@@ -105,6 +132,8 @@ def model_spec_from_hf_config(
     if not isinstance(config, Mapping):
         raise ConfigError(f"a config must be a JSON object, got {type(config).__name__}")
     source = f"HF config (model_type {config.get('model_type')!r})"
+    if config.get("model_type") == "llama4" and isinstance(config.get("text_config"), Mapping):
+        config = {"model_type": "llama4_text", **config["text_config"]}  # the decoder's KV
     if config.get("is_encoder_decoder"):
         layers = _int_field(config, "decoder_layers", "num_decoder_layers", "num_layers")
         heads = _int_field(config, "decoder_attention_heads", "num_heads", "num_attention_heads")

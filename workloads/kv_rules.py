@@ -24,6 +24,7 @@ The rules (positions are 0-based token positions; a query at p reads positions
 |---|---|---|
 | full | 0 | ceil((c + n) / block) |
 | sliding window W | max(0, p - W + 1) | blocks touched by first_kept(c) .. c + n - 1 |
+| chunked local C | floor(p / C) x C | blocks touched by first_kept(c) .. c + n - 1 |
 | cross-attention E | 0 (the encoder's) | ceil(E / block), from admission to finish |
 
 A new kind is a `KindRule` subclass and its row in `RULES` (docs/extending.md);
@@ -36,13 +37,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from functools import lru_cache
+from math import gcd
 from types import MappingProxyType
 from typing import ClassVar
 
 import torch
 
 from kvbench.workloads.capacity import blocks_for_tokens
-from kvbench.workloads.kv_spec import AttentionKind, KVCacheSpec
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.kv_spec import AttentionKind, KernelWindow, KVCacheSpec
 
 
 def capped_sum(a: int, b: int, cap: int | None) -> int:
@@ -93,8 +96,9 @@ class KindRule(ABC):
         return positions.clamp(min=0, max=0)
 
     @property
-    def kernel_window(self) -> int | None:
-        """The `window` the kernels take for this kind (None: every position)."""
+    def kernel_window(self) -> KernelWindow:
+        """The `window` the kernels take for this kind (None: every position; an int: a
+        sliding window; a spec: any other kind that bounds what a query reads)."""
         return self.reach
 
     # ------------------------------------------------------------------ blocks
@@ -116,6 +120,12 @@ class KindRule(ABC):
         """Step indices (of `step` tokens each) where the held count stops growing and
         starts repeating (the capacity planner's candidates; () when it only grows)."""
         return ()
+
+    def period(self, step: int, block_size: int) -> int:
+        """Steps (of `step` tokens) after which the held count repeats once past
+        `phase_ends`: a window's two ends move by whole blocks every block_size /
+        gcd(step, block_size) steps (the planner evaluates that many before each end)."""
+        return block_size // gcd(step, block_size)
 
     def release_point(self, block: int, block_size: int) -> int | None:
         """The first query position that no longer reads logical block `block` (so the
@@ -225,6 +235,88 @@ class SlidingWindowRule(KindRule):
         return capped_sum(ctx + 1, ctx + n, self.window)
 
 
+class ChunkedLocalRule(KindRule):
+    """Chunked local attention of C tokens (Llama 4's `attention_chunk_size`, vLLM's
+    ChunkedLocalAttentionSpec): the query at p reads floor(p / C) x C .. p, so the blocks
+    of every earlier chunk are never read again."""
+
+    kind = AttentionKind.CHUNKED_LOCAL
+    bounded = True
+
+    def __init__(self, spec: KVCacheSpec) -> None:
+        super().__init__(spec)
+        assert spec.chunk is not None  # KVCacheSpec checks it
+        self.chunk = self.reach = spec.chunk
+
+    def first_kept(self, query_position: int) -> int:
+        return max(0, query_position - query_position % self.chunk)
+
+    def first_kept_many(self, positions: torch.Tensor) -> torch.Tensor:
+        return (positions - torch.remainder(positions, self.chunk)).clamp(min=0)
+
+    @property
+    def kernel_window(self) -> KernelWindow:
+        return self.spec
+
+    def period(self, step: int, block_size: int) -> int:
+        """Every C / gcd(step, C) steps both ends have moved by a whole number of chunks
+        (hence of blocks, C being a multiple of the block size where pages are planned)."""
+        return max(super().period(step, block_size), self.chunk // gcd(step, self.chunk))
+
+    def release_point(self, block: int, block_size: int) -> int | None:
+        """The first chunk start at or after the block's end."""
+        return -(-(block + 1) * block_size // self.chunk) * self.chunk
+
+    def prefill_pages(self, prompt_len: int, chunk: int, block_size: int) -> int:
+        """The most blocks a step starting anywhere in one attention chunk touches: from
+        the chunk's start to C - 1 + chunk tokens later (capped by the prompt); the
+        chunk starts' offsets in a block repeat, so a few are tried."""
+        starts = range(0, prompt_len, self.chunk)
+        held = 0
+        for s in starts[: block_size + 1]:
+            end = min(s + self.chunk - 1 + chunk, prompt_len)
+            held = max(held, (end - 1) // block_size - s // block_size + 1)
+        return held
+
+    def hit_blocks(self, hit_blocks: int, block_size: int) -> range:
+        """vLLM's ChunkedLocalAttentionManager: the blocks of the first computed token's
+        chunk below it only, with no block required when that token starts a chunk
+        (vLLM marks every block before the chunk computed, as null blocks: a cold
+        cache hits up to the last chunk start)."""
+        first = self.first_kept(hit_blocks * block_size) // block_size
+        return range(min(first, hit_blocks), hit_blocks)
+
+    def read_span(self, max_seq_len: int, block_size: int, max_q_len: int = 1) -> int:
+        """The most of L - (block of first_kept(L - 1)) x block_size over L <= max_seq_len
+        (C where the chunk is a whole number of blocks), plus the later queries' keys."""
+        last_chunk = (max_seq_len - 1) // self.chunk
+        span = 0
+        for k in range(max(0, last_chunk - block_size), last_chunk + 1):
+            start = k * self.chunk
+            end = min(start + self.chunk, max_seq_len)  # the longest L in chunk k
+            span = max(span, end - start // block_size * block_size)
+        return min(max_seq_len, span + max_q_len - 1)
+
+    def as_full(self) -> KVCacheSpec:
+        return KVCacheSpec.full()
+
+    def chunk_pairs(self, ctx: int, n: int) -> int:
+        return _mod_sum(ctx + n, self.chunk) - _mod_sum(ctx, self.chunk) + n
+
+    def decode_reads(self, decoders: int, kv_read: int, excess: int) -> int:
+        """An upper bound: sum of min(c + 1, C), the reads of a query at its chunk's last
+        position (the engine's aggregate tracks the decoders past each reach, not each
+        context mod C; over a long decode the exact reads average (C + 1) / 2 against
+        this C). Modeled, documented in docs/kv-specs.md."""
+        return kv_read - excess
+
+
+def _mod_sum(x: int, m: int) -> int:
+    """sum of (p mod m) for p in 0 .. x - 1, exactly."""
+    whole, rest = divmod(x, m)
+    return whole * m * (m - 1) // 2 + rest * (rest - 1) // 2
+
+
 class CrossAttentionRule(KindRule):
     """Cross-attention: E encoder tokens written once at admission, read by every query."""
 
@@ -272,6 +364,7 @@ RULES: Mapping[AttentionKind, type[KindRule]] = MappingProxyType(
     {
         AttentionKind.FULL: FullAttentionRule,
         AttentionKind.SLIDING_WINDOW: SlidingWindowRule,
+        AttentionKind.CHUNKED_LOCAL: ChunkedLocalRule,
         AttentionKind.CROSS: CrossAttentionRule,
     }
 )
@@ -283,10 +376,16 @@ def rule_for(spec: KVCacheSpec) -> KindRule:
     return RULES[spec.kind](spec)
 
 
-def rule_for_window(window: int | None) -> KindRule:
+def rule_for_window(window: KernelWindow) -> KindRule:
     """The rule of the kernels' `window` argument: a sliding window of `window` tokens,
-    or full attention for None (ConfigError naming anything else). The one place the
+    full attention for None, the spec's own kind for a `KVCacheSpec` (ConfigError naming
+    anything else, or a spec whose kind writes no self-attention KV). The one place the
     kernels' argument becomes a kind."""
+    if isinstance(window, KVCacheSpec):
+        rule = rule_for(window)
+        if not rule.self_attention:
+            raise ConfigError(f"window={window.describe()!r}: the kernels read self-attention KV")
+        return rule
     spec = _FULL if window is None else KVCacheSpec.sliding_window(window)
     return rule_for(spec)
 

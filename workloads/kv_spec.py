@@ -1,10 +1,14 @@
 """KV cache specs: which tokens a layer's attention keeps, and layers grouped over one pool.
 
-[vLLM-internals] names vLLM's KVCacheSpec variants; kvbench models three of them:
+[vLLM-internals] names vLLM's KVCacheSpec variants; kvbench models four of them:
 
 * full attention (Llama): a layer keeps every token of the sequence;
 * sliding window (Mistral, Gemma 2's local layers): the token at position p attends to
   positions p - window + 1 .. p, so older tokens are never read again;
+* chunked local attention (Llama 4's `attention_chunk_size`, vLLM's
+  ChunkedLocalAttentionSpec): the sequence is cut into chunks of `chunk` tokens and the
+  token at position p attends to positions floor(p / chunk) x chunk .. p only, so whole
+  earlier chunks are never read again;
 * cross-attention (encoder-decoder decoders): a layer keeps the encoder's output, a
   fixed `encoder_len` tokens written once at admission, whatever the decoder length.
 
@@ -33,12 +37,21 @@ def check_window(window: int | None) -> int | None:
     return window
 
 
+def check_chunk(chunk: int | None) -> int | None:
+    """`chunk` if it is None (no chunking) or an int >= 1 (tokens of one attention chunk),
+    else ConfigError naming the value. The oracle uses it."""
+    if chunk is not None:
+        require_positive("chunk", chunk)
+    return chunk
+
+
 class AttentionKind(str, Enum):
     """What one layer's KV holds (the value is the name HF's `layer_types` uses where
     it has one)."""
 
     FULL = "full_attention"
     SLIDING_WINDOW = "sliding_attention"
+    CHUNKED_LOCAL = "chunked_attention"
     CROSS = "cross_attention"
 
 
@@ -47,28 +60,39 @@ class KVCacheSpec:
     """One layer's KV retention rule.
 
     Attributes:
-        kind: full, sliding window or cross-attention.
+        kind: full, sliding window, chunked local or cross-attention.
         window: tokens a query attends to (itself included), sliding window only.
         encoder_len: encoder tokens a cross-attention layer holds, cross-attention only.
+        chunk: tokens of one attention chunk, chunked local attention only.
     """
 
     kind: AttentionKind
     window: int | None = None
     encoder_len: int | None = None
+    chunk: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", AttentionKind(self.kind))
-        wants_window = self.kind is AttentionKind.SLIDING_WINDOW
-        wants_encoder = self.kind is AttentionKind.CROSS
-        if wants_window:
-            require_positive("window", self.window)  # type: ignore[arg-type]
-        elif self.window is not None:
-            raise ConfigError(f"window={self.window!r} given for a {self.kind.value} layer")
-        if wants_encoder:
-            require_positive("encoder_len", self.encoder_len)  # type: ignore[arg-type]
-        elif self.encoder_len is not None:
+        wants = {
+            "window": AttentionKind.SLIDING_WINDOW,
+            "encoder_len": AttentionKind.CROSS,
+            "chunk": AttentionKind.CHUNKED_LOCAL,
+        }
+        for name, kind in wants.items():
+            value = getattr(self, name)
+            if self.kind is kind:
+                require_positive(name, value)
+            elif value is not None:
+                raise ConfigError(f"{name}={value!r} given for a {self.kind.value} layer")
+
+    def check_block_size(self, block_size: int) -> None:
+        """ConfigError where this spec cannot be paged in blocks of `block_size` tokens:
+        a chunk that is not a whole number of blocks (vLLM asserts `attention_chunk_size
+        % block_size == 0` when it builds chunked-local attention's batches)."""
+        if self.chunk is not None and self.chunk % block_size:
             raise ConfigError(
-                f"encoder_len={self.encoder_len!r} given for a {self.kind.value} layer"
+                f"chunk={self.chunk} is not a multiple of block_size={block_size} "
+                "(chunked local attention pages whole chunks, as vLLM requires)"
             )
 
     @classmethod
@@ -82,6 +106,11 @@ class KVCacheSpec:
         return cls(AttentionKind.SLIDING_WINDOW, window=window)
 
     @classmethod
+    def chunked_local(cls, chunk: int) -> KVCacheSpec:
+        """Chunked local attention over chunks of `chunk` tokens (Llama 4)."""
+        return cls(AttentionKind.CHUNKED_LOCAL, chunk=chunk)
+
+    @classmethod
     def cross_attention(cls, encoder_len: int) -> KVCacheSpec:
         """Cross-attention over a fixed encoder output of `encoder_len` tokens."""
         return cls(AttentionKind.CROSS, encoder_len=encoder_len)
@@ -92,7 +121,15 @@ class KVCacheSpec:
             return f"sliding window {self.window}"
         if self.kind is AttentionKind.CROSS:
             return f"cross-attention, encoder {self.encoder_len}"
+        if self.kind is AttentionKind.CHUNKED_LOCAL:
+            return f"chunked local {self.chunk}"
         return "full attention"
+
+
+#: What the kernels' `window` argument may be: None (full attention), an int (a sliding
+#: window of that many tokens) or the `KVCacheSpec` of any other kind that bounds what a
+#: query reads (chunked local); `workloads.kv_rules.rule_for_window` turns it into a rule.
+KernelWindow = int | KVCacheSpec | None
 
 
 @dataclass(frozen=True)

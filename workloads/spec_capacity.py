@@ -23,7 +23,7 @@ checks them against hand-computed figures and against a block-by-block simulatio
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from math import gcd
+from math import lcm
 
 from kvbench.workloads.block_size import DEFAULT_BLOCK_SIZE, check_block_size
 from kvbench.workloads.capacity import blocks_for_tokens
@@ -53,15 +53,19 @@ def _candidate_steps(model: ModelKVSpec, seq_len: int, step: int, block_size: in
 
     Between phase boundaries every group's block count is either non-decreasing in the
     step index (full attention, a window still filling, the capped last step) or periodic
-    with period P = block_size / gcd(step, block_size) (a full window sliding: both of its
-    ends move by P x step, a multiple of block_size). A non-decreasing plus a P-periodic
-    sequence peaks within the last P steps of each stretch, so only those are evaluated.
+    with its rule's `period` (a full window sliding: both of its ends move by
+    block_size / gcd(step, block_size) steps' tokens, a multiple of block_size; chunked
+    local: C / gcd(step, C) steps). A non-decreasing plus a P-periodic sequence (P the
+    least common multiple of the groups' periods) peaks within the last P steps of each
+    stretch, so only those are evaluated.
     """
     last = (seq_len - 1) // step
-    period = block_size // gcd(step, block_size)
+    period = 1
     ends = {last, last - 1}
     for g in model.groups:
-        ends.update(min(last, e) for e in rule_for(g.spec).phase_ends(step))
+        rule = rule_for(g.spec)
+        period = lcm(period, rule.period(step, block_size))
+        ends.update(min(last, e) for e in rule.phase_ends(step))
     return {e - j for e in ends for j in range(period + 1) if 0 <= e - j <= last}
 
 
@@ -72,6 +76,8 @@ def request_peak_blocks(
     `seq_len` tokens in steps of `step_tokens` (the last step may be shorter)."""
     require_positive("seq_len", seq_len)
     check_block_size(block_size)
+    for g in model.groups:
+        g.spec.check_block_size(block_size)
     require_positive("step_tokens", step_tokens)
     steps = _candidate_steps(model, seq_len, step_tokens, block_size)
     return max(_step_blocks(model, k, seq_len, step_tokens, block_size) for k in steps)

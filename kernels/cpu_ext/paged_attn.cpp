@@ -471,6 +471,16 @@ struct Geo {
   int64_t num_blocks, bs, hkv, D, hq, group;
 };
 
+// The first key a query at position pos reads, by the kernels' signed `window` argument
+// (kernels/cpu_paged.py passes it): > 0 a sliding window (pos - window + 1, at least 0),
+// < 0 chunked local attention of -window tokens (the chunk's start, floor(pos / C) * C),
+// 0 full attention (0). The one place these kernels know the attention kinds.
+inline int64_t first_key(int64_t pos, int64_t window) {
+  if (window > 0) return std::max<int64_t>(0, pos - window + 1);
+  if (window < 0 && pos > 0) return pos - pos % -window;
+  return 0;
+}
+
 // Decode task: sequence with block table `table` and length len, KV heads [h0, h1), its
 // logical blocks [j0, j1), reading positions lo .. len - 1 only (lo > 0: a sliding window
 // whose first block j0 is partial; its tokens before lo are skipped, not read). Writes the unnormalized state of query heads h0*G .. h1*G - 1
@@ -558,9 +568,10 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   const int64_t B = query.size(0);
   Geo g{k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3), query.size(1), 0};
   g.group = g.hq / g.hkv;
-  // window > 0: a sequence reads from the first block its window touches, so at most
-  // window + bs - 1 tokens from a block boundary; 0: full attention.
-  const int64_t span = window > 0 ? std::min(max_seq_len, window + g.bs - 1) : max_seq_len;
+  // window != 0: a sequence reads from the first block its window (or chunk, < 0) touches,
+  // so at most |window| + bs - 1 tokens from a block boundary; 0: full attention.
+  const int64_t reach = window < 0 ? -window : window;
+  const int64_t span = reach > 0 ? std::min(max_seq_len, reach + g.bs - 1) : max_seq_len;
   const int64_t used_blocks = (span + g.bs - 1) / g.bs;
   const int64_t P = std::max<int64_t>(1, (used_blocks + partition_blocks - 1) / partition_blocks);
   const int64_t HT = (g.hkv + heads_per_task - 1) / heads_per_task;
@@ -581,7 +592,7 @@ void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / (HT * P), ht = (task / P) % HT, p = task % P;
       const int64_t len = lens[b];
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t lo = first_key(len - 1, window);
       const int64_t j0 = lo / g.bs + p * partition_blocks;
       const int64_t j1 = std::min((len + g.bs - 1) / g.bs, j0 + partition_blocks);
       const int h0 = int(ht * heads_per_task);
@@ -822,7 +833,8 @@ inline void pf_pv_rows(PrefillScratch& w, int r0, int r1, int D, const float* v,
 // The online-softmax step of panel rows [0, VW) at st (keys [0, nt) of the chunk whose first
 // key sits at position cb): row lanes whose position limit lim (position + 1) is at most
 // cb + t see key t as zero probability, and with a sliding window (> 0) so do those whose
-// lim - window exceeds cb + t (the key lies before the row's window). Scores become
+// lim - window exceeds cb + t (the key lies before the row's window), with a chunk of C
+// (window = -C) those whose chunk start (lim - 1) - (lim - 1) % C does. Scores become
 // probabilities in place; m, l and corr (the factor the row's accumulators take) are updated.
 inline void pf_softmax_panel(float* st, int nt, int cb, const int32_t* limp, float* mp,
                              float* lp, float* cp, int window) {
@@ -834,9 +846,15 @@ inline void pf_softmax_panel(float* st, int nt, int cb, const int32_t* limp, flo
   const vf ninf = vf{} + NEG_INF;
   // rows are in position order: lane 0 sees least, lane VW - 1 starts latest
   const bool upper = limp[0] < cb + nt;
-  const bool lower = window > 0 && limp[VW - 1] - window > cb;
+  const bool lower = window != 0 && first_key(limp[VW - 1] - 1, window) > cb;
   const bool masked = upper || lower;
-  const vi first = window > 0 ? lim - window : vi{} + std::numeric_limits<int32_t>::min();
+  vi first = vi{} + std::numeric_limits<int32_t>::min();
+  if (window > 0) {
+    first = lim - window;
+  } else if (window < 0) {
+    const vi last = lim - 1;
+    first = last - last % (vi{} - window);
+  }
   vf vm = ninf;
   if (masked) {
     for (int t = 0; t < nt; ++t) {
@@ -919,7 +937,8 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
       for (int64_t s0 = cu[b]; s0 < cu[b + 1]; s0 += tile) tasks.push_back({b, s0, h});
   const int64_t tok = g.hkv * D;
   const float fscale = float(scale);
-  const int win = int(std::min<int64_t>(window, std::numeric_limits<int32_t>::max() / 2));
+  const int64_t half = std::numeric_limits<int32_t>::max() / 2;
+  const int win = int(std::clamp<int64_t>(window, -half, half));
   at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     PrefillScratch w;
     for (int64_t task = begin; task < end; ++task) {
@@ -951,7 +970,7 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
         for (int d = 0; d < D; ++d) dst[d * VW] = Ld<T>::one(qr + d) * fscale;
       }
       const int64_t keys = pos0 + nq;  // the tile sees keys lo .. keys - 1
-      const int64_t lo = win > 0 ? std::max<int64_t>(0, pos0 - win + 1) : 0;
+      const int64_t lo = first_key(pos0, win);
       for (int64_t cb = lo; cb < keys; cb += PF_CHUNK) {
         const int nt = int(std::min<int64_t>(PF_CHUNK, keys - cb));
         // the rows that see some of this chunk: from the first whose limit passes cb (rows
@@ -960,8 +979,8 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
         while (r0 < nr && w.lim[r0] <= cb) ++r0;
         r0 = r0 / PF_ROWS * PF_ROWS;
         int r1 = nr;
-        if (win > 0)
-          while (r1 > r0 && w.lim[r1 - 1] - win >= cb + nt) --r1;
+        if (win != 0)
+          while (r1 > r0 && first_key(w.lim[r1 - 1] - 1, win) >= cb + nt) --r1;
         r1 = std::min(nrp, (r1 + PF_ROWS - 1) / PF_ROWS * PF_ROWS);
         pf_pack_chunk<T>(kc, vc, tables + b * tstride, g.bs, tok, int64_t(h) * D, D, cb, nt, kd,
                          vd, w.kp.data());
@@ -996,8 +1015,7 @@ int64_t first_bad_entry_prefill(const torch::Tensor& block_tables, const torch::
   const int64_t B = block_tables.size(0), W = block_tables.size(1), st = block_tables.stride(0);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t used = std::min<int64_t>(W, (int64_t(lens[b]) + block_size - 1) / block_size);
-    const int64_t first_key = int64_t(lens[b]) - (cu[b + 1] - cu[b]) - window + 1;
-    const int64_t first = window > 0 ? std::max<int64_t>(0, first_key) / block_size : 0;
+    const int64_t first = first_key(int64_t(lens[b]) - (cu[b + 1] - cu[b]), window) / block_size;
     for (int64_t j = first; j < used; ++j) {
       const int32_t x = t[b * st + j];
       if (x < 0 || x >= num_blocks) return b * W + j;
@@ -1016,7 +1034,7 @@ int64_t first_bad_entry_windowed(const torch::Tensor& block_tables, const torch:
   const int64_t B = block_tables.size(0), W = block_tables.size(1), st = block_tables.stride(0);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t used = std::min<int64_t>(W, (int64_t(lens[b]) + block_size - 1) / block_size);
-    const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) / block_size : 0;
+    const int64_t first = first_key(int64_t(lens[b]) - 1, window) / block_size;
     for (int64_t j = first; j < used; ++j) {
       const int32_t x = t[b * st + j];
       if (x < 0 || x >= num_blocks) return b * W + j;
@@ -1056,12 +1074,12 @@ void with_head_dim(int64_t D, F&& f) {
   }
 }
 
-// window > 0: sliding-window decode (each sequence's last `window` tokens); 0: full.
+// window > 0: sliding-window decode (each sequence's last `window` tokens); < 0: chunked
+// local attention of -window tokens (the newest token's chunk); 0: full.
 void paged_decode_windowed(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_tables, torch::Tensor seq_lens, double scale,
                            torch::Tensor out, int64_t max_seq_len, int64_t partition_blocks,
                            int64_t heads_per_task, int64_t window) {
-  TORCH_CHECK(window >= 0, "window must be >= 0");
   TORCH_CHECK(k_cache.size(1) <= MAX_BS, "block_size above ", MAX_BS);
   TORCH_CHECK(partition_blocks >= 1 && heads_per_task >= 1, "bad task split");
   KVB_DISPATCH(query.scalar_type(), {
@@ -1081,14 +1099,14 @@ void paged_decode(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_ca
                         partition_blocks, heads_per_task, 0);
 }
 
-// window > 0: sliding-window prefill/extend (row p sees keys p - window + 1 .. p); 0: full.
+// window > 0: sliding-window prefill/extend (row p sees keys p - window + 1 .. p); < 0:
+// chunked local of C = -window (row p sees its chunk's keys up to p); 0: full.
 void paged_prefill_windowed(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor block_tables, torch::Tensor cu_seqlens_q,
                             torch::Tensor seq_lens, double scale, torch::Tensor out, int64_t tile,
                             int64_t window) {
   TORCH_CHECK(k_cache.size(1) <= MAX_BS, "block_size above ", MAX_BS);
   TORCH_CHECK(tile >= 1, "tile must be >= 1");
-  TORCH_CHECK(window >= 0, "window must be >= 0");
   KVB_DISPATCH(query.scalar_type(), {
     with_head_dim(k_cache.size(3), [&](auto dc) {
       prefill_impl<scalar_t, decltype(dc)::value>(

@@ -2,7 +2,9 @@
 
 A full-attention layer's query at position p reads the p + 1 tokens before and at it; a
 layer with a sliding window of W reads at most W of them (positions p - W + 1 .. p); a
-cross-attention layer reads the encoder's output, E tokens, whatever the position. The
+chunked-local layer of C the positions of its chunk up to p (priced at min(p + 1, C) in
+decode: `ChunkedLocalRule.decode_reads`); a cross-attention layer reads the encoder's
+output, E tokens, whatever the position. The
 time model (`time_model.TimeModel` with a layout) prices attention's KV reads and FLOPs
 per layer with these counts instead of the whole context on every layer.
 
@@ -23,12 +25,15 @@ from kvbench.workloads.kv_spec import AttentionKind, KVCacheSpec, ModelKVSpec
 @dataclass(frozen=True)
 class LayoutGroup:
     """`layers` layers reading the same KV: full (window and encoder_len None), a
-    sliding `window` (tokens), or cross-attention over `encoder_len` tokens. `rule` is
-    its kind's rule (`workloads.kv_rules`), which every count below asks."""
+    sliding `window` (tokens), or cross-attention over `encoder_len` tokens; or any kind
+    given as its `spec` (what `AttentionLayout.from_spec` passes, so a new kind needs
+    nothing here). `rule` is its kind's rule (`workloads.kv_rules`), which every count
+    below asks."""
 
     layers: int
     window: int | None = None
     encoder_len: int | None = None
+    spec: KVCacheSpec | None = field(default=None, kw_only=True)
     rule: KindRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -38,6 +43,11 @@ class LayoutGroup:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
         if self.window is not None and self.encoder_len is not None:
             raise ConfigError("a layer group is windowed or cross-attention, not both")
+        if self.spec is not None:
+            if self.window is not None or self.encoder_len is not None:
+                raise ConfigError("a layer group takes a spec or a window / encoder_len, not both")
+            object.__setattr__(self, "rule", rule_for(self.spec))
+            return
         kind = (
             AttentionKind.SLIDING_WINDOW
             if self.window is not None
@@ -80,7 +90,7 @@ class AttentionLayout:
                 f"model {model.name!r} mixes per-layer KV shapes {sorted(shapes)}: the time "
                 "model prices one shape"
             )
-        out = (LayoutGroup(g.num_layers, g.spec.window, g.spec.encoder_len) for g in model.groups)
+        out = (LayoutGroup(g.num_layers, spec=g.spec) for g in model.groups)
         return cls(tuple(out))
 
     # -- layer-token counts (a layer reading one token of KV counts 1) -----------------

@@ -25,7 +25,10 @@ from hypothesis import strategies as st
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.cache import PagedKVCache
 from kvbench.paged.cache_spec import CacheSpec
+from kvbench.paged.layer_groups import LayerGroupsPagedCache
 from kvbench.paged.serving.time_model import TimeModel
+from kvbench.paged.spec_serving import LayerGroupServingCache
+from kvbench.reference import oracle
 from kvbench.reference.contiguous import ContiguousKVCache
 from kvbench.suites.conformance.hostile import TRIED
 from kvbench.workloads.errors import (
@@ -37,9 +40,12 @@ from kvbench.workloads.errors import (
     UnknownRequestError,
 )
 from kvbench.workloads.geometry import KVGeometry
+from kvbench.workloads.hf_spec import model_spec_from_hf_config
+from kvbench.workloads.kv_spec import AttentionKind, KVCacheSpec, LayerGroup, ModelKVSpec
 from kvbench.workloads.planner import plan_capacity
 from kvbench.workloads.prefix_oracle import block_accesses
 from kvbench.workloads.profiles import get_profile
+from kvbench.workloads.spec_capacity import plan_spec_capacity
 from kvbench.workloads.time_scale import time_scaled
 from kvbench.workloads.trace import MAX_ARRIVAL_S, MAX_TOKENS, Trace, TraceError, TraceRequest
 
@@ -444,7 +450,8 @@ def bad_kernel_requests(draw: st.DrawFn) -> tuple[dict[str, Any], int, str]:
     kind = draw(st.sampled_from(["C++ block size", "unknown backend"]))
     if kind == "C++ block size":
         bs = draw(st.sampled_from([257, 300, 512]))
-        window = draw(st.one_of(st.none(), st.integers(1, 40)))
+        window = draw(st.one_of(st.none(), st.integers(1, 40),
+                                st.integers(1, 40).map(KVCacheSpec.chunked_local)))  # fmt: skip
         return {"backend": "cpu_paged", "window": window}, bs, f"block size {bs} > 256"
     name = draw(st.text(min_size=1, max_size=6).filter(lambda s: s not in (
         "torch", "triton", "cpu_paged", "torch_gather")))  # fmt: skip
@@ -473,3 +480,77 @@ def test_a_kernel_backend_that_cannot_run_the_plan_is_refused_and_writes_nothing
     assert names in str(info.value), (names, str(info.value))
     assert bool((out == 3.0).all())
     TRIED["api: kernel backend"] += 1
+
+
+#: Chunk sizes every chunked-local entry point refuses (an int >= 1: tokens per chunk).
+BAD_CHUNKS: tuple[object, ...] = (0, -1, -8, 2.5, 8.0, "8", True, None)
+
+
+def _llama4_config(chunk: object) -> dict[str, object]:
+    return {"model_type": "llama4_text", "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "hidden_size": 64, "attention_chunk_size": chunk}  # fmt: skip
+
+
+#: Entry points that take an attention chunk, each building from it or refusing it.
+CHUNK_TAKERS: dict[str, Callable[[Any], object]] = {
+    "KVCacheSpec.chunked_local": KVCacheSpec.chunked_local,
+    "KVCacheSpec(kind, chunk=)": lambda c: KVCacheSpec(AttentionKind.CHUNKED_LOCAL, chunk=c),
+    "oracle.extend_attention": lambda c: oracle.extend_attention(
+        torch.ones(1, 2, 4), torch.ones(3, 1, 4), torch.ones(3, 1, 4), chunk=c
+    ),
+    "hf_spec (attention_chunk_size)": lambda c: model_spec_from_hf_config(_llama4_config(c)),
+}
+
+
+@pytest.mark.parametrize("taker", sorted(CHUNK_TAKERS))
+def test_a_bad_chunk_is_refused_by_every_entry_point(taker: str) -> None:
+    """0, negatives, fractions, a float 8.0, a word, a bool and None: a ConfigError naming
+    the chunk and the value; 1 and 8 are taken."""
+    build = CHUNK_TAKERS[taker]
+    for bad in BAD_CHUNKS:
+        if bad is None and taker.startswith("oracle"):
+            continue  # None is the oracle's "no chunking"
+        if bad is None and taker.startswith("hf_spec"):
+            continue  # no attention_chunk_size: Llama 4 without chunking (all full)
+        with pytest.raises(ConfigError) as info:
+            build(bad)
+        assert "chunk" in str(info.value) and repr(bad) in str(info.value), info.value
+        TRIED["api: bad chunk"] += 1
+    for good in (1, 8):
+        build(good)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda s: LayerGroupsPagedCache(s, num_blocks=8, block_size=16),
+        lambda s: LayerGroupServingCache(s, num_blocks=8, block_size=16),
+        lambda s: plan_spec_capacity(s, 2**20, 16),
+    ],
+    ids=["LayerGroupsPagedCache", "LayerGroupServingCache", "plan_spec_capacity"],
+)
+def test_a_chunk_of_part_blocks_is_refused_where_pages_are_planned(build) -> None:  # type: ignore[no-untyped-def]
+    """vLLM asserts attention_chunk_size % block_size == 0; so does every cache and plan
+    that pages a chunked-local group (chunk 24, blocks of 16), naming both; 32 is taken."""
+
+    def model(chunk: int) -> ModelKVSpec:
+        spec = KVCacheSpec.chunked_local(chunk)
+        return ModelKVSpec("m", (LayerGroup(spec, 2, 2, 4, "float32"),))
+
+    with pytest.raises(ConfigError, match="chunk=24 is not a multiple of block_size=16"):
+        build(model(24))
+    build(model(32))
+    TRIED["api: bad chunk"] += 1
+
+
+def test_a_kernel_window_of_a_kind_that_reads_no_self_attention_is_refused() -> None:
+    from kvbench.kernels import ops
+
+    kc = torch.zeros(2, 4, 1, 8)
+    q, out = torch.zeros(1, 2, 8), torch.full((1, 2, 8), 3.0)
+    tables, lens = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    with pytest.raises(ConfigError, match="cross-attention, encoder 4"):
+        ops.paged_decode_attention(q, kc, kc.clone(), tables, lens, out=out,
+                                   window=KVCacheSpec.cross_attention(4))  # fmt: skip
+    assert bool((out == 3.0).all())
+    TRIED["api: bad chunk"] += 1

@@ -1,7 +1,7 @@
 """Hybrid and cross-attention layer groups over one pool (`paged.layer_groups`) against
 the reference that keeps everything (`reference.layer_groups`), driven by one hypothesis
-state machine over random models: 1-3 groups of full attention, sliding windows and
-cross-attention (Gemma-2-like local + global, Whisper-like self + cross, two windows).
+state machine over random models: 1-3 groups of full attention, sliding windows,
+chunked local attention (chunks of 1-3 blocks) and cross-attention (Gemma-2-like local + global, Whisper-like self + cross, two windows).
 
 Admissions with prompts (prefix caching on or off, two salts; a hit under a window holds
 only the blocks `spec_prefix` says it needs) and swap-out / swap-in of request groups (every layer group at once) joins the operations.
@@ -47,7 +47,16 @@ SPECS = st.one_of(
     st.builds(KVCacheSpec.sliding_window, st.integers(1, 12)),
     st.just(KVCacheSpec.full()),
     st.builds(KVCacheSpec.cross_attention, st.integers(1, 12)),
+    st.builds(KVCacheSpec.chunked_local, st.integers(1, 3)),  # in blocks: `in_blocks`
 )
+
+
+def in_blocks(specs: list[KVCacheSpec], block_size: int) -> list[KVCacheSpec]:
+    """A drawn chunked-local spec's chunk counts blocks (caches page whole-block chunks,
+    `KVCacheSpec.check_block_size`); the other specs as drawn."""
+    return [
+        KVCacheSpec.chunked_local(s.chunk * block_size) if s.chunk is not None else s for s in specs
+    ]
 
 
 def _model(specs: list[KVCacheSpec]) -> ModelKVSpec:
@@ -103,7 +112,7 @@ class LayerGroupsMachine(RuleBasedStateMachine):
 
     def draw_specs(self, data: st.DataObject, block_size: int) -> list[KVCacheSpec]:
         """The model's groups (subclasses draw orders and windows by the block size)."""
-        return data.draw(self.MODELS, label="specs")
+        return in_blocks(data.draw(self.MODELS, label="specs"), block_size)
 
     def draw_num_blocks(self, data: st.DataObject, specs: list[KVCacheSpec], bs: int) -> int:
         """The pool's pages (subclasses size it by the model)."""
@@ -247,13 +256,17 @@ class LayerGroupsMachine(RuleBasedStateMachine):
                 self.prompts[rid] = (prompt, done + n)
 
     def _refused(self, rid: int, group: int) -> bool:
-        """Whether the newest token's window reaches a block a prefix hit did not keep
-        (gather and attend must then raise IndexRangeError)."""
+        """Whether the newest token's window (or chunk) reaches a block a prefix hit did
+        not keep (gather and attend must then raise IndexRangeError)."""
         kept = self.hit_kept.get(rid, {}).get(group)
-        window = self.model.groups[group].spec.window
-        if kept is None or window is None:
+        spec, length = self.model.groups[group].spec, self.ref.seq_len(rid)
+        if kept is None:
             return False
-        return max(0, self.ref.seq_len(rid) - window) < kept
+        if spec.window is not None:
+            return max(0, length - spec.window) < kept
+        if spec.chunk is not None:  # the newest token (length - 1) reads from its chunk start
+            return (length - 1) // spec.chunk * spec.chunk < kept
+        return False
 
     @rule(data=st.data(), swap_in=st.booleans())
     def swap(self, data: st.DataObject, swap_in: bool) -> None:
@@ -500,3 +513,43 @@ def test_hybrid_swap_refused_without_room_changes_nothing() -> None:
     with pytest.raises(CapacityError, match="swap space"):
         cache.swap_out(["a"])
     assert cache.snapshot() == before
+
+
+def test_llama4_like_chunked_group_releases_each_finished_chunk() -> None:
+    """Chunked local (chunk 4 = two blocks of 2) beside a full group: decoding 10 tokens
+    one by one, the chunked group holds the blocks of the newest token's chunk only
+    (positions 8, 9: block 4; blocks 0-3 released to -1 as each chunk ends), the full
+    group all 5; gather returns the chunk, attend matches the oracle's chunk mask."""
+    model = _model([KVCacheSpec.chunked_local(4), KVCacheSpec.full()])
+    cache = LayerGroupsPagedCache(model, num_blocks=12, block_size=2)
+    cache.admit("r")
+    ks = []
+    for _ in range(10):
+        k = torch.randn((LAYERS, 1, HEADS, DIM))
+        ks.append(k)
+        cache.append("r", [(k, k), (k, k)])
+        cache.check()
+    assert cache.block_table("r", 0)[:4] == [-1] * 4 and len(cache.held_blocks("r", 0)) == 1
+    assert len(cache.held_blocks("r", 1)) == 5
+    whole = torch.cat(ks, dim=1)
+    torch.testing.assert_close(cache.gather("r", 0)[0], whole[:, 8:])
+    q = torch.randn((1, 2 * HEADS, DIM))
+    out = cache.attend(["r"], q, 0, 0, backend="torch")
+    ref = oracle.decode_attention(q[0], whole[0], whole[0], chunk=4)
+    assert oracle.relative_error(out[0], ref) <= oracle.tolerance(torch.float32)
+    with pytest.raises(ConfigError, match="chunk=6 is not a multiple of block_size=4"):
+        LayerGroupsPagedCache(_model([KVCacheSpec.chunked_local(6)]), num_blocks=4, block_size=4)
+
+
+def test_a_chunked_local_hit_needs_no_block_before_its_chunk() -> None:
+    """vLLM's ChunkedLocalAttentionManager: a prompt of 9 tokens (chunk 4, blocks of 2)
+    can hit 8 tokens on a cold cache, every block before the chunk of position 8 counted
+    computed (null); the next token then reads only itself."""
+    model = _model([KVCacheSpec.chunked_local(4)])
+    cache = LayerGroupsPagedCache(model, num_blocks=8, block_size=2, enable_prefix_caching=True)
+    assert cache.admit("r", prompt=list(range(9))) == 8
+    assert cache.block_table("r", 0) == [-1] * 4 and cache.num_free_blocks == 8
+    k = torch.randn((LAYERS, 1, HEADS, DIM))
+    cache.append("r", [(k, k)])
+    cache.check()
+    torch.testing.assert_close(cache.gather("r", 0)[0], k)

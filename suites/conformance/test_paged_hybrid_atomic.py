@@ -213,6 +213,10 @@ class GroupOrderMachine(LayerGroupsMachine):
         )
 
         def window() -> KVCacheSpec:
+            if data.draw(st.integers(0, 3), label="chunked local") == 0:  # 1 in 4
+                return S.chunked_local(
+                    data.draw(st.integers(1, 3), label="chunk blocks") * block_size
+                )
             residues = st.one_of(st.just(1 % block_size), st.integers(0, block_size - 1))
             residue = data.draw(residues, label="window mod block")  # 1: a hit keeps less
             whole = data.draw(st.one_of(st.just(0), st.integers(0, 2)), label="whole blocks")

@@ -35,3 +35,19 @@ def test_sliding_window_prefix_hits_match_vllm(
         assert counts.hits_differ == 0 and counts.held_differ == 0, counts.examples
         assert counts.refused_both == counts.refused_one == 0
         assert counts.hits_equal == 40
+
+
+@pytest.mark.parametrize(("chunk", "block_size"), [(4, 4), (8, 4), (16, 4), (16, 16), (3, 1)])
+def test_chunked_local_prefix_hits_match_vllm(
+    vllm_loaded: None, chunk: int, block_size: int
+) -> None:
+    """vLLM's ChunkedLocalAttentionManager: blocks before the next token's chunk count
+    as computed (a cold cache hits up to the last chunk start), the chunk's own blocks
+    must be cached; kvbench's `ChunkedLocalRule.hit_blocks` and release rule agree."""
+    from kvbench.suites.peers.window_prefix_diff import run_stream
+
+    for seed in range(2):
+        counts = run_stream(seed, 1, block_size, num_blocks=4096, chunk=chunk)
+        assert counts.hits_differ == 0 and counts.held_differ == 0, counts.examples
+        assert counts.refused_both == counts.refused_one == 0
+        assert counts.hits_equal == 40

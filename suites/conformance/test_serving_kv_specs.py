@@ -40,6 +40,10 @@ MODELS: dict[str, ModelKVSpec] = {
     "hybrid": group_layers("gemma-2-like", [window(100), FULL] * 2, 2, 8),
     "hybrid_two_windows": group_layers("two-windows", [window(37), window(200), FULL], 2, 8),
     "cross_attention": group_layers("whisper-like", [FULL, CROSS] * 2, 2, 8),
+    # Llama 4: chunked-local layers (chunks of 2 blocks) beside a full (NoPE) one
+    "chunked_local": group_layers(
+        "llama4-like", [KVCacheSpec.chunked_local(32)] * 3 + [FULL], 2, 8
+    ),
 }
 
 
@@ -88,7 +92,14 @@ def test_full_attention_spec_cache_decides_as_paged_cache(mode: str, sharing: st
 
 @pytest.mark.parametrize(
     "name",
-    ["sliding_window", "sliding_window_short", "hybrid", "hybrid_two_windows", "cross_attention"],
+    [
+        "sliding_window",
+        "sliding_window_short",
+        "hybrid",
+        "hybrid_two_windows",
+        "cross_attention",
+        "chunked_local",
+    ],
 )
 @pytest.mark.parametrize("sharing", ["none", "parallel", "beam"])
 def test_sliding_window_hybrid_cross_attention_event_mode_decides_as_token_mode(
@@ -251,9 +262,11 @@ def test_spec_serving_cache_failed_operations_change_nothing() -> None:
         ({"watermark": 1.0}, "watermark"),
         ({"prefill_chunk": 0}, "prefill_chunk"),
         ({"max_seq_len": 0}, "max_seq_len"),
+        ({"block_size": 64}, "chunk=32 is not a multiple of block_size=64"),
     ],
 )
 def test_spec_serving_cache_refuses_bad_config(kwargs: dict, match: str) -> None:
     args = {"num_blocks": 10, "block_size": 16, **kwargs}
+    model = MODELS["chunked_local" if "chunk" in match else "hybrid"]
     with pytest.raises(ConfigError, match=match):
-        LayerGroupServingCache(MODELS["hybrid"], **args)  # type: ignore[arg-type]
+        LayerGroupServingCache(model, **args)  # type: ignore[arg-type]

@@ -41,6 +41,10 @@ MODELS: dict[str, ModelKVSpec] = {
     "hybrid": group_layers("gemma-2-like", [window(100), FULL] * 2, HEADS, DIM),
     "hybrid_two_windows": group_layers("two", [window(37), window(200), FULL], HEADS, DIM),
     "cross_attention": group_layers("whisper-like", [FULL, CROSS] * 2, HEADS, DIM),
+    # Llama 4: three chunked-local layers to one full (NoPE) layer; chunks of 2 blocks
+    "chunked_local": group_layers(
+        "llama4-like", [KVCacheSpec.chunked_local(32)] * 3 + [FULL], HEADS, DIM
+    ),
 }
 PARAMS = 2e7  # small weights: the KV reads decide the step time
 
@@ -66,6 +70,8 @@ def _oracle_s(tm: TimeModel, model: ModelKVSpec, decoders: list[int], chunks: li
         for c in decoders:  # the query at position c reads ...
             if s.encoder_len is not None:
                 keys = s.encoder_len
+            elif s.chunk is not None:  # priced at its upper bound (ChunkedLocalRule)
+                keys = min(c + 1, s.chunk)
             else:
                 keys = len([k for k in range(c + 1) if s.window is None or c - k < s.window])
             read += n_layers * keys
@@ -77,6 +83,8 @@ def _oracle_s(tm: TimeModel, model: ModelKVSpec, decoders: list[int], chunks: li
                     pairs += n_layers * s.encoder_len
                     continue
                 seen = [k for k in range(p + 1) if s.window is None or p - k < s.window]
+                if s.chunk is not None:  # the query's own chunk
+                    seen = [k for k in seen if k // s.chunk == p // s.chunk]
                 touched.update(seen)
                 pairs += n_layers * len(seen)
             read += n_layers * (s.encoder_len if s.encoder_len is not None else len(touched))

@@ -30,10 +30,14 @@ from kvbench.reference import oracle
 from kvbench.suites.e2e.llama_forward import PackedBatch, _NativePlan, native_plan
 from kvbench.suites.e2e.spec_forward import LayerMap
 from kvbench.workloads.errors import ConfigError, ShapeError
+from kvbench.workloads.kv_rules import rule_for
+from kvbench.workloads.kv_spec import KernelWindow
 
 
-def _window(cache, group: int) -> int | None:
-    return cache.model.groups[group].spec.window
+def _window(cache, group: int) -> KernelWindow:
+    """The kernels' `window` argument of a group (its kind's rule says: a sliding
+    window's tokens, a chunked-local spec, None for full attention)."""
+    return rule_for(cache.model.groups[group].spec).kernel_window
 
 
 class GroupNativeAttention:
@@ -132,7 +136,7 @@ class GroupOracleAttention:
         self, batch: PackedBatch, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         group, j = self.layers.self_slots[layer]
-        window = _window(self.cache, group)
+        spec = self.cache.model.groups[group].spec  # the oracle's own mask, from the spec
         out = torch.empty_like(q)
         for rid, c, s, n in zip(
             batch.request_ids, batch.cached, batch.starts, batch.lengths, strict=True
@@ -142,7 +146,10 @@ class GroupOracleAttention:
                 pk, pv = self.cache.gather(rid, group)
                 kk = torch.cat([pk[j].to(k.device, k.dtype), kk])
                 vv = torch.cat([pv[j].to(v.device, v.dtype), vv])
-            res = oracle.extend_attention(q[s : s + n], kk, vv, self.scale, window=window)
+            # a chunk's gathered prefix starts at a chunk start: relative chunks line up
+            res = oracle.extend_attention(
+                q[s : s + n], kk, vv, self.scale, window=spec.window, chunk=spec.chunk
+            )
             out[s : s + n] = res.to(q.dtype)
         return out
 

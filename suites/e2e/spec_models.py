@@ -13,6 +13,9 @@ downloaded), float32, CPU, eager attention, fixed seeds:
   runner refuses a model that sets it (see `spec_forward.check_spec_supported`);
 * Qwen2 with `use_sliding_window` and `max_window_layers` (the first layers full, the
   rest windowed: a hybrid read from a config without `layer_types`' own spelling);
+* Llama 4's text model: chunked local attention (`attention_chunk_size`, shorter than
+  the test sequences) on its RoPE layers, full attention on every fourth (NoPE) layer,
+  with its L2 q/k norm, attention temperature tuning and a mixture-of-experts layer;
 * Whisper (encoder-decoder): a log-mel encoder whose output the decoder's
   cross-attention reads; the decoder's self-attention is paged, the cross-attention KV is
   written once at admission.
@@ -36,7 +39,7 @@ from kvbench.workloads.hf_spec import model_spec_from_hf_config
 from kvbench.workloads.kv_spec import ModelKVSpec
 
 #: The architectures built here (keys of `build_spec_model`).
-KINDS = ("mistral", "gemma2", "whisper", "qwen2")
+KINDS = ("mistral", "gemma2", "whisper", "qwen2", "llama4")
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class TinySpecModel:
     intermediate_size: int = 128
     max_positions: int = 256
     window: int = 7
+    chunk: int = 8
     encoder_len: int = 13
     num_mel_bins: int = 8
     query_pre_attn_scalar: int = 24
@@ -116,6 +120,20 @@ def make_config(spec: TinySpecModel, **overrides):  # -> transformers.Pretrained
                 **overrides,
             }
         )
+    if spec.kind == "llama4":  # layers 0-2 chunked (RoPE), 3 full (NoPE); layer 1 MoE
+        return transformers.Llama4TextConfig(
+            **{
+                **_common(spec),
+                "head_dim": spec.head_dim,
+                "intermediate_size_mlp": spec.intermediate_size,
+                "attention_chunk_size": spec.chunk,
+                "moe_layers": [1] if spec.num_layers > 1 else [],
+                "num_local_experts": 2,
+                "floor_scale": 4,  # temperature tuning changes within the test lengths
+                "attn_scale": 0.5,
+                **overrides,
+            }
+        )
     if spec.kind == "whisper":
         return transformers.WhisperConfig(
             **{
@@ -151,6 +169,7 @@ def random_model(config, seed: int):  # -> transformers.PreTrainedModel
         "qwen2": transformers.Qwen2ForCausalLM,
         "gemma2": transformers.Gemma2ForCausalLM,
         "whisper": transformers.WhisperForConditionalGeneration,
+        "llama4_text": transformers.Llama4ForCausalLM,
     }.get(config.model_type)
     if cls is None:
         raise ValueError(f"no tiny builder for model type {config.model_type!r}")

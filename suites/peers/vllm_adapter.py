@@ -87,6 +87,7 @@ def load_vllm() -> SimpleNamespace:
             from vllm.v1.core.kv_cache_manager import KVCacheManager
             from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
             from vllm.v1.kv_cache_interface import (
+                ChunkedLocalAttentionSpec,
                 FullAttentionSpec,
                 KVCacheConfig,
                 KVCacheGroupSpec,
@@ -124,6 +125,7 @@ def load_vllm() -> SimpleNamespace:
         get_request_block_hasher=get_request_block_hasher,
         FullAttentionSpec=FullAttentionSpec,
         SlidingWindowSpec=SlidingWindowSpec,
+        ChunkedLocalAttentionSpec=ChunkedLocalAttentionSpec,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
         Request=Request,
@@ -172,7 +174,8 @@ class VLLMAllocator:
     AllocatorAdapter with `num_blocks` usable blocks (vLLM gets num_blocks + 1).
 
     With `window`, the one group is a `SlidingWindowSpec` (vLLM's SlidingWindowManager:
-    blocks that left the window become its null block, block 0, in the table)."""
+    blocks that left the window become its null block, block 0, in the table); with
+    `chunk`, a `ChunkedLocalAttentionSpec` (vLLM's ChunkedLocalAttentionManager)."""
 
     name = "vllm"
     traits = AllocatorTraits(
@@ -185,17 +188,27 @@ class VLLMAllocator:
         empty_salt_is_no_salt=True,
     )
 
-    def __init__(self, num_blocks: int, block_size: int, *, window: int | None = None) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        window: int | None = None,
+        chunk: int | None = None,
+    ) -> None:
         v = load_vllm()
         self._v = v
         self.block_size = block_size
         self.num_usable_blocks = num_blocks
         shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 64}
-        spec = (
-            v.FullAttentionSpec(**shape, dtype=torch.float16)
-            if window is None
-            else v.SlidingWindowSpec(**shape, dtype=torch.float16, sliding_window=window)
-        )
+        if chunk is not None:
+            spec = v.ChunkedLocalAttentionSpec(
+                **shape, dtype=torch.float16, attention_chunk_size=chunk
+            )
+        elif window is not None:
+            spec = v.SlidingWindowSpec(**shape, dtype=torch.float16, sliding_window=window)
+        else:
+            spec = v.FullAttentionSpec(**shape, dtype=torch.float16)
         config = v.KVCacheConfig(
             num_blocks=num_blocks + 1,
             kv_cache_tensors=[],

@@ -77,3 +77,37 @@ def test_whisper_config_has_self_and_cross_attention_groups() -> None:
 def test_bad_configs_are_refused_by_name(config: object, names: str) -> None:
     with pytest.raises(ConfigError, match=names):
         model_spec_from_hf_config(config)  # type: ignore[arg-type]
+
+
+_LLAMA4 = {"model_type": "llama4_text", "num_hidden_layers": 8, "num_attention_heads": 8,
+           "num_key_value_heads": 2, "hidden_size": 512, "head_dim": 64,
+           "attention_chunk_size": 8192}  # fmt: skip
+
+
+def test_llama4_rope_layers_are_chunked_and_every_fourth_is_full() -> None:
+    """Without layer_types, transformers' rule: no_rope_layers (default: every 4th layer
+    NoPE) -> RoPE layers chunked local, NoPE layers full; llama4's text_config is read."""
+    for config in (_LLAMA4, {"model_type": "llama4", "text_config": _LLAMA4}):
+        spec = model_spec_from_hf_config(config)
+        kinds = {i: g.spec for g in spec.groups for i in g.layer_ids}
+        assert [kinds[i] for i in range(8)] == [KVCacheSpec.chunked_local(8192)] * 3 + [
+            KVCacheSpec.full()
+        ] + [KVCacheSpec.chunked_local(8192)] * 3 + [KVCacheSpec.full()]
+    rope = model_spec_from_hf_config({**_LLAMA4, "no_rope_layers": [1, 0] * 4})
+    assert {g.spec.describe() for g in rope.groups} == {"chunked local 8192", "full attention"}
+    none = model_spec_from_hf_config({**_LLAMA4, "attention_chunk_size": None})
+    assert {g.spec for g in none.groups} == {KVCacheSpec.full()}
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        ({"layer_types": ["chunked_attention"] * 8, "attention_chunk_size": None},
+         "chunked_attention but no attention_chunk_size"),
+        ({"attention_chunk_size": 0}, "chunk must be an integer >= 1, got 0"),
+        ({"no_rope_layers": [1, 0]}, "no_rope_layers must list one 0/1 per layer"),
+    ],
+)  # fmt: skip
+def test_bad_llama4_fields_are_refused_by_name(fields: dict, names: str) -> None:
+    with pytest.raises(ConfigError, match=names):
+        model_spec_from_hf_config({**_LLAMA4, **fields})

@@ -24,10 +24,13 @@ from kvbench.workloads.kv_spec import AttentionKind, KVCacheSpec
 SPECS = st.one_of(
     st.just(KVCacheSpec.full()),
     st.integers(1, 40).map(KVCacheSpec.sliding_window),
+    st.integers(1, 40).map(KVCacheSpec.chunked_local),
     st.integers(1, 40).map(KVCacheSpec.cross_attention),
 )
 SELF_SPECS = st.one_of(
-    st.just(KVCacheSpec.full()), st.integers(1, 40).map(KVCacheSpec.sliding_window)
+    st.just(KVCacheSpec.full()),
+    st.integers(1, 40).map(KVCacheSpec.sliding_window),
+    st.integers(1, 40).map(KVCacheSpec.chunked_local),
 )
 BLOCKS = st.integers(1, 9)
 POSITIONS = st.integers(0, 90)
@@ -41,6 +44,9 @@ def _reads(spec: KVCacheSpec, p: int) -> set[int]:
     if spec.kind is AttentionKind.SLIDING_WINDOW:
         assert spec.window is not None
         return {k for k in range(p + 1) if p - k < spec.window}
+    if spec.kind is AttentionKind.CHUNKED_LOCAL:
+        assert spec.chunk is not None  # Llama 4: same chunk, causal
+        return {k for k in range(p + 1) if k // spec.chunk == p // spec.chunk}
     return set(range(p + 1))
 
 
@@ -85,6 +91,11 @@ def test_kernel_window_round_trips(spec: KVCacheSpec) -> None:
     assert rule.bounded == (rule.kernel_window is not None)
 
 
+def test_rule_for_window_refuses_a_cross_attention_spec() -> None:
+    with pytest.raises(ConfigError, match="self-attention"):
+        rule_for_window(KVCacheSpec.cross_attention(5))
+
+
 @pytest.mark.parametrize("bad", [0, -3, True, 2.5, "8"])
 def test_rule_for_window_names_a_bad_window(bad: object) -> None:
     with pytest.raises(ConfigError, match="window"):
@@ -122,6 +133,11 @@ def test_decode_reads_and_slope(spec: KVCacheSpec, contexts: list[int]) -> None:
     above = sum(1 for c in contexts if reach is not None and c + 1 >= reach)
     now = sum(len(_reads(spec, c)) for c in contexts)
     later = sum(len(_reads(spec, c + 1)) for c in contexts)
+    if spec.kind is AttentionKind.CHUNKED_LOCAL:
+        # priced as min(c + 1, C): an upper bound of the exact reads
+        bound = sum(min(c + 1, reach) for c in contexts)  # type: ignore[type-var]
+        assert rule.decode_reads(d, kv_read, excess) == bound >= now
+        return
     assert rule.decode_reads(d, kv_read, excess) == now
     assert rule.decode_slope(d, above) == later - now
 
@@ -171,7 +187,7 @@ def test_release_point(spec: KVCacheSpec, block: int, bs: int) -> None:
          & {block}),
         None,
     )  # fmt: skip
-    if spec.kind is not AttentionKind.SLIDING_WINDOW:
+    if not rule.bounded:
         first = None  # full attention and the encoder's blocks are read by every query
     assert rule.release_point(block, bs) == first
 
@@ -179,14 +195,17 @@ def test_release_point(spec: KVCacheSpec, block: int, bs: int) -> None:
 @given(SPECS, st.integers(0, 12), BLOCKS)
 def test_hit_blocks_by_vllms_rule(spec: KVCacheSpec, hit: int, bs: int) -> None:
     """A hit of m blocks needs the blocks the first computed token (position m x bs)
-    reads below it, plus the hit's last block; cross-attention is never cached."""
+    reads below it, plus the hit's last block (chunked local: not that one, vLLM's
+    ChunkedLocalAttentionManager counts blocks before the chunk as computed);
+    cross-attention is never cached."""
     rule = rule_for(spec)
     got = rule.hit_blocks(hit, bs)
     if spec.kind is AttentionKind.CROSS or hit == 0:
         assert list(got) == []
         return
     c = hit * bs
-    need = _blocks({k for k in _reads(spec, c) if k < c}, bs) | {hit - 1}
+    last = set() if spec.kind is AttentionKind.CHUNKED_LOCAL else {hit - 1}
+    need = _blocks({k for k in _reads(spec, c) if k < c}, bs) | last
     assert set(got) == need and list(got) == sorted(need)
 
 
@@ -236,9 +255,31 @@ def test_phase_ends_is_the_last_step_reading_from_zero(spec: KVCacheSpec, step: 
 
 
 @given(SPECS)
-def test_as_full_widens_windows_only(spec: KVCacheSpec) -> None:
+def test_as_full_widens_bounded_kinds_only(spec: KVCacheSpec) -> None:
     widened = rule_for(spec).as_full()
-    if spec.kind is AttentionKind.SLIDING_WINDOW:
+    if rule_for(spec).bounded:
         assert widened == KVCacheSpec.full()
     else:
         assert widened == spec
+
+
+@given(SELF_SPECS, st.integers(1, 8), BLOCKS, st.integers(0, 40))
+def test_period_repeats_the_held_count(spec: KVCacheSpec, step: int, bs: int, k: int) -> None:
+    """Past the phase ends, the blocks a step holds repeat every `period` steps (the
+    capacity planner's search relies on it); chunked local with whole-block chunks."""
+    if spec.chunk is not None and spec.chunk % bs:
+        return  # pages are planned only for whole-block chunks (KVCacheSpec.check_block_size)
+    rule = rule_for(spec)
+    if not rule.bounded:
+        return  # full attention only grows
+    k += max(rule.phase_ends(step), default=-1) + 1
+    period = rule.period(step, bs)
+    held = [rule.blocks_in_step(j * step, step, bs) for j in (k, k + period)]
+    assert held[0] == held[1]
+
+
+@pytest.mark.parametrize("chunk, bs", [(8, 3), (5, 16), (12, 8)])
+def test_a_chunk_not_a_whole_number_of_blocks_is_refused(chunk: int, bs: int) -> None:
+    with pytest.raises(ConfigError, match=f"chunk={chunk} is not a multiple of block_size={bs}"):
+        KVCacheSpec.chunked_local(chunk).check_block_size(bs)
+    KVCacheSpec.chunked_local(chunk * bs).check_block_size(bs)

@@ -129,6 +129,8 @@ def _simulate_peak(model: ModelKVSpec, seq_len: int, block: int, step: int) -> i
                 blocks |= set(range(-(-spec.encoder_len // block)))
                 continue
             first = 0 if spec.window is None else max(0, computed - spec.window + 1)
+            if spec.chunk is not None:  # Llama 4: the query's own chunk
+                first = computed // spec.chunk * spec.chunk
             blocks -= {b for b in blocks if (b + 1) * block <= first}
             blocks |= {p // block for p in range(computed, computed + new)}
             read = {p // block for p in range(first, computed + new)}
@@ -141,6 +143,7 @@ specs = st.one_of(
     st.builds(KVCacheSpec.sliding_window, st.integers(1, 80)),
     st.just(KVCacheSpec.full()),
     st.builds(KVCacheSpec.cross_attention, st.integers(1, 80)),
+    st.builds(KVCacheSpec.chunked_local, st.integers(1, 5)),  # in blocks: see below
 )
 
 
@@ -154,6 +157,10 @@ specs = st.one_of(
 def test_planned_blocks_equal_the_blocks_a_simulated_sequence_holds(
     layer_specs: list[KVCacheSpec], seq_len: int, block: int, step: int
 ) -> None:
+    layer_specs = [  # a drawn chunk counts blocks (whole-block chunks, check_block_size)
+        KVCacheSpec.chunked_local(s.chunk * block) if s.chunk is not None else s
+        for s in layer_specs
+    ]
     model = group_layers("h", layer_specs, 2, 8)
     assert request_peak_blocks(model, seq_len, block, step) == _simulate_peak(
         model, seq_len, block, step
@@ -181,7 +188,15 @@ def test_groups_split_into_equal_sizes_by_gcd() -> None:
         (lambda: KVCacheSpec.sliding_window(0), "window"),
         (lambda: KVCacheSpec.cross_attention(-3), "encoder_len"),
         (lambda: KVCacheSpec("full_attention", window=8), "window=8"),
-        (lambda: KVCacheSpec("chunked_attention"), "chunked_attention"),
+        (lambda: KVCacheSpec("chunked_attention"), "chunk must be an integer >= 1, got None"),
+        (lambda: KVCacheSpec("mamba"), "mamba"),
+        (lambda: KVCacheSpec.chunked_local(0), "chunk must be an integer >= 1, got 0"),
+        (lambda: KVCacheSpec.chunked_local(2.5), "got 2.5"),  # type: ignore[arg-type]
+        (lambda: KVCacheSpec("full_attention", chunk=8), "chunk=8 given"),
+        (
+            lambda: request_peak_blocks(_one(KVCacheSpec.chunked_local(24)), 100, 16),
+            "chunk=24 is not a multiple of block_size=16",
+        ),
         (
             lambda: ModelKVSpec(
                 "m",
