@@ -12,14 +12,24 @@ For one decode or prefill call the prediction combines
       and 32 blocks per SM;
     * a GPU profile below (SM count, HBM bandwidth, peak FLOP/s for the dot's precision).
 
-Model (a roofline with a memory-parallelism term, stated so a reader can disagree):
-    resident warps per SM   w = min(occupancy limit, the grid's warps spread over all SMs)
-    HBM efficiency          e = 0.90 * min(1, w / 16)   (about 16 resident warps per SM keep
-                                 enough loads in flight to saturate HBM; 90% is what a
+Model (a roofline whose memory term is Little's law over the kernel's loop, stated so a
+reader can disagree):
+    resident blocks per SM  r = min(occupancy limit, the grid's blocks spread over all SMs)
+    bytes in flight         F = busy SMs x r x (one loop iteration's K and V tile bytes)
+    HBM rate                R = min(0.90 x HBM, F / 1.5 us)   (an iteration issues its tile
+                                 loads and waits about two dependent HBM round trips: the
+                                 block-table entry, then the K/V it points to; 90% is what a
                                  plain device copy reaches on these parts)
-    time                    t = max(bytes / (e * HBM), FLOPs / (busy SMs / SMs * peak))
+    time                    t = max(bytes / R, FLOPs / (busy SMs / SMs x 0.10 x peak))
                                 + 3 us per kernel launch
     HBM fraction            bytes / t / HBM
+A kernel without a K/V loop tile (the split-KV reduction) keeps the warps rule: 90% of HBM
+once 16 warps per SM are resident, proportionally less below. The 1.5 us and the 10% of the
+16-bit tensor-core peak are measured, not datasheet figures: fitted on the first H200 run's
+16 kernel cases (docs/gpu.md: median measured / predicted 1.17 for the decode, 0.99 for the
+prefill) and checked on 216 tile variants that fit did not see (the tuning probe; mean
+|measured / predicted - 1| 32% decode, 37% prefill, against 56% and 369% for the datasheet
+roofline this replaced): `suites/conformance/test_kernels_predict_h200.py`.
 It is a prediction: where a GPU ran, the measured rows stand beside it, never merged.
 """
 
@@ -35,9 +45,17 @@ from kvbench.kernels import configs
 from kvbench.kernels.aot import CompileRecord
 from kvbench.workloads.errors import ConfigError
 
-#: Warps per SM that keep HBM busy, and the fraction of peak a streaming copy reaches.
+#: Warps per SM that keep HBM busy (kernels without a K/V loop tile), and the fraction of
+#: peak a streaming copy reaches.
 SATURATING_WARPS = 16
 ATTAINABLE = 0.90
+#: One K/V loop iteration's latency (s): bytes in flight / this is the HBM rate a kernel
+#: can draw (Little's law). Fitted on an H200's measured decode (docs/gpu.md).
+ITER_LATENCY_S = 1.5e-6
+#: Fraction of the 16-bit tensor-core peak the Triton paged prefill reaches (78-101 TFLOP/s
+#: of 989 measured on an H200 at its default tiles; docs/gpu.md). float32 dots keep the
+#: FMA peak.
+TENSOR_ATTAINABLE = 0.10
 #: Host-side launch plus tail cost per kernel launch (s).
 LAUNCH_SECONDS = 3e-6
 
@@ -105,19 +123,33 @@ def blocks_per_sm(rec: CompileRecord, gpu: GpuSpec) -> int:
     return max(0, min(by_regs, by_shared, gpu.max_warps_per_sm // warps, gpu.max_blocks_per_sm))
 
 
+def loop_tile_bytes(config: configs.KernelConfig) -> int:
+    """Bytes of K and V one iteration of a kernel's loop loads (TILE_N tokens x D_PAD, at
+    the cache's element size: 1 for fp8 K/V); 0 for a kernel without a K/V tile."""
+    c = config.constexprs
+    if "TILE_N" not in c or "D_PAD" not in c:
+        return 0
+    elem = 1 if c.get("FP8_MAN", 0) else torch.empty(0, dtype=config.dtype).element_size()
+    return 2 * int(c["TILE_N"]) * int(c["D_PAD"]) * elem  # type: ignore[call-overload]
+
+
 def _launch_time(launch: Launch, rec: CompileRecord, gpu: GpuSpec, nbytes: float, flops: float,
                  dtype: torch.dtype) -> tuple[float, float]:  # fmt: skip
     """(seconds, occupancy) of one launch moving `nbytes` and doing `flops`."""
     per_sm = blocks_per_sm(rec, gpu)
     if per_sm == 0:
         raise ConfigError(f"{rec.kernel} {rec.config} cannot be resident on {gpu.name}")
-    resident = min(per_sm, max(1, math.ceil(launch.blocks / gpu.sms))) * rec.num_warps
-    spread = launch.blocks * rec.num_warps / gpu.sms  # the grid's warps per SM
-    warps = min(resident, spread)
-    eff = ATTAINABLE * min(1.0, warps / SATURATING_WARPS)
+    resident = min(per_sm, max(1, math.ceil(launch.blocks / gpu.sms)))
+    tile = loop_tile_bytes(launch.config)
+    if tile:
+        in_flight = min(gpu.sms, launch.blocks) * resident * tile
+        rate = min(ATTAINABLE * gpu.hbm_bandwidth, in_flight / ITER_LATENCY_S)
+    else:
+        warps = min(resident * rec.num_warps, launch.blocks * rec.num_warps / gpu.sms)
+        rate = ATTAINABLE * min(1.0, warps / SATURATING_WARPS) * gpu.hbm_bandwidth
     busy = min(1.0, launch.blocks / gpu.sms)
-    peak = gpu.fp32_flops if dtype == torch.float32 else gpu.tensor_flops
-    t = max(nbytes / (eff * gpu.hbm_bandwidth), flops / (busy * peak)) + LAUNCH_SECONDS
+    peak = gpu.fp32_flops if dtype == torch.float32 else TENSOR_ATTAINABLE * gpu.tensor_flops
+    t = max(nbytes / rate, flops / (busy * peak)) + LAUNCH_SECONDS
     return t, per_sm * rec.num_warps / gpu.max_warps_per_sm
 
 
@@ -166,7 +198,8 @@ def predict(
                           extra.config.dtype)[0]  # fmt: skip
     total = kv_bytes + io_bytes + 2 * partial_bytes
     ratio = total / t / gpu.hbm_bandwidth
-    compute = flops / (gpu.fp32_flops if main.config.dtype == torch.float32 else gpu.tensor_flops)
+    fp32 = main.config.dtype == torch.float32
+    compute = flops / (gpu.fp32_flops if fp32 else TENSOR_ATTAINABLE * gpu.tensor_flops)
     bound = "compute" if compute > total / gpu.hbm_bandwidth else "memory"
     return Prediction(gpu.name, t, ratio, total, flops, occ, bound)
 
