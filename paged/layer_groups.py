@@ -83,6 +83,7 @@ class LayerGroupsPagedCache(GroupSwap):
         k_scale: ScaleSpec | None = None,
         v_scale: ScaleSpec | None = None,
         scale_granularity: str = "tensor",
+        kernel_backend: str | None = None,
     ) -> None:
         shapes = {(g.num_layers, g.num_kv_heads, g.head_dim) for g in model.groups}
         if len(shapes) != 1:
@@ -95,6 +96,9 @@ class LayerGroupsPagedCache(GroupSwap):
         self.quant = group_quant(
             dtype, len(model.groups), layers, heads, k_scale, v_scale, scale_granularity
         )
+        ops.choose_backend(torch.device(device), kernel_backend)  # ConfigError: unknown name
+        #: "torch" or "triton" forces the kernels' backend (as PagedKVCache's); None: ops picks
+        self.kernel_backend = kernel_backend
         self.model = model
         #: per group, the rule of its kind (`workloads.kv_rules`)
         self.rules = [rule_for(g.spec) for g in model.groups]
@@ -405,7 +409,7 @@ class LayerGroupsPagedCache(GroupSwap):
         """Write n tokens after the table's last; fp8: quantized with `scales`
         (`PendingScales` of the table's group)."""
         slots = self._slots(table.blocks, table.seq_len, n)
-        dev, kw = self.k.device, {}
+        dev, kw = self.k.device, {"backend": self.kernel_backend}
         for layer in range(self.kv_shape[0]):
             if scales is not None:
                 kw["k_scale"], kw["v_scale"] = scales.layer(layer, dev)  # type: ignore[attr-defined]
@@ -424,7 +428,7 @@ class LayerGroupsPagedCache(GroupSwap):
         old = table.blocks[-1]
         pairs = torch.tensor([[old, new]], dtype=torch.int64, device=self.k.device)
         for layer in range(self.kv_shape[0]):
-            ops.copy_blocks(self.k[layer], self.v[layer], pairs)
+            ops.copy_blocks(self.k[layer], self.v[layer], pairs, backend=self.kernel_backend)
         self.pool.set_fill(new, table.seq_len % self.block_size)
         self.pool.decref(old)
         table.blocks[-1] = new
@@ -519,6 +523,8 @@ class LayerGroupsPagedCache(GroupSwap):
             rows[i, : len(t.blocks)] = torch.tensor(t.blocks, dtype=torch.int32)
         lens = torch.tensor([t.seq_len for t in tables], dtype=torch.int32)
         dev = self.k.device
+        if self.kernel_backend is not None:
+            kw.setdefault("backend", self.kernel_backend)
         if self.quant is not None:  # fp8: the kernel dequantizes with the layer's scales
             kw.update(self.quant.layer_kw(group, layer, dev))
         return ops.paged_decode_attention(

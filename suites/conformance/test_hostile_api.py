@@ -355,6 +355,7 @@ BIG = KVGeometry(num_layers=80, num_kv_heads=8, head_dim=128, dtype="float16", n
         (lambda: _groups(k_scale=1.0), ConfigError, "both static"),
         (lambda: _groups(torch.float16, k_scale=1.0, v_scale=1.0), ConfigError, "not fp8"),
         (lambda: _groups(torch.int8), ConfigError, "int8"),
+        (lambda: _groups(kernel_backend="warp"), ConfigError, "'warp'"),
     ],
 )
 def test_a_bad_cache_is_refused_at_construction(build, error, names: str) -> None:

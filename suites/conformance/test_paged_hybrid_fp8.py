@@ -21,6 +21,10 @@ rule with the group's scales, times the scale. So after every step
 * for a single-group model, the bytes and scales equal those of a `PagedKVCache` with the
   same fp8 options driven with the same K/V (`plain`);
 * an append holding NaN or inf is refused (NonFiniteError) and changes nothing.
+
+The machines force the torch kernels (the Triton fp8 write under the interpreter costs
+~0.4 s a launch); `test_triton_and_torch_kernels_store_the_same_fp8_bytes` holds the
+Triton kernels to the same bytes and attention on a fixed scenario.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from hypothesis.stateful import invariant, precondition, rule
 
 from kvbench.paged import PagedKVCache
 from kvbench.paged.layer_groups import LayerGroupsPagedCache
+from kvbench.reference import oracle
 from kvbench.reference.contract import KVPair
 from kvbench.reference.layer_groups import LayerGroupsReferenceCache
 from kvbench.suites.conformance.test_paged_hybrid import (
@@ -157,7 +162,13 @@ class Fp8Storage(LayerGroupsMachine):
         self.input_dtype = data.draw(
             st.sampled_from([torch.float32, torch.float16, torch.bfloat16]), label="input dtype"
         )
-        kw: dict[str, Any] = {"dtype": dtype, "scale_granularity": granularity}
+        # the torch kernels: Triton's fp8 write under the interpreter takes ~0.4 s a launch
+        # (`test_triton_and_torch_kernels_store_the_same_fp8_bytes` holds it to these)
+        kw: dict[str, Any] = {
+            "dtype": dtype,
+            "scale_granularity": granularity,
+            "kernel_backend": "torch",
+        }
         if data.draw(st.booleans(), label="static scales"):  # saturate now and then
             values = st.sampled_from([0.01, 0.05, 0.25, 1.0])
             one = (lambda: data.draw(values)) if granularity == "tensor" else (
@@ -330,3 +341,54 @@ def test_tiny_dynamic_scales_stay_normal_and_store_no_nan() -> None:
     deq = fp8.dequantize(got, ks[0], torch.float64)
     assert not bool(deq.isnan().any()) and bool((deq[:, 1] == 0).all())
     assert within_half_step(deq[0], k[0], ks[0], fp8.fp8_format(torch.float8_e4m3fn))
+
+
+@pytest.mark.parametrize("dtype", list(FORMATS))
+def test_triton_and_torch_kernels_store_the_same_fp8_bytes(dtype: torch.dtype) -> None:
+    """One scenario on two fp8 caches, Triton kernels (under the interpreter on a CPU)
+    and torch ones: a window-3 group, a full group and a cross group, blocks of 2,
+    per-head dynamic scales; a prompt, a fork with copy-on-write of the shared partial
+    block, decode steps past the window, swap out and in. Every view's bytes and the
+    scales are equal, and windowed decode attention (float16 queries, which the Triton
+    fp8 decode needs) agrees within the float16 tolerance."""
+    specs = [KVCacheSpec.sliding_window(3), KVCacheSpec.full(), KVCacheSpec.cross_attention(3)]
+    model = _model(specs)
+    caches = [
+        LayerGroupsPagedCache(
+            model,
+            24,
+            2,
+            dtype=dtype,
+            num_cpu_blocks=24,
+            scale_granularity="head",
+            kernel_backend=backend,
+        )
+        for backend in ("triton", "torch")
+    ]
+    gen = torch.Generator().manual_seed(3)
+
+    def kv(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = torch.randn((LAYERS, n, HEADS, DIM), generator=gen)
+        return k, torch.randn(k.shape, generator=gen) * 4
+
+    enc, prompt = kv(3), [kv(5), kv(5)]
+    steps = [[kv(1), kv(1)] for _ in range(4)]
+    for c in caches:
+        c.admit("a", [enc])
+        c.append("a", prompt)
+        c.fork("a", "b")
+        for step in steps:
+            c.append("b", step)
+        c.swap_out(["a", "b"])
+        c.swap_in(["b", "a"])
+        c.check()
+    tri, tor = caches
+    for g in range(3):
+        assert all(torch.equal(x, y) for x, y in zip(tri.scales(g), tor.scales(g), strict=True))
+        for rid in "ab":
+            for x, y in zip(tri.gather(rid, g), tor.gather(rid, g), strict=True):
+                assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), (rid, g)
+        q = torch.randn((2, 2 * HEADS, DIM), generator=gen).half()  # Triton: 16-bit queries
+        got = tri.attend(["a", "b"], q, g, 1)
+        want = tor.attend(["a", "b"], q, g, 1)
+        assert oracle.relative_error(got, want.double()) <= oracle.tolerance(torch.float16)
