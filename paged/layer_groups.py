@@ -62,7 +62,7 @@ from kvbench.workloads.errors import (
     ShapeError,
     UnknownRequestError,
 )
-from kvbench.workloads.kv_quant import ScaleSpec
+from kvbench.workloads.kv_quant import PendingScales, ScaleSpec
 from kvbench.workloads.kv_rules import rule_for
 from kvbench.workloads.kv_spec import ModelKVSpec
 
@@ -405,15 +405,20 @@ class LayerGroupsPagedCache(GroupSwap):
                 t.seq_len = seq_len
             raise
 
-    def _write(self, table: GroupTable, kv: KV, n: int, scales: object = None) -> None:
-        """Write n tokens after the table's last; fp8: quantized with `scales`
-        (`PendingScales` of the table's group)."""
+    def _write(
+        self, table: GroupTable, kv: KV, n: int, scales: PendingScales | None = None
+    ) -> None:
+        """Write n tokens after the table's last; fp8: quantized with `scales` (the
+        table's group's)."""
         slots = self._slots(table.blocks, table.seq_len, n)
-        dev, kw = self.k.device, {"backend": self.kernel_backend}
+        ks = vs = None
         for layer in range(self.kv_shape[0]):
             if scales is not None:
-                kw["k_scale"], kw["v_scale"] = scales.layer(layer, dev)  # type: ignore[attr-defined]
-            ops.write_kv(self.k[layer], self.v[layer], kv[0][layer], kv[1][layer], slots, **kw)
+                ks, vs = scales.layer(layer, self.k.device)
+            ops.write_kv(
+                self.k[layer], self.v[layer], kv[0][layer], kv[1][layer], slots,
+                backend=self.kernel_backend, k_scale=ks, v_scale=vs,
+            )  # fmt: skip
         self.pool.fill_span(table.blocks, table.seq_len, table.seq_len + n)
         table.seq_len += n
 
