@@ -171,9 +171,15 @@ class Fp8Storage(LayerGroupsMachine):
         }
         if data.draw(st.booleans(), label="static scales"):  # saturate now and then
             values = st.sampled_from([0.01, 0.05, 0.25, 1.0])
-            one = (lambda: data.draw(values)) if granularity == "tensor" else (
-                lambda: [data.draw(values) for _ in range(HEADS)]
-            )  # fmt: skip
+            form = data.draw(st.sampled_from(["number", "per head", "per layer"]), label="form")
+
+            def one() -> Any:  # a number, [heads] or [layers, heads] (one value per layer)
+                if form == "number" or (form == "per head" and granularity == "tensor"):
+                    return data.draw(values)
+                if form == "per head":
+                    return [data.draw(values) for _ in range(HEADS)]
+                return [[data.draw(values)] * HEADS for _ in range(LAYERS)]
+
             kw["k_scale"], kw["v_scale"] = one(), one()
         self.storage_kw = kw
         return kw
@@ -231,6 +237,25 @@ class Fp8Storage(LayerGroupsMachine):
             for a, b in ((pk, qk[:, start:]), (pv, qv[:, start:])):
                 assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), rid
 
+    @precondition(
+        lambda self: any(self._resident(r) and self.ref.seq_len(r) for r in self.last_step)
+    )
+    @rule(data=st.data())
+    def attend_every_layer(self, data: st.DataObject) -> None:
+        """Decode attention of one request in every group and layer (each layer has its
+        own scales) against the float64 oracle over the dequantized K/V."""
+        live = [r for r in self.last_step if self._resident(r) and self.ref.seq_len(r)]
+        rid = data.draw(st.sampled_from(live))
+        q = torch.randn((1, 2 * HEADS, DIM), generator=self.gen)
+        for group in range(len(self.model.groups)):
+            if self._refused(rid, group):
+                continue
+            for layer in range(LAYERS):
+                out = self.paged.attend([rid], q, group, layer)
+                want = self.ref.attend([rid], q, group, layer)
+                err = oracle.relative_error(out, want)
+                assert err <= oracle.tolerance(torch.float32), (rid, group, layer, err)
+
     @precondition(lambda self: any(self._resident(r) for r in self.last_step))
     @rule(data=st.data(), n=st.integers(1, 4), bad=st.sampled_from([float("nan"), float("inf")]))
     def append_non_finite(self, data: st.DataObject, n: int, bad: float) -> None:
@@ -261,6 +286,19 @@ test_fp8_hybrid_and_cross_attention_paged_vs_reference = Fp8LayerGroupsMachine.T
 class Fp8GroupOrderMachine(Fp8Storage, GroupOrderMachine):
     """fp8 on the group-order machine: drawn group orders and window residues, tight
     pools, prefix hits read at once, failures injected mid-append."""
+
+    @precondition(
+        lambda self: (
+            any(self._resident(r) for r in self.last_step)
+            and any(q.dynamic and not q.is_set for q in self.paged.quant.groups)
+        )
+    )
+    @rule(data=st.data(), n=st.integers(1, 9), at=st.sampled_from(["allocate", "write"]))
+    def first_write_failing(self, data: st.DataObject, n: int, at: str) -> None:
+        """The first write of groups whose dynamic scales are not set yet fails (in its
+        allocation or a group's write): no scale is set (`append_failing` compares the
+        snapshot, scales included)."""
+        self.append_failing(data, n, at)
 
 
 Fp8GroupOrderMachine.TestCase.settings = settings(stateful_step_count=20, deadline=None)
