@@ -24,22 +24,31 @@ Swap (preemption that keeps the KV, `swap_out` / `swap_in`): a group of requests
 a CPU block pool of `num_cpu_blocks` pages and back, every layer group at once; each
 distinct device block they hold (in any group, shared among them or not) is copied and
 held once on the CPU, released entries stay `NULL_BLOCK`, and swap-in gives them fresh
-device blocks with the same sharing. Preemption by recomputation is `free` then `admit`.
+device blocks with the same sharing (`paged.group_swap`). Preemption by recomputation is
+`free` then `admit`.
+
+fp8 storage (`dtype` float8_e4m3fn / float8_e5m2): each group quantizes on write with
+its own scales per layer (`paged.group_quant`: PagedKVCache's rules, static or dynamic,
+per tensor or per KV head); `gather` returns the fp8 bytes (`scales(group)` dequantizes
+them), `attend` dequantizes in the kernel; copy-on-write, swap and prefix hits move bytes.
 This class implements `reference.contract.LayerGroupsKVCache`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Sequence
 
 import torch
 
 from kvbench.kernels import ops
-from kvbench.kernels.validation import SUPPORTED_DTYPES, IndexRangeError
+from kvbench.kernels.validation import IndexRangeError
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.group_prefix import GroupPrefixIndex
+from kvbench.paged.group_quant import Pending, group_quant
+from kvbench.paged.group_swap import GroupSwap
+from kvbench.paged.group_table import NULL_BLOCK as NULL_BLOCK  # re-exported
+from kvbench.paged.group_table import GroupTable
 from kvbench.paged.prefix_cache import PrefixCache
 from kvbench.paged.swap import CpuBlockPool
 from kvbench.reference.contract import KVPair as KV
@@ -53,23 +62,12 @@ from kvbench.workloads.errors import (
     ShapeError,
     UnknownRequestError,
 )
+from kvbench.workloads.kv_quant import PendingScales, ScaleSpec
 from kvbench.workloads.kv_rules import rule_for
 from kvbench.workloads.kv_spec import ModelKVSpec
 
-#: Table entry of a released block (vLLM's null block); kernels never read it.
-NULL_BLOCK = -1
 
-
-@dataclass
-class GroupTable:
-    """One request's table in one group."""
-
-    blocks: list[int] = field(default_factory=list)  # logical -> physical, or NULL_BLOCK
-    seq_len: int = 0  # tokens written (cross-attention: the encoder length)
-    kept_from: int = 0  # first position still held (sliding window)
-
-
-class LayerGroupsPagedCache:
+class LayerGroupsPagedCache(GroupSwap):
     """Paged KV of every layer group of `model`, over one pool of `num_blocks` pages."""
 
     def __init__(
@@ -82,6 +80,10 @@ class LayerGroupsPagedCache:
         *,
         num_cpu_blocks: int = 0,
         enable_prefix_caching: bool = False,
+        k_scale: ScaleSpec | None = None,
+        v_scale: ScaleSpec | None = None,
+        scale_granularity: str = "tensor",
+        kernel_backend: str | None = None,
     ) -> None:
         shapes = {(g.num_layers, g.num_kv_heads, g.head_dim) for g in model.groups}
         if len(shapes) != 1:
@@ -90,12 +92,13 @@ class LayerGroupsPagedCache:
                 "share one storage here (equal layers, KV heads and head dim needed)"
             )
         layers, heads, dim = shapes.pop()
-        if dtype not in SUPPORTED_DTYPES:  # fp8 needs scales this cache does not keep
-            names = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
-            raise ConfigError(
-                f"dtype {str(dtype).removeprefix('torch.')} cannot be stored by the "
-                f"layer-group cache (supported: {names}; fp8 KV is PagedKVCache's)"
-            )
+        #: fp8 storage only: every group's scales (`paged.group_quant`); else None
+        self.quant = group_quant(
+            dtype, len(model.groups), layers, heads, k_scale, v_scale, scale_granularity
+        )
+        ops.choose_backend(torch.device(device), kernel_backend)  # ConfigError: unknown name
+        #: "torch" or "triton" forces the kernels' backend (as PagedKVCache's); None: ops picks
+        self.kernel_backend = kernel_backend
         self.model = model
         #: per group, the rule of its kind (`workloads.kv_rules`)
         self.rules = [rule_for(g.spec) for g in model.groups]
@@ -152,6 +155,14 @@ class LayerGroupsPagedCache:
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
+    def scales(self, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp8 storage: `group`'s K and V scales, float32 [layers, num_kv_heads] (what
+        dequantizes `gather`'s bytes: `workloads.fp8.dequantize`). ConfigError for 16/32-bit
+        storage, or while the group's dynamic scales wait for its first write."""
+        if self.quant is None:
+            raise ConfigError(f"the cache stores {self.k.dtype}, not fp8: it has no scales")
+        return self.quant.scales(group)
+
     # ------------------------------------------------------------------ checks of input
     def _check_kv(self, kv: KV, what: str, n: int | None = None) -> int:
         k, v = kv
@@ -166,7 +177,9 @@ class LayerGroupsPagedCache:
                 f"{what}: K {tuple(k.shape)} / V {tuple(v.shape)}; expected [{layers}, "
                 f"{'n' if n is None else n}, {heads}, {dim}]"
             )
-        if k.dtype != self.k.dtype or v.dtype != self.k.dtype:
+        if self.quant is not None:
+            self.quant.check_dtype(k, v, what)
+        elif k.dtype != self.k.dtype or v.dtype != self.k.dtype:
             raise ShapeError(f"{what}: dtype {k.dtype} differs from the cache's {self.k.dtype}")
         return k.shape[1]
 
@@ -196,6 +209,7 @@ class LayerGroupsPagedCache:
             length = self.model.groups[gi].spec.encoder_len
             self._check_kv(kv, f"encoder K/V of group {gi}", length)
             need += self.rules[gi].admission_blocks(self.block_size)
+        pending = self.quant.prepare(cross, encoder_kv) if self.quant is not None else {}
         hit = None
         salt = self._prefix_salt(salt, encoder_kv)
         if self.index is not None and prompt is not None:
@@ -223,7 +237,9 @@ class LayerGroupsPagedCache:
         for gi, kv in zip(cross, encoder_kv, strict=True):
             n = kv[0].shape[1]
             tables[gi].blocks = self.pool.allocate_many(blocks_for_tokens(n, self.block_size))
-            self._write(tables[gi], kv, n)
+            self._write(tables[gi], kv, n, pending.get(gi))
+        if self.quant is not None:
+            self.quant.commit(pending)
         self._requests[request_id] = tables
         return hit.tokens if hit is not None else 0
 
@@ -295,13 +311,16 @@ class LayerGroupsPagedCache:
             ids = self.index.ids_for(request_id, self.seq_len(request_id), n, token_ids)
             if ids is not None and len(ids) != n:
                 raise ShapeError(f"append of {n} tokens got {len(ids)} token ids")
+        pending = self.quant.prepare(groups, kv) if self.quant is not None else {}
         take, freed, plans = self._net_need(tables, n)
         if take > self.pool.num_free + freed:
             raise CapacityError(
                 f"request {request_id!r} needs {take} blocks to append {n} tokens; "
                 f"{self.pool.num_free} free and {freed} leaving windows"
             )
-        self._apply(tables, plans, kv, n, take)
+        self._apply(tables, plans, kv, n, take, pending)
+        if self.quant is not None:
+            self.quant.commit(pending)
         if self.index is not None:
             self.index.extend(request_id, ids)
             for gi in groups:
@@ -314,6 +333,7 @@ class LayerGroupsPagedCache:
         kv: Sequence[KV],
         n: int,
         take: int,
+        pending: Pending,
     ) -> None:
         """An append's changes: release in every group, take the `take` blocks in one
         allocation (copy-on-write first, then the new ones, group by group), copy and
@@ -345,7 +365,7 @@ class LayerGroupsPagedCache:
                 tables[gi].kept_from = kept_from
             raise
         if n:
-            self._copy_and_write(tables, plans, kv, n, fresh)
+            self._copy_and_write(tables, plans, kv, n, fresh, pending)
 
     def _copy_and_write(
         self,
@@ -354,6 +374,7 @@ class LayerGroupsPagedCache:
         kv: Sequence[KV],
         n: int,
         fresh: list[int],
+        pending: Pending,
     ) -> None:
         """The copies and writes of an append into its `fresh` blocks; on a failure
         every group's length and table tail come back and `fresh` returns to the pool."""
@@ -374,7 +395,7 @@ class LayerGroupsPagedCache:
                     self._copy_last_block(table, next(blocks))
                     copied.append(old)
                 table.blocks += [next(blocks) for _ in range(new)]
-                self._write(table, one, n)
+                self._write(table, one, n, pending.get(gi))
         except BaseException:
             pool.release(fresh)
             for b in copied:
@@ -387,10 +408,20 @@ class LayerGroupsPagedCache:
                 t.seq_len = seq_len
             raise
 
-    def _write(self, table: GroupTable, kv: KV, n: int) -> None:
+    def _write(
+        self, table: GroupTable, kv: KV, n: int, scales: PendingScales | None = None
+    ) -> None:
+        """Write n tokens after the table's last; fp8: quantized with `scales` (the
+        table's group's)."""
         slots = self._slots(table.blocks, table.seq_len, n)
+        ks = vs = None
         for layer in range(self.kv_shape[0]):
-            ops.write_kv(self.k[layer], self.v[layer], kv[0][layer], kv[1][layer], slots)
+            if scales is not None:
+                ks, vs = scales.layer(layer, self.k.device)
+            ops.write_kv(
+                self.k[layer], self.v[layer], kv[0][layer], kv[1][layer], slots,
+                backend=self.kernel_backend, k_scale=ks, v_scale=vs,
+            )  # fmt: skip
         self.pool.fill_span(table.blocks, table.seq_len, table.seq_len + n)
         table.seq_len += n
 
@@ -405,7 +436,7 @@ class LayerGroupsPagedCache:
         old = table.blocks[-1]
         pairs = torch.tensor([[old, new]], dtype=torch.int64, device=self.k.device)
         for layer in range(self.kv_shape[0]):
-            ops.copy_blocks(self.k[layer], self.v[layer], pairs)
+            ops.copy_blocks(self.k[layer], self.v[layer], pairs, backend=self.kernel_backend)
         self.pool.set_fill(new, table.seq_len % self.block_size)
         self.pool.decref(old)
         table.blocks[-1] = new
@@ -440,98 +471,6 @@ class LayerGroupsPagedCache:
         del self._requests[request_id]
         if self.index is not None:
             self.index.forget(request_id)
-
-    # ------------------------------------------------------------------ swap
-    def _check_swap(self, request_ids: Sequence[Hashable], swapped: bool) -> list[int]:
-        """Validate a swap group; its distinct held blocks, in first-seen order."""
-        if len(set(request_ids)) != len(request_ids):
-            raise RequestStateError(f"swap of repeated request ids {list(request_ids)!r}")
-        distinct: dict[int, None] = {}
-        for r in request_ids:
-            tables = self._get(r, resident=False)
-            if (r in self._swapped) != swapped:
-                state = "already swapped out" if not swapped else "not swapped out"
-                raise RequestStateError(f"request {r!r} is {state}")
-            for t in tables:
-                distinct.update((b, None) for b in t.blocks if b != NULL_BLOCK)
-        return list(distinct)
-
-    def _move(self, request_ids: Sequence[Hashable], mapping: dict[int, int]) -> None:
-        """Point the requests' tables at the mapped blocks (NULL_BLOCK stays)."""
-        for r in request_ids:
-            for t in self._requests[r]:
-                t.blocks = [b if b == NULL_BLOCK else mapping[b] for b in t.blocks]
-
-    def swap_out(self, request_ids: Sequence[Hashable]) -> None:
-        """Move the requests' blocks of every group to the CPU pool (each distinct block
-        once) and release them on the device; CapacityError, nothing changed, when the
-        CPU pool lacks room."""
-        blocks = self._check_swap(request_ids, swapped=False)
-        cpu = self.cpu.allocate_many(len(blocks), f"swapping out {list(request_ids)!r} ")
-        mapping = dict(zip(blocks, cpu, strict=True))
-        if blocks:
-            assert self.cpu.k is not None and self.cpu.v is not None
-            src = torch.tensor(blocks, dtype=torch.int64, device=self.k.device)
-            dst = torch.tensor(cpu, dtype=torch.int64)
-            self.cpu.k[:, dst] = self.k[:, src].cpu()
-            self.cpu.v[:, dst] = self.v[:, src].cpu()
-        for b, c in mapping.items():
-            self._cpu_fill[c] = self.pool.fill[b]
-        for r in request_ids:
-            for t in self._requests[r]:
-                self.pool.release([b for b in t.blocks if b != NULL_BLOCK])
-        self._share(request_ids, mapping, self.cpu.incref)
-        self._move(request_ids, mapping)
-        self._swapped.update(request_ids)
-
-    def _share(
-        self,
-        request_ids: Sequence[Hashable],
-        mapping: dict[int, int],
-        incref: Callable[[int], None],
-    ) -> None:
-        """Add the references beyond the first that the group's tables make to each
-        newly allocated (mapped-to) block, so reference counts equal table entries."""
-        seen: set[int] = set()
-        for r in request_ids:
-            for t in self._requests[r]:
-                for b in t.blocks:
-                    if b == NULL_BLOCK:
-                        continue
-                    if b in seen:
-                        incref(mapping[b])
-                    seen.add(b)
-
-    def swap_in(self, request_ids: Sequence[Hashable]) -> None:
-        """Bring swapped requests back into fresh device blocks, every group, keeping
-        their sharing; CapacityError, nothing changed, when the pool lacks room."""
-        blocks = self._check_swap(request_ids, swapped=True)
-        if len(blocks) > self.pool.num_free:
-            raise CapacityError(
-                f"swapping in {list(request_ids)!r} needs {len(blocks)} blocks; "
-                f"{self.pool.num_free} free"
-            )
-        dev = self.pool.allocate_many(len(blocks))
-        mapping = dict(zip(blocks, dev, strict=True))
-        if blocks:
-            assert self.cpu.k is not None and self.cpu.v is not None
-            src = torch.tensor(blocks, dtype=torch.int64)
-            dst = torch.tensor(dev, dtype=torch.int64, device=self.k.device)
-            self.k[:, dst] = self.cpu.k[:, src].to(self.k.device)
-            self.v[:, dst] = self.cpu.v[:, src].to(self.k.device)
-        for c, b in mapping.items():
-            self.pool.set_fill(b, self._cpu_fill[c])
-        self._share(request_ids, mapping, self.pool.incref)
-        for r in request_ids:
-            for t in self._requests[r]:
-                self.cpu.release([b for b in t.blocks if b != NULL_BLOCK])
-        self._move(request_ids, mapping)
-        self._swapped.difference_update(request_ids)
-        self._forget_free_cpu_fills()
-
-    def _forget_free_cpu_fills(self) -> None:
-        for c in [c for c in self._cpu_fill if self.cpu.ref[c] == 0]:
-            del self._cpu_fill[c]
 
     # ------------------------------------------------------------------ reads
     def window_start(self, group: int, seq_len: int) -> int:
@@ -592,6 +531,10 @@ class LayerGroupsPagedCache:
             rows[i, : len(t.blocks)] = torch.tensor(t.blocks, dtype=torch.int32)
         lens = torch.tensor([t.seq_len for t in tables], dtype=torch.int32)
         dev = self.k.device
+        if self.kernel_backend is not None:
+            kw.setdefault("backend", self.kernel_backend)
+        if self.quant is not None:  # fp8: the kernel dequantizes with the layer's scales
+            kw.update(self.quant.layer_kw(group, layer, dev))
         return ops.paged_decode_attention(
             query, self.k[layer], self.v[layer], rows.to(dev), lens.to(dev),
             window=self.rules[group].kernel_window, **kw,  # type: ignore[arg-type]
@@ -610,7 +553,8 @@ class LayerGroupsPagedCache:
             sorted(map(repr, self._swapped)),
         )
         prefix = self.index.snapshot() if self.index is not None else None
-        return self.pool.snapshot(), reqs, cpu, prefix
+        quant = self.quant.snapshot() if self.quant is not None else None
+        return self.pool.snapshot(), reqs, cpu, prefix, quant
 
     def check(self) -> None:
         """Assert the invariants: the pool's own; reference counts equal the tables that

@@ -11,7 +11,8 @@ The rules (every backend follows them exactly):
   `fp8_e5m2` is `torch.float8_e5m2` (finite max 57344, has inf and NaN).
 * Scales: one float32 scale per (layer, KV head) for K and one for V, shape
   `[num_layers, num_kv_heads]`; a per-tensor scale is the same value in every head of a
-  layer. A scale is finite and > 0.
+  layer. A scale is a normal float32 (`MIN_SCALE` .. `MAX_SCALE`: finite, > 0, and its
+  reciprocal finite; a static 1e-320 or 1e39 would become 0 or inf in float32).
 * Quantize: `q = fp8_rne(clamp(float32(x) * float32(1 / scale), -max, max))`: the
   reciprocal is rounded to float32 once on the host, the product is an exactly rounded
   float32 multiply (a division is not: a GPU's fast division is not correctly rounded),
@@ -26,7 +27,8 @@ The rules (every backend follows them exactly):
   finite value.
 * Dynamic scales: a cache built with `scale="dynamic"` sets each layer's K and V scales
   from the first write into that layer, `amax(|x|) / max` (per tensor: over every head of
-  that write; per head: over that head), or 1.0 where that amax is 0, and never changes
+  that write; per head: over that head), at least `MIN_SCALE` (inputs below 5e-36 would
+  give a subnormal scale), or 1.0 where that amax is 0, and never changes
   them afterwards; later values above `max * scale` saturate.
 """
 
@@ -71,6 +73,10 @@ FORMATS: dict[str, Fp8Format] = {
 }
 #: The byte stored for a non-finite element when the finite check is skipped (NaN in both).
 NAN_BITS = 0x7F
+#: The smallest and largest scale: float32's smallest normal (a subnormal scale's
+#: reciprocal overflows float32) and its largest finite value.
+MIN_SCALE = float(torch.finfo(torch.float32).tiny)
+MAX_SCALE = float(torch.finfo(torch.float32).max)
 #: Scale granularities a cache accepts.
 GRANULARITIES: tuple[str, ...] = ("tensor", "head")
 
@@ -166,7 +172,7 @@ def dynamic_scale(x: torch.Tensor, fmt: Fp8Format, granularity: str) -> torch.Te
     amax = per_head.amax(dim=1) if per_head.shape[1] else torch.zeros(heads, dtype=torch.float64)
     if granularity == "tensor":
         amax = amax.max().expand(heads)
-    scale = torch.where(amax > 0, amax / fmt.max, torch.ones_like(amax))
+    scale = torch.where(amax > 0, (amax / fmt.max).clamp(min=MIN_SCALE), torch.ones_like(amax))
     return scale.to(torch.float32).cpu()
 
 
@@ -194,7 +200,13 @@ def static_scales(
             f"[{num_layers}, {num_kv_heads}]"
         )
     flat = t.reshape(-1)
-    for i, s in enumerate(flat.tolist()):
+    as32 = flat.to(torch.float32).tolist()
+    for i, (s, s32) in enumerate(zip(flat.tolist(), as32, strict=True)):
         if not (math.isfinite(s) and s > 0):
             raise ConfigError(f"{what} holds {s} (element {i}); a scale must be finite and > 0")
+        if not (math.isfinite(s32) and s32 >= MIN_SCALE):  # 1e-320 -> 0, 1e39 -> inf
+            raise ConfigError(
+                f"{what} holds {s} (element {i}), {s32} as a float32 scale; a scale must be a "
+                f"normal float32, {MIN_SCALE:.4g} .. {MAX_SCALE:.4g} (its reciprocal finite)"
+            )
     return t.expand(num_layers, num_kv_heads).to(torch.float32).contiguous()

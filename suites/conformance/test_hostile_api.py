@@ -318,6 +318,16 @@ def test_a_failed_pow2_admit_leaves_external_fragmentation_as_it_was() -> None:
     TRIED["api: too big to admit"] += 1
 
 
+G8 = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=4, dtype="fp8_e4m3", num_q_heads=Q_HEADS)
+
+
+def _groups(dtype: torch.dtype = torch.float8_e4m3fn, **scales: Any) -> LayerGroupsPagedCache:
+    """A layer-group cache (full + window 3) of `dtype` with the given fp8 scales."""
+    specs = (KVCacheSpec.full(), KVCacheSpec.sliding_window(3))
+    model = ModelKVSpec("m", tuple(LayerGroup(s, 2, 2, 4, "float32") for s in specs))
+    return LayerGroupsPagedCache(model, 8, 2, dtype=dtype, **scales)
+
+
 BIG = KVGeometry(num_layers=80, num_kv_heads=8, head_dim=128, dtype="float16", num_q_heads=64)
 
 
@@ -336,6 +346,20 @@ BIG = KVGeometry(num_layers=80, num_kv_heads=8, head_dim=128, dtype="float16", n
         (lambda: ContiguousKVCache(G, 64, 16, "lifo"), ConfigError, "'lifo'"),
         (lambda: PagedKVCache(BIG, 2**30, 16), CapacityError, "2,814,749,767,106,560 bytes"),
         (lambda: ContiguousKVCache(BIG, 2**40, 16), CapacityError, "key arena"),
+        # fp8 scales: zero, negative, NaN, inf, float32 underflow / overflow, wrong shape
+        (lambda: PagedKVCache(G8, 8, 4, k_scale=1e-320, v_scale=1.0), ConfigError, "1e-320"),
+        (lambda: PagedKVCache(G8, 8, 4, k_scale=1.0, v_scale=1e39), ConfigError, "1e+39"),
+        (lambda: _groups(k_scale=0.0, v_scale=1.0), ConfigError, "holds 0.0"),
+        (lambda: _groups(k_scale=-1.0, v_scale=-1.0), ConfigError, "holds -1.0"),
+        (lambda: _groups(k_scale=1.0, v_scale=math.nan), ConfigError, "holds nan"),
+        (lambda: _groups(k_scale=math.inf, v_scale=1.0), ConfigError, "holds inf"),
+        (lambda: _groups(k_scale=1e-320, v_scale=1.0), ConfigError, "1e-320"),
+        (lambda: _groups(k_scale=1e30, v_scale=1e39), ConfigError, "1e+39"),
+        (lambda: _groups(k_scale=[1.0] * 3, v_scale=1.0), ConfigError, "shape (3,)"),
+        (lambda: _groups(k_scale=1.0), ConfigError, "both static"),
+        (lambda: _groups(torch.float16, k_scale=1.0, v_scale=1.0), ConfigError, "not fp8"),
+        (lambda: _groups(torch.int8), ConfigError, "int8"),
+        (lambda: _groups(kernel_backend="warp"), ConfigError, "'warp'"),
     ],
 )
 def test_a_bad_cache_is_refused_at_construction(build, error, names: str) -> None:

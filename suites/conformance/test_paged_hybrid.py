@@ -14,7 +14,7 @@ pool accounting (device and CPU) hold. A refused admission, append or swap chang
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import torch
@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 from kvbench.kernels.validation import IndexRangeError
 from kvbench.paged.layer_groups import LayerGroupsPagedCache
 from kvbench.reference import oracle
-from kvbench.reference.contract import LayerGroupsKVCache
+from kvbench.reference.contract import KVPair, LayerGroupsKVCache
 from kvbench.reference.layer_groups import LayerGroupsReferenceCache
 from kvbench.workloads.capacity import blocks_for_tokens
 from kvbench.workloads.errors import CapacityError, ConfigError, RequestStateError
@@ -86,15 +86,16 @@ class LayerGroupsMachine(RuleBasedStateMachine):
         num_blocks = self.draw_num_blocks(data, specs, block_size)
         prefix = data.draw(self.PREFIX, label="prefix caching")
         self.model = _model(specs)
+        self.bs = block_size
         self.paged = LayerGroupsPagedCache(
             self.model,
             num_blocks,
             block_size,
             num_cpu_blocks=num_cpu_blocks,
             enable_prefix_caching=prefix,
+            **self.draw_storage(data),
         )
-        self.ref = LayerGroupsReferenceCache(self.model)
-        self.bs = block_size
+        self.ref = self.make_reference()
         self.last_step: dict[int, tuple[int, int]] = {}
         #: per request just admitted with a prefix hit (until its next append): per self
         #: group the first position the hit keeps (`spec_prefix.blocks_a_hit_needs`)
@@ -109,6 +110,19 @@ class LayerGroupsMachine(RuleBasedStateMachine):
 
     def prepare(self, data: st.DataObject) -> None:
         """The first operations of every example (subclasses; none here)."""
+
+    def draw_storage(self, data: st.DataObject) -> dict[str, Any]:
+        """The paged cache's storage arguments (dtype, scales): float32 here (the fp8
+        machines of `test_paged_hybrid_fp8` draw fp8)."""
+        return {}
+
+    def make_reference(self) -> LayerGroupsReferenceCache:
+        """The reference the paged cache is compared with (fp8: the dequantized K/V)."""
+        return LayerGroupsReferenceCache(self.model)
+
+    def same_view(self, rid: int, group: int, paged: KVPair, ref: KVPair) -> bool:
+        """Whether the paged cache's view of (rid, group) is the reference's."""
+        return torch.equal(paged[0], ref[0]) and torch.equal(paged[1], ref[1])
 
     def draw_specs(self, data: st.DataObject, block_size: int) -> list[KVCacheSpec]:
         """The model's groups (subclasses draw orders and windows by the block size)."""
@@ -360,7 +374,7 @@ class LayerGroupsMachine(RuleBasedStateMachine):
                     continue
                 pk, pv = self.paged.gather(rid, gi)
                 rk, rv = self.ref.gather(rid, gi)
-                assert torch.equal(pk, rk) and torch.equal(pv, rv), (rid, gi)
+                assert self.same_view(rid, gi, (pk, pv), (rk, rv)), (rid, gi)
                 if hit and self.ref.seq_len(rid):  # attend accepts what gather accepts
                     q = torch.randn((1, 2 * HEADS, DIM), generator=self.gen)
                     out = self.paged.attend([rid], q, gi, 0, backend="torch")

@@ -8,7 +8,9 @@ issue 36 (1-4) pinned as tests.
 3. Right after a prefix hit that keeps less than the newest token's window (window mod
    block == 1), `gather` and `attend` both refuse with IndexRangeError; one append later
    both read what the reference reads.
-4. A dtype the layer-group cache cannot store (fp8) is refused at construction.
+4. A dtype the layer-group cache cannot store is refused at construction; fp8 (which
+   used to fail its first append late, leaking blocks) is stored (`test_paged_hybrid_fp8`
+   holds the fp8 state machine).
 
 The serving cache of layer groups (`paged.spec_serving`) had the same group-order defect
 and is pinned here too.
@@ -177,12 +179,35 @@ def test_gather_and_attend_refuse_the_same_positions_after_a_prefix_hit() -> Non
     cache.check()
 
 
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float64, torch.bool])
 def test_dtypes_the_layer_group_cache_cannot_store_are_refused(dtype: torch.dtype) -> None:
-    """Issue 36, reproduction 4: an fp8 layer-group cache used to be built, then fail
-    its first append late with two blocks leaked; now construction names the dtype."""
+    """Issue 36, reproduction 4: a dtype the cache cannot store is refused at
+    construction, naming it (fp8 used to be built, then fail its first append late with
+    two blocks leaked; it is stored now: `test_fp8_is_stored_from_the_first_append`)."""
     with pytest.raises(ConfigError, match=str(dtype).removeprefix("torch.")):
         LayerGroupsPagedCache(_model([FULL]), num_blocks=8, block_size=2, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_is_stored_from_the_first_append(dtype: torch.dtype) -> None:
+    """Issue 36, reproduction 4 on fp8: the append that failed late (a ShapeError about
+    the key's dtype, two blocks leaked, `check()` failing) stores fp8 bytes now, and
+    their dequantized values are the float32 input's within half an fp8 step (dynamic
+    scales: amax / fp8 max)."""
+    cache = LayerGroupsPagedCache(_model([FULL, W3]), num_blocks=8, block_size=2, dtype=dtype)
+    cache.admit("r")
+    kv = _kv(3)
+    cache.append("r", [kv, kv])
+    cache.check()
+    assert cache.num_free_blocks == 8 - 2 - 2
+    k, _ = cache.gather("r", 0)
+    assert k.dtype == dtype
+    ks, _ = cache.scales(0)
+    fmax = torch.finfo(dtype).max
+    assert float(ks[0, 0]) == pytest.approx(float(kv[0].abs().max()) / fmax, rel=1e-6)
+    got = k.to(torch.float64) * ks.double()[0, 0]
+    step = 2.0 ** -(3 if dtype == torch.float8_e4m3fn else 2)  # relative step of a normal
+    assert torch.allclose(got, kv[0].double(), rtol=step / 2, atol=float(ks[0, 0]) * 2**-9)
 
 
 class Injected(RuntimeError):
@@ -356,6 +381,7 @@ class GroupOrderMachine(LayerGroupsMachine):
             write(*args)  # type: ignore[arg-type]
 
         before = paged.snapshot()
+        scales = paged.quant.snapshot() if paged.quant is not None else None
         free = paged.num_free_blocks
         lengths = [paged._requests[rid][g].seq_len for g in range(len(self.model.groups))]
         if at == "allocate":
@@ -378,6 +404,8 @@ class GroupOrderMachine(LayerGroupsMachine):
             return
         assert [paged._requests[rid][g].seq_len for g in range(len(lengths))] == lengths
         assert paged.num_free_blocks >= free
+        if paged.quant is not None:  # fp8: a failed write sets no dynamic scale
+            assert paged.quant.snapshot() == scales
         self.free(rid)
 
     # injected failures drawn twice as often as other rules (issue 36, 2)

@@ -225,8 +225,8 @@ WORKLOADS: list[Mutant] = [
     Mutant(
         "workloads.fp8.dynamic_scale_inverted",
         "workloads/fp8.py",
-        "    scale = torch.where(amax > 0, amax / fmt.max, torch.ones_like(amax))",
-        "    scale = torch.where(amax > 0, fmt.max / amax, torch.ones_like(amax))",
+        "    scale = torch.where(amax > 0, (amax / fmt.max).clamp(min=MIN_SCALE), torch.ones_like(amax))",
+        "    scale = torch.where(amax > 0, (fmt.max / amax).clamp(min=MIN_SCALE), torch.ones_like(amax))",
         "the dynamic fp8 scale is max / amax (inverted)",
         (C + "test_fp8_semantics.py",),
     ),

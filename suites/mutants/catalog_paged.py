@@ -16,6 +16,10 @@ GROUPS_MACHINE = (
     C + "test_paged_hybrid_atomic.py::test_group_orders_and_injected_failures_paged_vs_reference"
 )
 HITS_MACHINE = C + "test_paged_hybrid_atomic.py::test_views_after_prefix_hits_paged_vs_reference"
+#: the fp8 layer-group machine with group orders and injected failures
+FP8_GROUPS_MACHINE = (
+    C + "test_paged_hybrid_fp8.py::test_fp8_group_orders_and_injected_failures_paged_vs_reference"
+)
 
 PAGED: list[Mutant] = [
     Mutant(
@@ -262,6 +266,24 @@ PAGED: list[Mutant] = [
             "test_gather_and_attend_refuse_the_same_positions_after_a_prefix_hit",
             C + "test_paged_hybrid_atomic.py::test_views_after_a_hit_at_every_position",
         ),
+    ),
+    Mutant(
+        "paged.layer_groups.fp8_scales_committed_before_the_write",
+        "paged/layer_groups.py",
+        "        self._apply(tables, plans, kv, n, take, pending)\n"
+        "        if self.quant is not None:\n            self.quant.commit(pending)\n",
+        "        if self.quant is not None:\n            self.quant.commit(pending)\n"
+        "        self._apply(tables, plans, kv, n, take, pending)\n",
+        "an fp8 append that fails in its allocation or write still fixes the dynamic scales",
+        (FP8_GROUPS_MACHINE,),
+    ),
+    Mutant(
+        "paged.group_quant.attend_reads_layer_0_scales",
+        "paged/group_quant.py",
+        '        return {"k_scale": k[layer].to(device), "v_scale": v[layer].to(device)}',
+        '        return {"k_scale": k[0].to(device), "v_scale": v[0].to(device)}',
+        "fp8 decode attention dequantizes every layer of a group with layer 0's scales",
+        (FP8_GROUPS_MACHINE,),
     ),
     Mutant(
         "reference.oracle.causal_sees_next",
