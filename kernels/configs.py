@@ -156,9 +156,10 @@ DECODE_STAGES = 2
 #: 1.57x at 32 x 4096 (3.90 TB/s against a measured copy rate of 4.04 TB/s read + write)
 #: and 1.62x at 8 x 2048 (1.995x with 256-token partitions; each the 6th-fastest of a
 #: CUDA-graph sample, one sample per variant), outputs within 1.2e-4 of the 16-token
-#: tile's. 8 warps were slower except at 8 x 2048 with 512-token partitions (1.70x). Its static cost (`kvbench kernels`, Triton 3.9): 128 registers
-#: split / 122-124 single on sm_80 and sm_90, 38,912 B shared, no spills (the 16-token
-#: tile: 64-72 registers, 12,800 B), so 4 programs of 4 warps per SM.
+#: tile's. 8 warps were slower except at 8 x 2048 with 512-token partitions (1.70x).
+#: Its static cost (`kvbench kernels`, Triton 3.9): 128 registers split / 122-124 single
+#: on sm_80 and sm_90, 38,912 B shared, no spills (the 16-token tile: 64-72 registers,
+#: 12,800 B), so 4 programs of 4 warps per SM.
 DECODE_WIDE_TILE_N = 64
 #: (padded head dim, QH, fp8 K/V) of the 16-bit decode variants that take
 #: `DECODE_WIDE_TILE_N`: those whose wide tile compiles without spills on sm_80 and sm_90
