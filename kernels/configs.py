@@ -144,8 +144,35 @@ def decode_qh(
 
 
 #: Software-pipelining stages of the 16-bit decode loop (vLLM's decode stage 1 uses 2 as
-#: well): a third stage costs another K/V tile of registers and shared memory.
+#: well): a third stage costs another K/V tile of registers and shared memory. Measured on
+#: a GPU (H200, 2026-11-28, docs/gpu-tiles.md): at 64 tokens per step 3 or 4 stages were
+#: 1-3% slower than 2 with the default partition.
 DECODE_STAGES = 2
+
+#: KV tokens per step of the 16-bit decode where the wide tile fits (`DECODE_WIDE`).
+#: Measured on a GPU (H200, Triton 3.6, 2026-11-28; fp16, 32 query / 8 KV heads, head dim
+#: 128, block 16, CUDA graphs; docs/gpu-tiles.md): the 16-token tile read K/V at
+#: 2.1-2.5 TB/s; 64 tokens, 4 warps, 2 stages was 1.44x faster at batch 32 x 1024 tokens,
+#: 1.57x at 32 x 4096 (3.90 TB/s against a measured copy rate of 4.04 TB/s read + write)
+#: and 1.62x at 8 x 2048 (1.995x with 256-token partitions; each the 6th-fastest of a
+#: CUDA-graph sample, one sample per variant), outputs within 1.2e-4 of the 16-token
+#: tile's. 8 warps were slower except at 8 x 2048 with 512-token partitions (1.70x).
+#: Its static cost (`kvbench kernels`, Triton 3.9): 128 registers split / 122-124 single
+#: on sm_80 and sm_90, 38,912 B shared, no spills (the 16-token tile: 64-72 registers,
+#: 12,800 B), so 4 programs of 4 warps per SM.
+DECODE_WIDE_TILE_N = 64
+#: (padded head dim, QH, fp8 K/V) of the 16-bit decode variants that take
+#: `DECODE_WIDE_TILE_N`: those whose wide tile compiles without spills on sm_80 and sm_90
+#: in at most 128 registers per thread (the measured variant's occupancy), split and
+#: single. Head dim 128 QH 16 was measured; head dim 64 QH 32 (112 / 118 registers split,
+#: 96 single, 24,576 B; 101-106 and 80 at 32 tokens, 4 programs per SM either way) was
+#: not timed. The others keep their tiles, by the AOT compile: head dim 128 QH 32 takes
+#: 168 (sm_80) / 204 (sm_90) registers at 64 tokens (152 / 162 at 32: 3 programs per SM
+#: drop to 2 on sm_90); head dim 64 QH 64 196 on sm_80; fp8 K/V at head dim 128 spill
+#: 16-32 B on sm_80 (split); head dim 64 QH 16 keeps its 56-register cap, under which 64
+#: tokens spill 8-88 B (uncapped: 62-72 registers, no spills; not timed); head dim 256
+#: already takes 128 registers at 16 tokens (QH 16, split).
+DECODE_WIDE: frozenset[tuple[int, int, bool]] = frozenset({(128, 16, False), (64, 32, False)})
 
 
 #: Register cap (per thread) of the 16-bit head-dim-64 decode with 16 query-head rows:
@@ -208,21 +235,26 @@ def decode_config(
     chunked: bool = False,
 ) -> KernelConfig:
     """Stage-1 split-KV decode kernel (`kv_dtype` fp8: K/V bytes dequantized in
-    registers, same tiles as the query dtype's; ConfigError for a float32 query). KV tile sizes are chosen so that no variant spills
-    and, for 16-bit types, so that the common GQA case (QH 16) at head dim 128 costs no
-    more registers or shared memory than vLLM's Triton decode for the same shape (16 KV
-    tokens per step: 72 registers, 12.8 KB shared on sm_90; `kvbench kernels --peers`).
+    registers, same tiles as the query dtype's; ConfigError for a float32 query). KV tile
+    sizes are chosen so that no variant spills; for 16-bit types the common GQA case (QH
+    16) at head dim 128 takes the 64-token tile measured fastest on a GPU
+    (`DECODE_WIDE_TILE_N`, 1.44-2.0x the 16-token tile on an H200), which costs 128
+    registers and 38,912 B shared where vLLM's Triton decode takes 72 and 21,504 B
+    (`kvbench kernels --peers`); so does head dim 64 with QH 32 (`DECODE_WIDE`).
     `windowed`: the sliding-window variant (same tiles); `chunked`: the chunked-local one."""
     d_pad = head_dim_pad(head_dim)
     kv_fp8 = fp8_constexprs(kv_dtype)
     _check_fp8_query(dtype, kv_fp8, "decode")
     qh = decode_qh(group, d_pad, dtype, kv_fp8=bool(kv_fp8))
-    # float32: a [TILE_N, D_PAD] tile of 4096 elements. 16-bit: 16 tokens where QH is 16
-    # and head dims reach 128; 32 elsewhere (QH 32 at TILE_N 16 spills at head dim 128).
+    # float32: a [TILE_N, D_PAD] tile of 4096 elements. 16-bit: the measured wide tile
+    # where it fits (`DECODE_WIDE`); elsewhere 16 tokens where QH is 16 and head dims
+    # reach 128, 32 otherwise (QH 32 at TILE_N 16 spills at head dim 128).
     small = 16 if qh == 16 and d_pad >= 128 else 32
     capped = _decode_capped(dtype, d_pad, qh, kv_fp8)
     if capped and not single:
         small = 16  # at 56 registers the 32-token split tile spills 12-20 B; 16 fits
+    if (d_pad, qh, bool(kv_fp8)) in DECODE_WIDE:
+        small = DECODE_WIDE_TILE_N
     tile_n = 4096 // d_pad if dtype == torch.float32 else small
     return KernelConfig(
         "paged_decode",
@@ -272,6 +304,18 @@ PREFILL_BLOCK_M: tuple[int, ...] = (16, 32, 64)
 #: Software-pipelining stages of the prefill loop: two K/V tiles in flight, as in vLLM's
 #: unified 2D kernel's shared-memory budget (a third costs a tile of K and V more).
 PREFILL_STAGES = 2
+#: Warps of the 64-row prefill tile at head dim 128 (16-bit; fp8 K/V stop at 32 rows
+#: there). Measured on a GPU (H200, Triton 3.6, 2026-11-28; fp16, 32 query / 8 KV heads,
+#: block 16, CUDA graphs; docs/gpu-tiles.md): with 32 keys per step and 2 stages, 4 warps
+#: ran 1.24x (2 x 128 new tokens over 2048), 1.16x (2 x 128 over 4096) and 1.57x
+#: (4 x 512 over 4096) faster than 8 (84-154 TFLOP/s), same outputs. Faster variants
+#: measured there spill on sm_80 (Triton 3.9, `kvbench kernels`): 64 keys per step with
+#: 4 warps (1.57-1.76x) 140 B, 128 rows with 64 keys and 8 warps (1.28-1.71x) 56 B, 128
+#: rows with 32 keys and 4 warps (1.90x at 4 x 512, 0.93x at 2 x 128) 428 B, so they are
+#: not chosen. Static cost at 4 warps: 236 registers on sm_80, 166 on sm_90 (8 warps:
+#: 154 / 102), 36,864 / 49,152 B shared, no spills; 2 programs of 4 warps per SM on
+#: sm_80 (8 warps per SM, as the 8-warp tile's one program).
+PREFILL_M64_D128_WARPS = 4
 
 
 def prefill_block_m(rows: int) -> int:
@@ -316,12 +360,12 @@ def prefill_config(
     """Paged prefill/extend kernel; rows are (query token, query head) pairs.
 
     `rows` (the longest sequence's new tokens x GQA group) picks the tile
-    (`prefill_block_m`); None picks the longest-prefill tile. Each tile's static cost is at
-    most vLLM's unified 2D kernel compiled at the same BLOCK_M and warps (fp16 / bf16,
-    head dims 64 and 128, sm_80 and sm_90; `kvbench kernels --peers`): 16 rows with 4
-    warps, 32 with 4, 64 with 8 (a 64-row accumulator over 4 warps costs 236 registers on
-    sm_80, 8 warps 154); 32 keys per step, 16 at head dim 256 and for 64 rows at head dim
-    64.
+    (`prefill_block_m`); None picks the longest-prefill tile. 16 rows with 4 warps, 32
+    with 4, 64 with 8, except 64 rows at head dim 128 with 4 (`PREFILL_M64_D128_WARPS`,
+    measured on a GPU); 32 keys per step, 16 at head dim 256 and for 64 rows at head dim
+    64. The tiles other than the measured one cost at most vLLM's unified 2D kernel
+    compiled at the same BLOCK_M and warps (fp16 / bf16, sm_80 and sm_90;
+    `kvbench kernels --peers`); none spills.
 
     `kv_dtype` fp8: K/V bytes dequantized in registers (16-bit queries only, ConfigError
     otherwise), with the caps of `_prefill_cap`; `windowed`: the sliding-window variant,
@@ -335,6 +379,8 @@ def prefill_config(
     # 138 registers on sm_80 against vLLM's 127 at the same tile (16: 97; sm_90 64 vs 74)
     tile_n = 16 if d_pad > 128 or (d_pad <= 64 and block_m >= 64) else 32
     warps = 8 if block_m >= 64 or (d_pad > 128 and block_m >= 32) else 4
+    if block_m == 64 and d_pad == 128:
+        warps = PREFILL_M64_D128_WARPS
     return KernelConfig(
         "paged_prefill",
         dtype,

@@ -19,6 +19,10 @@ import torch
 
 from kvbench.kernels import aot, configs
 
+#: Registers per thread the wide (measured) decode tile may take: 4 programs of 4 warps
+#: fit one SM's 65,536 registers, the occupancy of the variant measured on an H200.
+WIDE_DECODE_REGISTERS = 128
+
 
 def _assert_clean(records: list[aot.CompileRecord]) -> None:
     problems = [
@@ -35,9 +39,12 @@ def test_headline_configurations_compile_clean() -> None:
     assert len(records) == len(cfgs) * len(aot.ARCHS)
     assert {r.arch for r in records} == {"sm_80", "sm_90"}
     _assert_clean(records)
-    # the split decode kernel holds the GQA group's accumulators and a K/V tile
+    # the split decode kernel holds the GQA group's accumulators and a K/V tile; at the
+    # measured 64-token tile within 128 registers (4 programs of 4 warps per SM)
     decode = [r for r in records if r.kernel == "paged_decode"]
     assert all(r.shared_bytes > 0 for r in decode)
+    assert all(r.config["TILE_N"] == configs.DECODE_WIDE_TILE_N for r in decode)
+    assert all(r.registers <= WIDE_DECODE_REGISTERS for r in decode), decode
     # a second call is served from the cache, record for record
     assert aot.compile_all(cfgs, workers=1) == records
 
@@ -149,3 +156,46 @@ def test_register_cap_only_on_16_bit_d64_decode() -> None:
     assert configs.decode_config(torch.float16, 64, 32, True).maxnreg is None  # QH 32
     # fp8 K/V dequantizes in registers: not capped here
     assert configs.decode_config(torch.float16, 64, 4, True, torch.float8_e4m3fn).maxnreg is None
+
+
+def test_measured_gpu_tiles_are_the_defaults() -> None:
+    """The tiles measured fastest on a GPU (H200, 2026-11-28, docs/gpu-tiles.md) are what
+    the dispatch picks at the measured shape (fp16 / bf16, head dim 128, GQA 4): the split
+    and single decode step 64 KV tokens with 4 warps and 2 stages; the 64-row prefill runs
+    4 warps with 32 keys per step. Elsewhere the older tiles stay (QH 32, other head dims,
+    fp8 K/V, float32), and the default partition is unchanged."""
+    for dtype in configs.FP8_QUERY_DTYPES:
+        for single in (False, True):
+            for windowed in (False, True):
+                cfg = configs.decode_config(dtype, 128, 4, single, windowed=windowed)
+                assert cfg.constexprs["TILE_N"] == configs.DECODE_WIDE_TILE_N == 64
+                assert (cfg.num_warps, cfg.num_stages, cfg.maxnreg) == (4, 2, None)
+        pre = configs.prefill_config(dtype, 128, 4 * 128)
+        assert (pre.int_constexpr("BLOCK_M"), pre.int_constexpr("TILE_N")) == (64, 32)
+        assert pre.num_warps == configs.PREFILL_M64_D128_WARPS == 4
+        assert configs.prefill_config(dtype, 64, 4 * 128).num_warps == 8  # not measured
+    assert configs.DEFAULT_PARTITION == 512
+    f16 = torch.float16
+    assert configs.decode_config(f16, 128, 32, False).constexprs["TILE_N"] == 32  # QH 32
+    assert configs.decode_config(f16, 64, 32, False).constexprs["TILE_N"] == 64  # fits
+    fp8 = configs.decode_config(f16, 128, 4, False, torch.float8_e4m3fn)
+    assert fp8.constexprs["TILE_N"] == 16  # the wide tile spills 16-32 B on sm_80
+    assert configs.decode_config(torch.float32, 128, 4, False).constexprs["TILE_N"] == 32
+
+
+@pytest.mark.slow
+def test_wide_decode_tiles_fit_their_budget() -> None:
+    """Every decode variant the dispatch gives the measured wide tile (fp16 / bf16, split
+    and single, full and windowed) compiles for sm_80 and sm_90 without spills within
+    `WIDE_DECODE_REGISTERS`: the rule `configs.DECODE_WIDE` was chosen by."""
+    wide = [
+        c
+        for c in configs.all_configs()
+        if c.kernel == "paged_decode"
+        and c.constexprs["TILE_N"] == configs.DECODE_WIDE_TILE_N
+        and c.dtype != torch.float32
+    ]
+    assert len(wide) >= 8, wide
+    records = aot.compile_all(wide, workers=2)
+    _assert_clean(records)
+    assert all(r.registers <= WIDE_DECODE_REGISTERS for r in records), records

@@ -195,6 +195,15 @@ def test_decode_head_dims(backend: str, head_dim: int, device: torch.device) -> 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_wide_tile_group_32_head_dim_64(backend: str, device: torch.device) -> None:
+    """Head dim 64 with 32 query heads per KV head steps the wide 64-token tile
+    (`configs.DECODE_WIDE`): lengths under, across and over a tile, single and split."""
+    check_decode(
+        [5, 64, 150], 1, 32, 64, 16, torch.float16, backend, partition_size=128, device=device
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("block_size", [8, 16, 32, 64, 128])
 def test_decode_block_sizes(backend: str, block_size: int, device: torch.device) -> None:
     lens = [1, block_size + 1, 150]

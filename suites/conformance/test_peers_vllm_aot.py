@@ -1,7 +1,9 @@
 """vLLM's Triton kernels compiled ahead of time for sm_80 / sm_90 beside kvbench's
-(`kvbench kernels --peers`, suites/peers/vllm_aot.py), and kvbench's decode goal: at
-head dim 128, block 16, fp16, sm_90, no spills and no more registers or shared memory than
-vLLM's own Triton decode (stage 1, as its launcher configures it) for the same shape.
+(`kvbench kernels --peers`, suites/peers/vllm_aot.py), and kvbench's budgets: at head
+dim 128, block 16, fp16, sm_90, no spills; the decode's measured 64-token tile within 128
+registers and 48 KiB shared (more than vLLM's own Triton decode, stage 1 as its launcher
+configures it, by choice: docs/gpu-tiles.md); each prefill tile no heavier than vLLM's
+unified 2D kernel at the same BLOCK_M and warps.
 
 Static figures from the compiler, no GPU and no timing. Skipped without vLLM.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvbench.kernels import configs
 from kvbench.suites import cli
 from kvbench.suites.peers import vllm_adapter, vllm_aot
 from kvbench.suites.peers.base import PeerUnavailableError
@@ -55,21 +58,29 @@ def test_vllm_launches_are_recorded_and_compile(records):
         assert r.record.registers > 0 and r.record.sass_instructions > 0
 
 
-def test_kvbench_decode_no_heavier_than_vllm_decode(records):
-    """The goal of issue 17: kvbench's split decode at D=128, block 16, fp16, sm_90 has 0
-    spills and no more registers or shared memory than vLLM's decode stage 1."""
+def test_kvbench_decode_within_its_measured_budget(records):
+    """Issue 17's goal was parity: kvbench's split decode at D=128, block 16, fp16, sm_90
+    took no more registers or shared memory than vLLM's decode stage 1 (16-token tile: 72
+    registers, 12,800 B). Its 64-token tile, measured 1.44-2.0x faster on an H200
+    (docs/gpu-tiles.md), costs more than vLLM's, by choice: the test holds it to 0 spills,
+    at most 128 registers (4 programs of 4 warps per SM) and at most 48 KiB of shared
+    memory (a block's share without opting in to more), and checks it is the wide tile
+    and vLLM's figures are the lower ones (so the table shows the price of the speed)."""
     mine = _one(records, "kvbench", "split decode")
     theirs = _one(records, "vllm", "decode stage 1 (grouped)")
+    assert mine.config["TILE_N"] == 64
     assert mine.spills == 0
-    assert mine.registers <= theirs.registers, (mine, theirs)
-    assert mine.shared_bytes <= theirs.shared_bytes, (mine, theirs)
+    assert theirs.registers <= mine.registers <= 128, (mine, theirs)
+    assert theirs.shared_bytes <= mine.shared_bytes <= 48 * 1024, (mine, theirs)
 
 
 def test_kvbench_prefill_tiles_no_heavier_than_vllm_2d(records):
     """The goal of issue 31: each prefill tile kvbench's dispatch can pick (BLOCK_M 16, 32,
     64) at D=128, block 16, fp16, sm_90 has 0 spills and no more registers or shared memory
     than vLLM's unified 2D kernel at the same BLOCK_M and warps (BLOCK_M 16 is vLLM's own
-    choice; the others are its recorded launch with BLOCK_M and warps replaced)."""
+    choice; the others are its recorded launch with BLOCK_M and warps replaced), except
+    the 64-row tile's 4 warps, measured 1.16-1.57x faster than 8 on an H200: no spills
+    and at most 256 registers per thread, two programs per SM."""
     tiles = [r for r in records if r.impl == "kvbench" and r.role == "prefill"]
     assert len(tiles) == 3, [r.variant for r in tiles]
     for tile in tiles:
@@ -81,6 +92,11 @@ def test_kvbench_prefill_tiles_no_heavier_than_vllm_2d(records):
         theirs = _one(records, "vllm", variant)
         assert theirs.config["BLOCK_M"] == block_m and theirs.num_warps == warps
         assert mine.spills == 0
+        if (block_m, warps) == (64, configs.PREFILL_M64_D128_WARPS):
+            # measured on a GPU (docs/gpu-tiles.md): held to two programs per SM (the
+            # 8 warps per SM of the 8-warp tile it replaced), not to vLLM's figures
+            assert mine.registers * warps * 32 <= 32_768, (mine, theirs)
+            continue
         assert mine.registers <= theirs.registers, (mine, theirs)
         assert mine.shared_bytes <= theirs.shared_bytes, (mine, theirs)
 
