@@ -441,9 +441,10 @@ def decode_fp8(
     window: KernelWindow = None,
 ) -> torch.Tensor:
     """Paged decode over fp8 K/V (`cpu_ext/paged_attn_fp8.cpp`) into `out`; see kernels.ops.
-    One task per (sequence, KV head); scales float32 [num_kv_heads] for K and V.
-    `conversion`: how bytes become float32, "vector" (the default: VW bytes at a time in
-    registers) or "table" (the first version's 256-entry lookup, kept to time against).
+    Tasks are (sequence, range of KV heads); scales float32 [num_kv_heads] for K and V.
+    `conversion`: how bytes become float32, "vector" (the default: in registers as they are
+    loaded, through float16 where F16C exists, e4m3 blocks holding a NaN byte the general
+    way) or "table" (the first version's 256-entry lookup, kept to time against).
     With a sliding `window` each sequence reads its last `window` tokens only, from the
     first block they touch (entries before it are not read or checked)."""
     if conversion not in FP8_CONVERSIONS:
@@ -465,6 +466,8 @@ def decode_fp8(
 
 #: The fp8 byte -> float32 conversions of the C++ fp8 decode (`decode_fp8(conversion=)`).
 FP8_CONVERSIONS = ("vector", "table")
+#: The conversions `fp8_to_float` exposes, in the operator's mode order.
+FP8_TEST_CONVERSIONS = ("vector", "table", "fast")
 
 
 def _fp8_format(kv_dtype: torch.dtype) -> tuple[int, int]:
@@ -512,19 +515,22 @@ def prefill_fp8(
 def fp8_to_float(
     raw: torch.Tensor, kv_dtype: torch.dtype, conversion: str = "vector"
 ) -> torch.Tensor:
-    """float32 values of the bytes `raw` (1-D uint8) read as `kv_dtype` through the C++ fp8
-    kernels' own conversion (`conversion` as for `decode_fp8`): what the exhaustive
-    conversion test compares with torch's. Raises RuntimeError without the C++ kernel."""
+    """float32 values of the bytes `raw` (1-D uint8) read as `kv_dtype` through one of the
+    C++ fp8 kernels' conversions: "vector" (the general one, NaN kept), "table" (the first
+    version's lookup) or "fast" (the decode's route: through float16 where F16C exists; on
+    it e4m3's NaN bytes 0x7F / 0xFF come out finite, so the decode scans each block for them
+    first and converts a block holding one the general way). What the exhaustive conversion
+    test compares with torch's. Raises RuntimeError without the C++ kernel."""
     if _module() is None:
         raise RuntimeError(f"no C++ CPU kernel here: {status().reason}")
-    if conversion not in FP8_CONVERSIONS:
-        raise ValueError(f"conversion={conversion!r}: expected one of {FP8_CONVERSIONS}")
+    if conversion not in FP8_TEST_CONVERSIONS:
+        raise ValueError(f"conversion={conversion!r}: expected one of {FP8_TEST_CONVERSIONS}")
     if raw.dtype != torch.uint8 or raw.dim() != 1:
         raise ValueError(f"raw must be 1-D uint8, got {raw.dtype} of shape {tuple(raw.shape)}")
     man, bias = _fp8_format(kv_dtype)
     src = raw.contiguous()
     out = torch.empty(src.shape, dtype=torch.float32)
-    torch.ops.kvbench_fp8.fp8_to_float(src, out, man, bias, conversion == "table")
+    torch.ops.kvbench_fp8.fp8_to_float(src, out, man, bias, FP8_TEST_CONVERSIONS.index(conversion))
     return out
 
 

