@@ -179,6 +179,7 @@ class CompactCache:
                 levels, counts = np.unique(self.level_of[hits], return_counts=True)
                 for level, c in zip(levels.tolist(), counts.tolist(), strict=True):
                     self.logs[level].live -= c
+                    self._drained(level)
         fresh = self._allocate(total - run)
         blocks = np.concatenate([hits, fresh]) if run else fresh
         new = ident[run:]
@@ -202,6 +203,12 @@ class CompactCache:
         self.evictions += len(victims)
         return np.concatenate([out, victims])
 
+    def _drained(self, level: int) -> None:
+        """Forget an empty lfu log (its entries are all dead): the logs stay as many as
+        the use counts of queued blocks, not every count ever seen."""
+        if self.policy == "lfu" and not self.logs[level].live:
+            del self.logs[level]
+
     def _evict(self, k: int) -> np.ndarray:
         """The next k blocks of the queue, removed (their histories forgotten)."""
         self.queued -= k
@@ -209,10 +216,11 @@ class CompactCache:
             return self.logs[0].pop_front(k)
         out = []
         for level in sorted(self.logs):  # lfu: fewest uses first; slru: probation first
-            log = self.logs[level]
+            log = self.logs[level]  # (an lfu log is dropped as it drains)
             if not log.live:
                 continue
             got = log.pop_front(min(k, log.live))
+            self._drained(level)
             out.append(got)
             k -= len(got)
             if not k:
