@@ -94,3 +94,52 @@ def test_traces_the_compact_replay_does_not_take_fall_back_to_the_real_cache() -
     configs = [ReplayConfig(16, "lru")]
     assert replay_many(two, configs, 4) == replay_many(two, configs, 4, compact=False)
     assert replay_many(two, configs, 4)[0].hit_tokens == 4  # the real cache shares them
+
+
+def repeated_trace(trace: Trace, times: int) -> Trace:
+    """`trace` `times` times over, copy j with every block id shifted past the copies
+    before it and its arrivals after theirs: a trace `times` times as large that shares
+    within each copy exactly as the original does (the 10x replay of issue 39)."""
+    ids = [b for r in trace.requests for b in (r.prompt_blocks or ())]
+    shift = max(ids, default=0) + 1
+    span = (trace.requests[-1].arrival if trace.requests else 0.0) + 1.0
+    reqs = []
+    for j in range(times):
+        for r in trace.requests:
+            blocks = tuple(b + j * shift for b in r.prompt_blocks) if r.prompt_blocks else None
+            reqs.append(
+                TraceRequest(
+                    f"{j}-{r.id}", r.arrival + j * span, r.prompt_len, r.output_len,
+                    salt=r.salt, prompt_blocks=blocks, prompt_block_tokens=r.prompt_block_tokens,
+                )
+            )  # fmt: skip
+    return Trace(tuple(reqs))
+
+
+def test_a_repeated_trace_replays_each_copy_as_the_original() -> None:
+    """Copies share nothing: a pool too small to keep a copy across the next gets
+    `times` x the original's hits."""
+    trace = _trace([([0, 1], 0, None), ([0, 1, 2], 3, None), ([0, 4], 0, "t")], 4)
+    twice = repeated_trace(trace, 2)
+    assert len(twice) == 6
+    one = replay_many(trace, [ReplayConfig(16, "lru")], 2)[0]
+    two = replay_many(twice, [ReplayConfig(16, "lru")], 2)[0]
+    assert (two.hit_tokens, two.prompt_tokens) == (2 * one.hit_tokens, 2 * one.prompt_tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block_size", [512, 16])
+def test_the_whole_mooncake_trace_replays_alike_in_arrays_and_in_the_real_cache(
+    block_size: int,
+) -> None:
+    """The guard on the whole trace (minutes and ~6 GB at block 16: `slow`, not in CI):
+    the grid's bounded capacities, every policy, both paths equal."""
+    from kvbench.suites.bench.sweeps.trace_capacity import CAPACITIES
+
+    trace = shipped_trace("mooncake-conversation")
+    limit = po.block_accesses(trace, block_size).footprint_blocks()
+    caps = [c for c in CAPACITIES if c // block_size < limit]
+    for policy in POLICIES:
+        configs = [ReplayConfig(c, policy) for c in caps]
+        fast = replay_many(trace, configs, block_size, pool_limit=limit)
+        assert fast == replay_many(trace, configs, block_size, pool_limit=limit, compact=False)
