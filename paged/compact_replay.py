@@ -193,7 +193,7 @@ class CompactCache:
 
     def _allocate(self, n: int) -> np.ndarray:
         take = min(n, self.top)
-        out = self.free[self.top - take : self.top][::-1].copy()
+        out: np.ndarray = self.free[self.top - take : self.top][::-1].copy()
         self.top -= take
         if take == n:
             return out
