@@ -11,6 +11,11 @@ ids (`prefix_cache.token_bytes`) from the chain instead of hashing and packing a
 A chain is bound to the very prompt object it was computed from (`prompt`): `admit` accepts
 it only with that object (an identity check), that block size, those extra keys and that
 key function, so it cannot describe another prompt.
+
+`DescribedChains` computes the same chains for a whole trace, memoised by described block
+(a prompt given by block ids, `workloads.trace.BlockTokenIds`, as imported production
+traces are): a prefix many requests share is packed and hashed once, not once a request,
+and every cache of a replay holds the same key and packed-id objects for it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 
 from kvbench.paged.prefix_cache import ExtraKeys, KeyFn, block_key, packed_chain, token_bytes
 from kvbench.workloads.block_size import check_block_size
+from kvbench.workloads.trace import BlockTokenIds
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,3 +84,87 @@ def block_chain(
             keys.append(parent)
             chunks.append(token_bytes(block))
     return BlockChain(prompt, bs, extra, key_fn, tuple(keys), tuple(chunks))
+
+
+#: Memo key of a described block: (parent key, block id, tokens per block, extra keys).
+_MemoKey = tuple[bytes | None, int, int, ExtraKeys]
+
+
+class DescribedChains:
+    """`packed_chain` of a trace's prompts, memoised by described block.
+
+    A prompt given by block ids (`BlockTokenIds`: blocks of `bt` tokens, bt a multiple of
+    the block size) has full blocks whose keys within one described block depend only on
+    the key before it (the parent), its block id and the extra keys: so the keys and
+    packed ids of a described block's bt // block_size blocks are computed once per
+    (parent, block id, bt, extra) and reused by every later prompt with that prefix. The
+    result is exactly `packed_chain` of the prompt's ids (tested); any other prompt, or a
+    bt the block size does not divide, is packed and hashed as before.
+
+    Memory: the memo holds the keys and packed ids of at most 2 * `limit` token ids (8
+    bytes an id packed, plus a 32-byte key and ~100 bytes of objects a block): two
+    generations; when the newer holds `limit` ids it becomes the older and the older is
+    dropped, and a hit in the older moves to the newer (so a prefix in use stays). Only
+    speed and object sharing depend on `limit`."""
+
+    def __init__(self, block_size: int, limit: int = 1 << 22) -> None:
+        self.block_size = check_block_size(block_size)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an integer >= 1 (token ids), got {limit!r}")
+        self.limit = limit
+        self._new: dict[_MemoKey, tuple[tuple[bytes, ...], tuple[bytes, ...]]] = {}
+        self._old: dict[_MemoKey, tuple[tuple[bytes, ...], tuple[bytes, ...]]] = {}
+        self._held = 0  # token ids in `_new`
+        #: described blocks found in the memo / computed
+        self.hits = 0
+        self.misses = 0
+
+    def packed(
+        self, prompt: Sequence[int], extra: ExtraKeys, tail: Sequence[int] = ()
+    ) -> tuple[list[bytes], list[bytes]]:
+        """(keys, packed ids) of the full blocks of `prompt` then `tail`: equal to
+        `packed_chain((*prompt, *tail), block_size, extra)`."""
+        bs = self.block_size
+        described = prompt.described() if isinstance(prompt, BlockTokenIds) else None
+        if described is None or described[1] % bs:
+            keys, chunks = packed_chain((*prompt, *tail), bs, extra)
+            return keys, chunks
+        blocks, bt = described
+        whole = len(prompt) // bt  # described blocks wholly in the prompt
+        keys = []
+        chunks = []
+        parent: bytes | None = None
+        for k in range(whole):
+            memo: _MemoKey = (parent, blocks[k], bt, extra)
+            got = self._new.get(memo)
+            if got is None:
+                got = self._old.pop(memo, None)
+                if got is None:
+                    self.misses += 1
+                    ks, cs = packed_chain(prompt[k * bt : (k + 1) * bt], bs, extra, parent)
+                    got = (tuple(ks), tuple(cs))
+                else:
+                    self.hits += 1
+                if self._held >= self.limit:
+                    self._old, self._new, self._held = self._new, {}, 0
+                self._new[memo] = got
+                self._held += bt
+            else:
+                self.hits += 1
+            keys += got[0]
+            chunks += got[1]
+            parent = got[0][-1]
+        rest = prompt[whole * bt :]
+        if len(rest) or len(tail):
+            ks, cs = packed_chain((*rest, *tail), bs, extra, parent)
+            keys += ks
+            chunks += cs
+        return keys, chunks
+
+    def chain(self, prompt: Sequence[int], extra: ExtraKeys = (None, None)) -> BlockChain:
+        """`block_chain(prompt, block_size, extra)`, from the memo."""
+        n = len(prompt) // self.block_size
+        keys, chunks = self.packed(prompt, extra)
+        return BlockChain(
+            prompt, self.block_size, extra, block_key, tuple(keys[:n]), tuple(chunks[:n])
+        )

@@ -174,11 +174,17 @@ def belady_hit_tokens(acc: BlockAccesses, capacity_tokens: int) -> int:
     hittable = acc.hittable.tolist()
     lens = acc.prompt_lens.tolist()
     bs = acc.block_size
-    cached: dict[int, int] = {}  # key -> its next use (the heap's live entry)
-    # (-next use, -key), lazily deleted: farthest next use first; on a tie the larger key,
+    span = int(keys.max()) + 1 if len(keys) else 1  # keys are in [0, span)
+    top = acc.num_requests + 1  # next uses are in [1, top]
+    # key -> its next use + 1 (the heap's live entry), 0 where not cached: 8 bytes a key
+    # in one array, not a dict entry (a 10^8-token cache at block 16 holds 6M keys)
+    next_of = array("q", bytes(8 * span))
+    count = 0  # cached keys
+    # one int a cached key, lazily deleted: (top - next use) * span + (span - 1 - key),
+    # ordered as (-next use, -key): farthest next use first; on a tie the larger key,
     # which is the deeper block (a child is numbered after its parent), so the cached set
     # stays closed under prefixes
-    heap: list[tuple[int, int]] = []
+    heap: list[int] = []
     hits = 0
     for i, length in enumerate(lens):
         use = min(length, cap * bs)
@@ -189,32 +195,38 @@ def belady_hit_tokens(acc: BlockAccesses, capacity_tokens: int) -> int:
         nxt_l = nxt[lo : lo + full].tolist()
         run = 0
         limit = min(hittable[i], (use - 1) // bs)
-        while run < limit and mine[run] in cached:
+        while run < limit and next_of[mine[run]]:
             run += 1
         hits += run * bs
         pinned = set(mine[:run])
         keep = cap - total  # other cached blocks that fit beside this request
-        others = len(cached) - run
-        held: list[tuple[int, int]] = []
+        others = count - run
+        held: list[int] = []
         while others > keep:
-            neg, negkey = heapq.heappop(heap)
-            key = -negkey
-            if cached.get(key) != -neg:
+            code = heapq.heappop(heap)
+            far, rest = divmod(code, span)
+            key = span - 1 - rest
+            if next_of[key] != top - far + 1:
                 continue
             if key in pinned:
-                held.append((neg, negkey))
+                held.append(code)
                 continue
-            del cached[key]
+            next_of[key] = 0
+            count -= 1
             others -= 1
-        for item in held:
-            heapq.heappush(heap, item)
+        for code in held:
+            heapq.heappush(heap, code)
         for j, key in enumerate(mine):
             nu = nxt_l[j]
-            if cached.get(key) != nu:
-                cached[key] = nu
-                heapq.heappush(heap, (-nu, -key))
-        if len(heap) > 4 * len(cached) + 1024:
-            heap = [(-nu, -k) for k, nu in cached.items()]
+            was = next_of[key]
+            if was != nu + 1:
+                count += not was
+                next_of[key] = nu + 1
+                heapq.heappush(heap, (top - nu) * span + span - 1 - key)
+        if len(heap) > 4 * count + 1024:
+            live = np.frombuffer(next_of, dtype=np.int64)
+            at = np.flatnonzero(live)
+            heap = ((top - (live[at] - 1)) * span + span - 1 - at).tolist()
             heapq.heapify(heap)
     return hits
 

@@ -130,6 +130,11 @@ class BlockTokenIds(KnownIds):
     def __len__(self) -> int:
         return self._len
 
+    def described(self) -> tuple[tuple[int, ...], int]:
+        """(the block ids, tokens per block): what the ids are made from (a prefix
+        cache keys a block's ids from its block id alone, `paged.block_chain`)."""
+        return self._blocks, self._bt
+
     def max_id(self) -> int:
         """The largest id: a full block's last position, or the last block's last kept one."""
         bt, blocks = self._bt, self._blocks
@@ -152,6 +157,8 @@ class BlockTokenIds(KnownIds):
             start, stop, step = index.indices(self._len)
             if step != 1:
                 return tuple(self)[index]
+            if stop <= start:  # empty (also at the very end, past the last block)
+                return ()
             if stop - start <= self._bt - start % self._bt:  # inside one block
                 k, off = divmod(start, self._bt)
                 base = BLOCK_ID_BASE + self._blocks[k] * self._bt + off

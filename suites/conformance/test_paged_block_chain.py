@@ -291,3 +291,47 @@ def test_the_key_the_match_computed_is_reused_only_for_the_same_ids_and_parent(
     want_ids = (6, 6, 6, 6) if ids_from == "other" else (9, 9, 9, 9)
     assert entries[block2].tokens == want_ids
     cache.check()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    block_size=st.sampled_from([4, 8, 16]),
+    per=st.sampled_from([1, 2, 4]),
+    limit=st.sampled_from([1, 20, 1 << 22]),
+    prompts=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 5), min_size=1, max_size=6),  # block ids (shared often)
+            st.integers(0, 15),  # tokens cut from the last described block
+            st.sampled_from([None, "a"]),  # salt
+            st.integers(0, 40),  # tail ids after the prompt
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_memoised_described_chains_equal_packed_chains(
+    block_size: int, per: int, limit: int, prompts: list[tuple[list[int], int, str | None, int]]
+) -> None:
+    """`DescribedChains.packed` equals `packed_chain` over the prompt's listed ids (then a
+    tail) for prompts given by block ids, whatever the memo holds (a tiny limit drops
+    generations between prompts); a block size that does not divide the described
+    blocks takes the plain path, with the same result."""
+    from kvbench.paged.block_chain import DescribedChains
+    from kvbench.paged.prefix_cache import packed_chain
+    from kvbench.workloads.trace import block_token_ids
+
+    bt = block_size * per
+    for memo_bs in (block_size, 3):
+        memo = DescribedChains(memo_bs, limit)
+        for blocks, cut, salt, tail_len in prompts:
+            length = max(1, len(blocks) * bt - min(cut, bt - 1))
+            prompt = block_token_ids(blocks, bt, length)
+            tail = tuple(range(7, 7 + tail_len))
+            extra = (salt, None)
+            want = packed_chain((*prompt, *tail), memo_bs, extra)
+            assert memo.packed(prompt, extra, tail) == want
+            chain = memo.chain(prompt, extra)
+            plain = block_chain(prompt, memo_bs, extra)
+            assert (chain.keys, chain.chunks) == (plain.keys, plain.chunks)
+    with pytest.raises(ValueError, match="limit"):
+        DescribedChains(16, 0)

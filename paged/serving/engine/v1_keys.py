@@ -8,7 +8,9 @@ stored, each block's ids packed twice (for its key and for its index entry) and 
 Yet every id a sequence will ever hold is known when it is first admitted (its prompt,
 then its given or synthetic outputs, `Seq.token`), and a block's key depends on its
 content only. So `KeyChains` computes a sequence's whole chain once
-(`prefix_cache.packed_chain`: one packing, one sha256 a block), and the policy:
+(`prefix_cache.packed_chain`: one packing, one sha256 a block; a prompt described by
+block ids, as an imported production trace's, from `block_chain.DescribedChains`, which
+hashes a prefix shared by many requests once), and the policy:
 
 * probes the admission's hit by walking the chain's keys (`PrefixCache.match_keyed`,
   every hit verified as `match` verifies it: parent, ids, extra keys) instead of a
@@ -34,9 +36,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvbench.paged.block_chain import BlockChain
+from kvbench.paged.block_chain import BlockChain, DescribedChains
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.prefix_cache import block_key, packed_chain
+from kvbench.paged.prefix_cache import block_key
 from kvbench.paged.serving.engine.sequence import Seq
 from kvbench.reference.contract import ServingCache
 
@@ -52,6 +54,8 @@ class KeyChains:
         self.ref = cache.pool.ref
         self.bs = cache.block_size
         self._chains: dict[int, tuple[tuple[bytes, ...], tuple[bytes, ...]]] = {}
+        #: the prompts' chains memoised by described block (`paged.block_chain`)
+        self.described = DescribedChains(self.bs)
 
     @staticmethod
     def applies(cache: ServingCache) -> bool:
@@ -80,7 +84,7 @@ class KeyChains:
             base = seq.out_base
             n_out = seq.req.output_len
             outs = tuple(out[:n_out]) if out is not None else tuple(range(base, base + n_out))
-            keys, chunks = packed_chain((*seq.prompt, *outs), self.bs, (seq.salt, None))
+            keys, chunks = self.described.packed(seq.prompt, (seq.salt, None), outs)
             got = self._chains[seq.order] = (tuple(keys), tuple(chunks))
         return got
 
