@@ -25,6 +25,7 @@ from kvbench.reference import oracle
 from kvbench.suites.conformance.test_kernels_attention import make_paged
 from kvbench.suites.conformance.test_kernels_fp8 import _fp8_batch
 from kvbench.workloads import fp8
+from kvbench.workloads.kv_spec import KVCacheSpec
 
 GROUP = 4
 #: A head dim whose padded size is each D_PAD (96 and 160 are not powers of two: the masked
@@ -40,6 +41,8 @@ def _prefill_tiles() -> list[configs.KernelConfig]:
 FP8_BY_MAN = {3: torch.float8_e4m3fn, 2: torch.float8_e5m2}
 #: Sliding window of the windowed tiles' runs: shorter than the runs, not a block multiple.
 WINDOW = 7
+#: Chunk of the chunked-local tiles' runs (a whole block of the runs' 16-token blocks).
+CHUNK = 16
 
 
 def _kv_dtype(cfg: configs.KernelConfig) -> torch.dtype | None:
@@ -51,9 +54,10 @@ def _new_tokens_for(cfg: configs.KernelConfig) -> int:
     """The fewest new tokens (group of GROUP) whose rows select `cfg`'s BLOCK_M."""
     head_dim = HEAD_DIM_OF_PAD[cfg.int_constexpr("D_PAD")]
     windowed = bool(cfg.constexprs.get("WINDOWED"))
+    chunked = bool(cfg.constexprs.get("CHUNKED"))
     for q_len in range(1, 200):
         chosen = configs.prefill_config(
-            cfg.dtype, head_dim, q_len * GROUP, _kv_dtype(cfg), windowed=windowed
+            cfg.dtype, head_dim, q_len * GROUP, _kv_dtype(cfg), windowed=windowed, chunked=chunked
         )
         if chosen == cfg:
             return q_len
@@ -64,7 +68,9 @@ def _id(cfg: configs.KernelConfig) -> str:
     c = cfg.constexprs
     man = c.get("FP8_MAN")
     fp8 = "" if man is None else f"-fp8e{7 - int(man)}m{man}"  # type: ignore[call-overload]
-    window = "-sliding_window" if c.get("WINDOWED") else ""
+    window = (
+        "-chunked_local" if c.get("CHUNKED") else "-sliding_window" if c.get("WINDOWED") else ""
+    )
     return f"{configs.TRITON_DTYPE_NAMES[cfg.dtype]}-D{c['D_PAD']}-M{c['BLOCK_M']}{fp8}{window}"
 
 
@@ -85,11 +91,15 @@ def test_tiles_follow_the_query_count() -> None:
 def test_every_prefill_tile_matches_oracle(cfg: configs.KernelConfig) -> None:
     """16/32-bit K/V against the float64 oracle; fp8 K/V (`fp8` in the id) against float64
     attention over the dequantized K/V; windowed tiles (`sliding_window`) with a window of
-    `WINDOW` tokens, the oracle masking likewise."""
+    `WINDOW` tokens, chunked-local tiles (`chunked_local`) with chunks of `CHUNK`, the
+    oracle masking likewise."""
     dtype = cfg.dtype
     head_dim = HEAD_DIM_OF_PAD[cfg.int_constexpr("D_PAD")]
     kv_dtype = _kv_dtype(cfg)
-    window = WINDOW if cfg.constexprs.get("WINDOWED") else None
+    chunked = bool(cfg.constexprs.get("CHUNKED"))
+    window = WINDOW if cfg.constexprs.get("WINDOWED") and not chunked else None
+    kernel_window = KVCacheSpec.chunked_local(CHUNK) if chunked else window
+    chunk = CHUNK if chunked else None
     q_len = _new_tokens_for(cfg)
     # a cached prefix of 9 tokens before the long run; a shorter second sequence
     lens, q_lens = [q_len + 9, 5], [q_len, 3]
@@ -125,14 +135,16 @@ def test_every_prefill_tile_matches_oracle(cfg: configs.KernelConfig) -> None:
     try:
         ops.paged_prefill_attention(
             q, k_cache, v_cache, tables, cu, seq_lens, out=out, backend="triton",
-            window=window, k_scale=k_scale, v_scale=v_scale,
+            window=kernel_window, k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
     finally:
         triton_ops._launch = real
     assert used == [cfg]
     ref = torch.cat(
         [
-            oracle.extend_attention(q[cu[b] : cu[b + 1]], keys[b], values[b], window=window)
+            oracle.extend_attention(
+                q[cu[b] : cu[b + 1]], keys[b], values[b], window=window, chunk=chunk
+            )
             for b in range(2)
         ]
     )
