@@ -92,8 +92,8 @@ KERNELS: list[Mutant] = [
     Mutant(
         "kernels.triton.decode_window_begins_early",
         "kernels/triton_kernels.py",
-        "            begin = tl.maximum(start, seq_len - window)",
-        "            begin = tl.maximum(start, seq_len - window - 1)",
+        "            begin = tl.maximum(start, lo) if CHUNKED else tl.maximum(start, seq_len - window)",
+        "            begin = tl.maximum(start, lo) if CHUNKED else tl.maximum(start, seq_len - window - 1)",
         "Triton windowed decode reads one key before the window",
         (
             SW + "::test_sliding_window_skips_released_blocks[triton]",
@@ -138,8 +138,8 @@ KERNELS: list[Mutant] = [
     Mutant(
         "kernels.cpp.decode_window_narrower",
         "kernels/cpu_ext/paged_attn.cpp",
-        "      const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;",
-        "      const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window + 1) : 0;",
+        "      const int64_t lo = first_key(len - 1, window);",
+        "      const int64_t lo = first_key(len - 1, window) + (window > 0 && len > window);",
         "the C++ windowed decode skips the window's first token",
         (
             SW + "::test_sliding_window_skips_released_blocks[cpp]",

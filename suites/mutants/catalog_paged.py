@@ -348,8 +348,8 @@ PAGED: list[Mutant] = [
     Mutant(
         "reference.layer_groups.window_slice_wider",
         "reference/layer_groups.py",
-        "        start = 0 if window is None else max(0, k.shape[1] - window)",
-        "        start = 0 if window is None else max(0, k.shape[1] - window - 1)",
+        "            start = max(0, length - spec.window)",
+        "            start = max(0, length - spec.window - 1)",
         "the layer-group reference reads window + 1 tokens for a windowed group",
         (C + "test_paged_hybrid.py",),
     ),
