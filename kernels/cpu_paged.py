@@ -9,7 +9,7 @@ SDPA on contiguous K/V; see docs/cpu-kernel.md).
 
 Build: compiled at first use with `torch.utils.cpp_extension.load` (g++ and ninja, -O3
 -march=native, OpenMP through ATen's thread pool) into a cache folder keyed by the source,
-torch version, compiler flags and the CPU's instruction-set flags, so a rebuilt machine or
+torch version and build (one wheel in several venvs shares it), compiler flags and the CPU's instruction-set flags, so a rebuilt machine or
 a different CPU never loads a stale or illegal binary. Later processes load the cached
 library in well under a second. The folder is `$KVBENCH_CPU_EXT_DIR` or
 `~/.cache/kvbench/cpu_ext/<key>`. Nothing here is a build-time requirement of the package.
@@ -143,16 +143,38 @@ def _compiler() -> str:
         return f"{cxx}: {type(exc).__name__}"
 
 
+def _torch_build() -> bytes:
+    """What identifies the torch the library links against: the digest of its installed
+    files as its wheel's RECORD lists them (path, sha256, size of every file under
+    `torch/`), so two venvs that installed the same wheel share one build (CI's nox
+    sessions each have a venv) while a different build of torch, even of the same version,
+    gets its own folder. An install without a RECORD (a source checkout, a develop
+    install) is identified by its folder instead."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        record = distribution("torch").read_text("RECORD")
+    except (PackageNotFoundError, OSError):
+        record = None
+    if not record:
+        return b"install " + str(Path(torch.__file__).resolve().parent).encode()
+    files = sorted(
+        line for line in record.splitlines() if line.startswith("torch/") and ",sha256=" in line
+    )
+    return b"record " + hashlib.sha256("\n".join(files).encode()).hexdigest().encode()
+
+
 def build_key_parts() -> list[tuple[str, bytes]]:
     """Everything that changes the compiled library, named: every source and header (by
-    name and bytes), torch's version, its install folder and C++ ABI (two environments
-    with their own torch never share a folder, so they never rebuild it in turn), the
-    compiler and its flags, the CPU's instruction sets (-march=native) and the Python (its
-    version and headers; not the venv, so venvs over one torch share a build)."""
+    name and bytes), torch's version, its build (`_torch_build`: the same wheel in two
+    venvs is one build, so CI's sessions share it; two different torch builds never share
+    a folder, so they never rebuild it in turn) and C++ ABI, the compiler and its flags,
+    the CPU's instruction sets (-march=native) and the Python (its version and headers;
+    not the venv)."""
     parts = [(f"source {p.name}", p.read_bytes()) for p in sorted(_SOURCE.parent.glob("*.[ch]*"))]
     parts += [
         ("torch version", torch.__version__.encode()),
-        ("torch install", str(Path(torch.__file__).resolve().parent).encode()),
+        ("torch build", _torch_build()),
         ("torch cxx11 abi", str(torch._C._GLIBCXX_USE_CXX11_ABI).encode()),
         ("compiler", _compiler().encode()),
         ("flags", " ".join(_CFLAGS).encode()),

@@ -374,16 +374,16 @@ def test_build_lock_held_elsewhere_times_out_to_fallback(tmp_path: Path, monkeyp
 
 
 def test_build_folder_is_keyed_by_everything_that_changes_the_binary(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A different torch install, compiler, flag or source gets its own folder (two
-    environments over different torch installs never rebuild one folder in turn); the same
+    """A different torch build, compiler, flag or source gets its own folder (two
+    environments over different torch builds never rebuild one folder in turn); the same
     inputs get the same folder."""
     assert cpu_paged._build_dir() == cpu_paged._build_dir()
     names = {name for name, _ in cpu_paged.build_key_parts()}
-    assert {"torch version", "torch install", "compiler", "flags", "cpu", "python"} <= names
+    assert {"torch version", "torch build", "compiler", "flags", "cpu", "python"} <= names
     assert any(n.startswith("source paged_attn") for n in names)
     base = cpu_paged._build_dir()
     real = cpu_paged.build_key_parts
-    for changed in ("torch install", "compiler", "flags", "source paged_attn.cpp"):
+    for changed in ("torch build", "compiler", "flags", "source paged_attn.cpp"):
 
         def parts(changed: str = changed) -> list[tuple[str, bytes]]:
             return [(n, v + b"x" if n == changed else v) for n, v in real()]
@@ -393,3 +393,34 @@ def test_build_folder_is_keyed_by_everything_that_changes_the_binary(monkeypatch
     monkeypatch.setattr(cpu_paged, "build_key_parts", real)
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     assert cpu_paged._build_dir() != base  # another compiler (even a missing one)
+
+
+def test_torch_build_key_is_the_wheels_files_not_the_venv(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two venvs that installed one torch wheel share a build (their RECORDs differ only
+    in the venv's own scripts); a changed file under torch/ is another build; an install
+    without a RECORD falls back to its folder."""
+    import importlib.metadata as metadata
+
+    lib = "torch/lib/libtorch_cpu.so,sha256=AAAA,123"
+    records = {
+        "venv a": f"{lib}\ntorch/__init__.py,sha256=BBBB,9\n../../../bin/torchrun,sha256=CCCC,1\n",
+        "venv b": f"torch/__init__.py,sha256=BBBB,9\n{lib}\n../../../bin/torchrun,sha256=DDDD,1\n",
+        "rebuilt": "torch/lib/libtorch_cpu.so,sha256=EEEE,123\ntorch/__init__.py,sha256=BBBB,9\n",
+        "no record": "",
+    }
+
+    class Dist:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def read_text(self, name: str) -> str | None:
+            assert name == "RECORD"
+            return self.text or None
+
+    keys = {}
+    for name, text in records.items():
+        monkeypatch.setattr(metadata, "distribution", lambda _n, text=text: Dist(text))
+        keys[name] = cpu_paged._torch_build()
+    assert keys["venv a"] == keys["venv b"]
+    assert keys["rebuilt"] != keys["venv a"]
+    assert keys["no record"].startswith(b"install ") and keys["venv a"].startswith(b"record ")

@@ -226,6 +226,9 @@ def test_kernel_sweep_timed_calls_read_nothing(
     monkeypatch.setattr(sweeps, "HEAD_DIM", 16)
     ctx = RecordingContext(device=torch.device("cpu"))
     ctx.stub, ctx.timed_reads = launch, []
+    # the host cost per call is timed too: recorded like `time` (one call, launch stubbed),
+    # not 750 interpreted launches
+    monkeypatch.setattr(sweeps, "host_call_time", lambda fn, device, timing: ctx.time(fn))
     launch.run = True
     sweep = next(s for s in all_sweeps() if s.name == name)
     list(sweep.measure(KERNEL_CASES[name], ctx))
