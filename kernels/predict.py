@@ -129,7 +129,7 @@ def loop_tile_bytes(config: configs.KernelConfig) -> int:
     c = config.constexprs
     if "TILE_N" not in c or "D_PAD" not in c:
         return 0
-    elem = 1 if c.get("FP8_MAN", 0) else torch.empty(0, dtype=config.dtype).element_size()
+    elem = 1 if c.get("FP8_MAN", 0) else config.dtype.itemsize
     return 2 * int(c["TILE_N"]) * int(c["D_PAD"]) * elem  # type: ignore[call-overload]
 
 
