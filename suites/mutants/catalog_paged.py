@@ -232,7 +232,12 @@ PAGED: list[Mutant] = [
         "                fresh = ([] if gi == plans[0][0] else fresh) + pool.allocate_many(mine)\n"
         "            fresh = fresh if n else []\n",
         "issue 36 (1): each group allocates before the next releases: a full group listed first is refused what the capacity answer grants",
-        (GROUPS_MACHINE,),
+        (
+            C
+            + "test_paged_hybrid_atomic.py::test_capacity_answer_and_append_agree_in_every_group_order",
+            C + "test_paged_hybrid_atomic.py::test_capacity_answer_equals_append_up_to_a_full_pool",
+            GROUPS_MACHINE,
+        ),
     ),
     Mutant(
         "paged.layer_groups.write_failure_not_rolled_back",
