@@ -270,6 +270,9 @@ class PrefixCache:
                     memo[content] = (key, packed)
                 else:
                     key, packed = found
+            elif key_fn is block_key:  # block_key, inline: the ids are packed once, for
+                packed = token_bytes(chunk)  # the key and for verifying a hit
+                key = sha256(_head(parent) + packed + tail).digest()
             else:
                 key = key_fn(parent, chunk, extra)
                 packed = b""  # packed below only if the key is indexed
