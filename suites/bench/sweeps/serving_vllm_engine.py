@@ -13,9 +13,10 @@ kvbench predicts the same run (`suites.e2e.vllm_engine_predict`): decisions from
 engine's vllm-v1 policy, memory-only, same block size, blocks (vLLM's `num_gpu_blocks`
 read from the engine, less its null block) and budgets; times from the CPU step-time
 model of `paged.serving.calibration` with its per-sequence term (vLLM's host side works
-per request every step) fitted to the steps of OTHER vLLM runs (the
+per request every step) and its per-prefill-step term (a step that carries a prefill
+chunk costs more than its FLOPs say) fitted to the steps of OTHER vLLM runs (the
 calibration case: a warm-up trace, then fit traces of other seeds and shapes), each step's
-fixed and per-sequence terms at the host speed measured beside it (a fixed probe between
+host terms (fixed, per-sequence, per-prefill-step) at the host speed measured beside it (a fixed probe between
 every two steps, `vllm_engine_run.host_probe`, the median of the 10 around the step;
 `*_constant` metrics: the same fit without it).
 
@@ -168,10 +169,14 @@ def _fit(ctx: BenchContext) -> dict[str, Any]:
         for name, shape in FIT.items():
             steps += _serve(ctx, name, shape)[2]
         tm = _time_model(ctx)
-        fit = fit_profile(tm, steps, "cpu-vllm-fit", per_sequence=True, host_on_overhead=True)
+        fit = fit_profile(
+            tm, steps, "cpu-vllm-fit", per_sequence=True, host_on_overhead=True,
+            prefill_step=True,
+        )  # fmt: skip
         const = fit_profile(
-            tm, without_empty_calls(steps), "cpu-vllm-fit-constant", per_sequence=True
-        )
+            tm, without_empty_calls(steps), "cpu-vllm-fit-constant", per_sequence=True,
+            prefill_step=True,
+        )  # fmt: skip
         ctx.cache["vllm_fit"] = {
             "fit": fit,
             "tm": with_profile(tm, fit.profile),
@@ -262,14 +267,14 @@ def _predicted_rows(ctx: BenchContext, name: str) -> list[Measurement]:
         ("", fitted["fit"], fitted["tm"], fitted["fit"].empty_ref),
         ("_constant", fitted["const"], fitted["const_tm"], 0.0),
     ):
-        seq = fit.seq_overhead_s
+        seq, pre = fit.seq_overhead_s, fit.prefill_step_s
         host = fit.host_on_overhead
-        err = step_errors(tm, priced, ref, seq, host)
+        err = step_errors(tm, priced, ref, seq, host, prefill=pre)
         p = fit.profile
         coef = (p.step_overhead_s, p.hbm_bandwidth, p.peak_flops)
-        secs = predict_seconds(tm, priced, *coef, ref, seq, host)
+        secs = predict_seconds(tm, priced, *coef, ref, seq, host, prefill=pre)
         if len(pred.work) > n:  # steps vLLM did not have: at the reference speed
-            extra = predict_seconds(tm, pred.work[n:], *coef, 0.0, seq)
+            extra = predict_seconds(tm, pred.work[n:], *coef, 0.0, seq, prefill=pre)
             secs = np.concatenate([secs, extra])
         lat = latencies(pred.first_step, pred.last_step, np.cumsum(secs).tolist(), out_len)
         rows += [
@@ -310,11 +315,13 @@ def _calibration_rows(ctx: BenchContext) -> list[Measurement]:
         Measurement("fitted_bandwidth", p.hbm_bandwidth, "B/s"),
         Measurement("fitted_flops", p.peak_flops, "FLOP/s"),
         Measurement("fitted_seq_overhead", fit.seq_overhead_s, "s"),
+        Measurement("fitted_prefill_step_overhead", fit.prefill_step_s, "s"),
         Measurement("constant_fit_step_error_mean", const.error, "fraction"),
         Measurement("constant_fitted_step_overhead", const.profile.step_overhead_s, "s"),
         Measurement("constant_fitted_bandwidth", const.profile.hbm_bandwidth, "B/s"),
         Measurement("constant_fitted_flops", const.profile.peak_flops, "FLOP/s"),
         Measurement("constant_fitted_seq_overhead", const.seq_overhead_s, "s"),
+        Measurement("constant_fitted_prefill_step_overhead", const.prefill_step_s, "s"),
         Measurement(
             "host_probe_median",
             float(np.median(probes)) if probes else 0.0,
