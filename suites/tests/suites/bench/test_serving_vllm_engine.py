@@ -29,7 +29,7 @@ from kvbench.workloads.errors import CaseSkipped, ConfigError
 from kvbench.workloads.profiles import get_profile
 
 SPEC = VllmEngineSpec()
-SMALL = (0, 10, "alpaca", 64, 300)
+SMALL = (0, 10, "alpaca", 64, 300, 0)
 
 
 def _predict(trace, blocks: int = 24):  # type: ignore[no-untyped-def]
@@ -47,6 +47,17 @@ def test_traces_are_vocab_ids_at_time_zero_with_shared_system_prompts() -> None:
     heads = {r.prompt[:64] for i, r in enumerate(trace.requests) if i % 3 and r.prompt}
     assert len(heads) == sv.SYSTEM_PROMPTS
     assert sv.make_trace("t", 0, SMALL) == trace  # seeded
+
+
+def test_prefill_heavy_traces_cap_outputs_only_and_stay_apart_from_the_held_out() -> None:
+    """An output cap changes the outputs (each the uncapped one, at most the cap) and
+    nothing else; the fit traces' seeds are none of the held-out ones."""
+    capped = sv.make_trace("t", 0, (*SMALL[:5], 4))
+    plain = sv.make_trace("t", 0, SMALL)
+    assert [r.prompt for r in capped.requests] == [r.prompt for r in plain.requests]
+    assert [r.output_len for r in capped.requests] == [min(r.output_len, 4) for r in plain.requests]
+    fit_seeds = {shape[0] for shape in (*sv.FIT.values(), sv.WARMUP[1])}
+    assert not fit_seeds & {shape[0] for shape in sv.HELD_OUT.values()}
 
 
 def test_prediction_replays_its_own_decisions_into_work() -> None:
@@ -126,7 +137,7 @@ def test_vllm_engine_makes_kvbench_decisions_on_a_tiny_trace() -> None:
     from kvbench.suites.e2e.vllm_engine_run import VllmServer
 
     spec = VllmEngineSpec(num_blocks=40, max_num_seqs=4, max_num_batched_tokens=128)
-    trace = sv.make_trace("tiny", 0, (0, 6, "alpaca", 64, 300))
+    trace = sv.make_trace("tiny", 0, (0, 6, "alpaca", 64, 300, 0))
     with cpu_threads(1):
         server = VllmServer(spec)
         try:
