@@ -170,16 +170,21 @@ def predict_seconds(
     host_on_overhead: bool = False,
     *,
     prefill: float = 0.0,
+    compute_exponent: float = 0.0,
 ) -> np.ndarray:
     """Modeled seconds per step: `fixed` + `per_seq` x sequences + `prefill` where the
     step carries a prefill chunk + max(bytes / bandwidth, FLOPs / peak), scaled by the
     step's host speed (`host_factor`: its empty call over `empty_ref`; 1 without); with
-    `host_on_overhead` only the first three (host) terms are."""
+    `host_on_overhead` only the first three (host) terms are, and the last by the host
+    speed to the power `compute_exponent` (0: not at all)."""
     nbytes, flops = _features(tm, steps)
     overhead = fixed + per_seq * sequences(steps) + prefill * prefill_steps(steps)
     work = np.maximum(nbytes / bandwidth, flops / peak)
     factor = host_factor(steps, empty_ref)
-    out: np.ndarray = factor * overhead + work if host_on_overhead else factor * (overhead + work)
+    if not host_on_overhead:
+        whole: np.ndarray = factor * (overhead + work)
+        return whole
+    out: np.ndarray = factor * overhead + factor**compute_exponent * work
     return out
 
 
@@ -207,6 +212,9 @@ class Fit:
     #: seconds more for a step that carries a prefill chunk (`fit_profile(prefill_step=
     #: True)`), 0 where not fitted
     prefill_step_s: float = 0.0
+    #: with `host_on_overhead`, the memory / compute term scaled by the host speed to this
+    #: power, in [0, 1] (`fit_profile(compute_exponent=True)`), 0 where not fitted
+    compute_exponent: float = 0.0
 
 
 def fit_profile(
@@ -219,6 +227,7 @@ def fit_profile(
     per_sequence: bool = False,
     host_on_overhead: bool = False,
     prefill_step: bool = False,
+    compute_exponent: bool = False,
 ) -> Fit:
     """The profile (fixed, bandwidth, peak) that best prices `steps` (module docstring),
     with bandwidth <= `max_bandwidth` (B/s) and FLOP/s <= `max_flops` where given.
@@ -229,7 +238,9 @@ def fit_profile(
     `per_sequence` a fourth, the cost per scheduled sequence (`Fit.seq_overhead_s`);
     `host_on_overhead` scales only the host terms (fixed, per-sequence, per-prefill-step);
     `prefill_step` fits the cost of a step that carries a prefill chunk
-    (`Fit.prefill_step_s`, where enough steps do and do not; module docstring)."""
+    (`Fit.prefill_step_s`, where enough steps do and do not; module docstring);
+    `compute_exponent` (with `host_on_overhead`, where the steps carry their host speed)
+    the power of the host speed on the memory / compute term (`Fit.compute_exponent`)."""
     from scipy.optimize import minimize
 
     for label, cap in (("max_bandwidth", max_bandwidth), ("max_flops", max_flops)):
@@ -255,13 +266,22 @@ def fit_profile(
     seqs = sequences(work)
     prefills = prefill_steps(work)
 
-    def loss(x: np.ndarray, seq_at: int | None = None, pre_at: int | None = None) -> float:
+    def loss(
+        x: np.ndarray,
+        seq_at: int | None = None,
+        pre_at: int | None = None,
+        exp_at: int | None = None,
+    ) -> float:
         fixed, bw, peak = np.exp(x[:3])
         overhead = fixed + (math.exp(x[seq_at]) * seqs if seq_at is not None else 0.0)
         if pre_at is not None:
             overhead = overhead + math.exp(x[pre_at]) * prefills
         work = np.maximum(nbytes / bw, flops / peak)
-        pred = factor * overhead + work if host_on_overhead else factor * (overhead + work)
+        if host_on_overhead:
+            scale = factor ** float(x[exp_at]) if exp_at is not None else 1.0
+            pred = factor * overhead + scale * work
+        else:
+            pred = factor * (overhead + work)
         return float(np.mean(np.abs(pred - meas) / meas))
 
     best = minimize(
@@ -280,8 +300,27 @@ def fit_profile(
             best, per_seq, seq_at = four, float(math.exp(four.x[3])), 3
             bounds = [*bounds, (None, 0.0)]
     prefill, prefill_note = 0.0, ""
+    pre_at: int | None = None
     if prefill_step:
         best, prefill, prefill_note = _fit_prefill(loss, best, bounds, seq_at, prefills, fine)
+        if prefill > 0:
+            pre_at, bounds = len(best.x) - 1, [*bounds, (None, 0.0)]
+    exponent = 0.0
+    if compute_exponent and host_on_overhead and probed:  # from 0.5, within [0, 1]
+        at, bounds_at = len(best.x), [*bounds, (0.0, 1.0)]
+        more = minimize(
+            loss, np.append(best.x, 0.5), args=(seq_at, pre_at, at), method="Nelder-Mead",
+            bounds=bounds_at, options=fine,
+        )  # fmt: skip
+        if more.fun < best.fun:
+            best, exponent = more, float(more.x[-1])
+    # every later stage re-optimizes the earlier coefficients too: read them from the end
+    per_seq = float(math.exp(best.x[seq_at])) if seq_at is not None else 0.0
+    if pre_at is not None:
+        prefill = float(math.exp(best.x[pre_at]))
+        prefill_note = f"; {prefill * 1e3:.3g} ms more for a step with a prefill chunk"
+    if compute_exponent and host_on_overhead and probed:
+        prefill_note += f"; host speed^{exponent:.2f} on the memory / compute term"
     fixed, bw, peak = (float(v) for v in np.exp(best.x[:3]))
     bw = min(bw, max_bandwidth) if max_bandwidth is not None else bw  # exp(log) rounding
     peak = min(peak, max_flops) if max_flops is not None else peak
@@ -308,7 +347,10 @@ def fit_profile(
         step_overhead_s=fixed,
         interconnect_bandwidth=tm.profile.interconnect_bandwidth,
     )
-    return Fit(profile, float(best.fun), len(work), empty_ref, per_seq, host_on_overhead, prefill)
+    return Fit(
+        profile, float(best.fun), len(work), empty_ref, per_seq, host_on_overhead, prefill,
+        exponent,
+    )  # fmt: skip
 
 
 def _fit_prefill(
@@ -320,9 +362,9 @@ def _fit_prefill(
     options: dict[str, float],
 ) -> tuple[Any, float, str]:
     """The per-prefill-step cost added to the optimum `best` (`fit_profile(prefill_step=
-    True)`): (the new optimum, the cost in seconds, the profile note's words); the cost
-    is 0 and `best` unchanged where too few steps carry a chunk or too few do not, or
-    where the coefficient does not lower the error."""
+    True)`): (the new optimum, the cost in seconds, why it is not fitted: the profile
+    note's words, empty where it is); the cost is 0 and `best` unchanged where too few
+    steps carry a chunk or too few do not, or where it does not lower the error."""
     from scipy.optimize import minimize
 
     with_chunk = int(prefills.sum())
@@ -338,8 +380,7 @@ def _fit_prefill(
     )  # fmt: skip
     if not more.fun < best.fun:
         return best, 0.0, "; no per-prefill-step cost (it did not lower the error)"
-    cost = float(math.exp(more.x[at]))
-    return more, cost, f"; {cost * 1e3:.3g} ms more for a step with a prefill chunk"
+    return more, float(math.exp(more.x[at])), ""
 
 
 def _log_cap(cap: float | None) -> float:
@@ -354,19 +395,20 @@ def step_errors(
     host_on_overhead: bool = False,
     *,
     prefill: float = 0.0,
+    compute_exponent: float = 0.0,
 ) -> np.ndarray:
     """|modeled - measured| / measured per step, priced by `tm`'s own profile (the same
     formula as `TimeModel.step_ps`, unrounded; plus `per_seq` per scheduled sequence,
     the fit's `seq_overhead_s`), each step at its host speed where `empty_ref` > 0 and it
-    carries an empty call (`host_factor`; pass the fit's; `host_on_overhead` and
-    `prefill`, the fit's `prefill_step_s`, as the fit's)."""
+    carries an empty call (`host_factor`; pass the fit's; `host_on_overhead`, `prefill`
+    (the fit's `prefill_step_s`) and `compute_exponent` as the fit's)."""
     work = [s for s in steps if s.seconds > 0 and (s.decoders or s.chunks)]
     if not work:
         return np.zeros(0)
     p = tm.profile
     pred = predict_seconds(
         tm, work, p.step_overhead_s, p.hbm_bandwidth, p.peak_flops, empty_ref, per_seq,
-        host_on_overhead, prefill=prefill,
+        host_on_overhead, prefill=prefill, compute_exponent=compute_exponent,
     )  # fmt: skip
     meas = np.array([s.seconds for s in work])
     errors: np.ndarray = np.abs(pred - meas) / meas

@@ -16,7 +16,8 @@ model of `paged.serving.calibration` with its per-sequence term (vLLM's host sid
 per request every step) and its per-prefill-step term (a step that carries a prefill
 chunk costs more than its FLOPs say) fitted to the steps of OTHER vLLM runs (the
 calibration case: a warm-up trace, then fit traces of other seeds and shapes), each step's
-host terms (fixed, per-sequence, per-prefill-step) at the host speed measured beside it (a fixed probe between
+host terms (fixed, per-sequence, per-prefill-step) at the host speed measured beside it
+and the memory / compute term at that speed to a fitted power (0-1) (a fixed probe between
 every two steps, `vllm_engine_run.host_probe`, the median of the 10 around the step;
 `*_constant` metrics: the same fit without it).
 
@@ -184,7 +185,7 @@ def _fit(ctx: BenchContext) -> dict[str, Any]:
         tm = _time_model(ctx)
         fit = fit_profile(
             tm, steps, "cpu-vllm-fit", per_sequence=True, host_on_overhead=True,
-            prefill_step=True,
+            prefill_step=True, compute_exponent=True,
         )  # fmt: skip
         const = fit_profile(
             tm, without_empty_calls(steps), "cpu-vllm-fit-constant", per_sequence=True,
@@ -280,14 +281,14 @@ def _predicted_rows(ctx: BenchContext, name: str) -> list[Measurement]:
         ("", fitted["fit"], fitted["tm"], fitted["fit"].empty_ref),
         ("_constant", fitted["const"], fitted["const_tm"], 0.0),
     ):
-        seq, pre = fit.seq_overhead_s, fit.prefill_step_s
-        host = fit.host_on_overhead
-        err = step_errors(tm, priced, ref, seq, host, prefill=pre)
+        seq, host = fit.seq_overhead_s, fit.host_on_overhead
+        kw = {"prefill": fit.prefill_step_s, "compute_exponent": fit.compute_exponent}
+        err = step_errors(tm, priced, ref, seq, host, **kw)
         p = fit.profile
         coef = (p.step_overhead_s, p.hbm_bandwidth, p.peak_flops)
-        secs = predict_seconds(tm, priced, *coef, ref, seq, host, prefill=pre)
+        secs = predict_seconds(tm, priced, *coef, ref, seq, host, **kw)
         if len(pred.work) > n:  # steps vLLM did not have: at the reference speed
-            extra = predict_seconds(tm, pred.work[n:], *coef, 0.0, seq, prefill=pre)
+            extra = predict_seconds(tm, pred.work[n:], *coef, 0.0, seq, prefill=kw["prefill"])
             secs = np.concatenate([secs, extra])
         lat = latencies(pred.first_step, pred.last_step, np.cumsum(secs).tolist(), out_len)
         rows += [
@@ -329,6 +330,7 @@ def _calibration_rows(ctx: BenchContext) -> list[Measurement]:
         Measurement("fitted_flops", p.peak_flops, "FLOP/s"),
         Measurement("fitted_seq_overhead", fit.seq_overhead_s, "s"),
         Measurement("fitted_prefill_step_overhead", fit.prefill_step_s, "s"),
+        Measurement("fitted_compute_host_exponent", fit.compute_exponent, "exponent"),
         Measurement("constant_fit_step_error_mean", const.error, "fraction"),
         Measurement("constant_fitted_step_overhead", const.profile.step_overhead_s, "s"),
         Measurement("constant_fitted_bandwidth", const.profile.hbm_bandwidth, "B/s"),

@@ -280,3 +280,40 @@ def test_prefill_step_cost_stays_small_where_the_machine_has_none() -> None:
     assert best.error < 0.01
     assert best.prefill_step_s <= 0.01 * best.profile.step_overhead_s
     assert best.profile.peak_flops == pytest.approx(25e9, rel=0.05)
+
+
+def test_fit_recovers_the_host_speeds_power_on_the_compute_term() -> None:
+    """Synthetic steps whose memory / compute term slows as the host speed to the power
+    0.5 (the host terms as the speed itself): the fit with `compute_exponent` finds 0.5
+    and the FLOP rate (error ~1%, steps of another seed held out too); without it the
+    error is 2x (2.0%); steps without a host probe leave it unfitted (0)."""
+    from kvbench.paged.serving.calibration import predict_seconds
+
+    tm = _tm()
+
+    def timed(steps: list[StepWork]) -> list[StepWork]:
+        truth = predict_seconds(
+            tm, steps, 5e-3, 10e9, 25e9, 1.2, 2e-4, True, prefill=3e-3, compute_exponent=0.5
+        )
+        return [replace(s, seconds=float(t)) for s, t in zip(steps, truth, strict=True)]
+
+    steps = timed(_steps(400, 4))
+    kw = {"per_sequence": True, "host_on_overhead": True, "prefill_step": True}
+    best = fit_profile(tm, steps, compute_exponent=True, **kw)  # type: ignore[arg-type]
+    assert best.error < 0.01
+    # 7 coefficients by Nelder-Mead: the exponent and the FLOP rate are found; the
+    # bandwidth runs off (the memory term of these steps, <= 1.3 ms, goes to the fixed
+    # cost: 5.7 ms, the per-sequence cost 0.15 ms, the chunk's 2.7 ms; 1% error left)
+    assert best.compute_exponent == pytest.approx(0.5, abs=0.05)
+    assert best.profile.peak_flops == pytest.approx(25e9, rel=0.05)
+    assert best.prefill_step_s == pytest.approx(3e-3, rel=0.15)
+    assert "host speed^0.5" in best.profile.note
+    held = timed(_steps(200, 3, seed=1))
+    err = step_errors(
+        with_profile(tm, best.profile), held, best.empty_ref, best.seq_overhead_s, True,
+        prefill=best.prefill_step_s, compute_exponent=best.compute_exponent,
+    )  # fmt: skip
+    assert err.mean() < 0.015
+    assert fit_profile(tm, steps, **kw).error > 1.5 * best.error  # type: ignore[arg-type]
+    unprobed = [replace(s, empty_s=0.0) for s in steps]
+    assert fit_profile(tm, unprobed, compute_exponent=True, **kw).compute_exponent == 0.0  # type: ignore[arg-type]
