@@ -114,6 +114,10 @@ FIT_ROWS: tuple[CoefficientRow, ...] = (
      "fitted to the fit traces' vLLM steps (measured here), at the median host speed"),
     ("fitted_seq_overhead", "cost per scheduled sequence", "ms", 1e3,
      "fitted (as above): vLLM's per-request host work each step and the sampled row"),
+    ("fitted_prefill_step_overhead", "cost of a step with a prefill chunk", "ms", 1e3,
+     "fitted (as above): what a step carrying a prefill chunk costs beyond its FLOPs"),
+    ("fitted_compute_host_exponent", "host speed's power on the memory / compute term",
+     "exponent", 1.0, "fitted (as above), in [0, 1]: 0 = that term ignores the probe"),
     ("fitted_bandwidth", "bandwidth", "GB/s", 1e-9, "fitted (as above)"),
     ("fitted_flops", "FLOP/s", "GFLOP/s", 1e-9, "fitted (as above)"),
     ("fit_step_error_mean", "fit-set mean |per-step error|", "%", 1e2,
@@ -137,8 +141,9 @@ def fit_table(frame: pd.DataFrame) -> DerivedTable | None:
         SUITE,
         FIT_ROWS,
         title="The CPU time model of the prediction, fitted to other vLLM runs",
-        note="step seconds = h x (fixed + per-sequence x sequences) + max(bytes read / bandwidth, "
-        "FLOPs / FLOP/s) (paged.serving.calibration), h = the median host probe around the "
+        note="step seconds = h x (fixed + per-sequence x sequences + prefill-step x [a prefill "
+        "chunk in the step]) + h^power x max(bytes read / bandwidth, FLOPs / FLOP/s) "
+        "(paged.serving.calibration), h = the median host probe around the "
         "step over its fit-set median (measured, never fitted); FLOPs = 2 x the layers' "
         "parameters per token + attention.",
         required="fitted_step_overhead",

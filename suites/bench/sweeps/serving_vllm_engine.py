@@ -13,9 +13,11 @@ kvbench predicts the same run (`suites.e2e.vllm_engine_predict`): decisions from
 engine's vllm-v1 policy, memory-only, same block size, blocks (vLLM's `num_gpu_blocks`
 read from the engine, less its null block) and budgets; times from the CPU step-time
 model of `paged.serving.calibration` with its per-sequence term (vLLM's host side works
-per request every step) fitted to the steps of OTHER vLLM runs (the
+per request every step) and its per-prefill-step term (a step that carries a prefill
+chunk costs more than its FLOPs say) fitted to the steps of OTHER vLLM runs (the
 calibration case: a warm-up trace, then fit traces of other seeds and shapes), each step's
-fixed and per-sequence terms at the host speed measured beside it (a fixed probe between
+host terms (fixed, per-sequence, per-prefill-step) at the host speed measured beside it
+and the memory / compute term at that speed to a fitted power (0-1) (a fixed probe between
 every two steps, `vllm_engine_run.host_probe`, the median of the 10 around the step;
 `*_constant` metrics: the same fit without it).
 
@@ -45,18 +47,28 @@ from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads.errors import CaseSkipped
 
-#: name -> (seed offset, requests, workload, system-prompt tokens, max prompt + output)
-HELD_OUT = {
-    "sharegpt-shared": (0, 24, "sharegpt", 96, 640),
-    "alpaca": (1, 40, "alpaca", 0, 640),
-    "sharegpt-pressure": (2, 32, "sharegpt", 64, 900),
+#: A trace's shape: (seed offset, requests, workload, system-prompt tokens, max prompt +
+#: output, max output tokens: 0 for the workload's own)
+Shape = tuple[int, int, str, int, int, int]
+#: name -> shape
+HELD_OUT: dict[str, Shape] = {
+    "sharegpt-shared": (0, 24, "sharegpt", 96, 640, 0),
+    "alpaca": (1, 40, "alpaca", 0, 640, 0),
+    "sharegpt-pressure": (2, 32, "sharegpt", 64, 900, 0),
 }
-FIT = {
-    "fit-sharegpt-shared": (101, 24, "sharegpt", 96, 640),
-    "fit-alpaca": (102, 40, "alpaca", 0, 640),
-    "fit-sharegpt-pressure": (103, 28, "sharegpt", 64, 900),
+#: The fit traces: the held-out shapes with other seeds, and two prefill-heavy ones (long
+#: prompts, <= 8 or 16 outputs: 29 and 38 steps, ~25 of >= 256 tokens, ~1 s of CPU
+#: each). Without these the fit saw 12 steps of >= 256 tokens among 1,792 and its
+#: mean error was flat in the FLOP rate (36 -> 44 GFLOP/s: 7.599 -> 7.604%, while
+#: sharegpt-shared's TTFT p50 error moved +8.0 -> -6.1%); with them 10x less flat.
+FIT: dict[str, Shape] = {
+    "fit-sharegpt-shared": (101, 24, "sharegpt", 96, 640, 0),
+    "fit-alpaca": (102, 40, "alpaca", 0, 640, 0),
+    "fit-sharegpt-pressure": (103, 28, "sharegpt", 64, 900, 0),
+    "fit-prefill-sharegpt": (104, 48, "sharegpt", 96, 900, 8),
+    "fit-prefill-uniform": (105, 32, "uniform", 0, 640, 16),
 }
-WARMUP = ("warmup", (100, 8, "alpaca", 0, 400))
+WARMUP: tuple[str, Shape] = ("warmup", (100, 8, "alpaca", 0, 400, 0))
 #: Of every 3 requests, 2 begin with one of 2 system prompts (when the trace has one).
 SYSTEM_PROMPTS = 2
 
@@ -74,19 +86,22 @@ def vllm_missing() -> str | None:
     return None
 
 
-def make_trace(name: str, seed: int, shape: tuple[int, int, str, int, int]):  # type: ignore[no-untyped-def]
+def make_trace(name: str, seed: int, shape: Shape):  # type: ignore[no-untyped-def]
     """A trace of explicit token ids below the model's vocab, every request at t = 0:
-    prompt and output lengths from the named workload (pairs over `max_total` redrawn),
-    two of every three prompts behind one of two shared system prompts."""
+    prompt and output lengths from the named workload (pairs over `max_total` redrawn,
+    outputs then capped at `max_output` where it is > 0), two of every three prompts
+    behind one of two shared system prompts."""
     from kvbench.suites.e2e.vllm_engine_run import VllmEngineSpec
     from kvbench.workloads.sharing import draw_pairs, workload
     from kvbench.workloads.trace import Trace, TraceRequest
 
-    offset, n, wl, system, max_total = shape
+    offset, n, wl, system, max_total, max_output = shape
     vocab = VllmEngineSpec().vocab_size
     rng = np.random.default_rng(seed + offset)
     w = workload(wl)
     prompts, outputs = draw_pairs(w.prompt, w.output, n, rng, max_total - system)
+    if max_output > 0:
+        outputs = np.minimum(outputs, max_output)
     systems = [rng.integers(0, vocab, size=system).tolist() for _ in range(SYSTEM_PROMPTS)]
     reqs = []
     for i in range(n):
@@ -135,7 +150,7 @@ def _time_model(ctx: BenchContext):  # type: ignore[no-untyped-def]
     )  # fmt: skip
 
 
-def _serve(ctx: BenchContext, name: str, shape: tuple[int, int, str, int, int]):  # type: ignore[no-untyped-def]
+def _serve(ctx: BenchContext, name: str, shape: Shape):  # type: ignore[no-untyped-def]
     """(trace, vLLM's run, its steps' work) of trace `name`, served once per process."""
     key = f"vllm_run:{name}"
     if key not in ctx.cache:
@@ -168,10 +183,14 @@ def _fit(ctx: BenchContext) -> dict[str, Any]:
         for name, shape in FIT.items():
             steps += _serve(ctx, name, shape)[2]
         tm = _time_model(ctx)
-        fit = fit_profile(tm, steps, "cpu-vllm-fit", per_sequence=True, host_on_overhead=True)
+        fit = fit_profile(
+            tm, steps, "cpu-vllm-fit", per_sequence=True, host_on_overhead=True,
+            prefill_step=True, compute_exponent=True,
+        )  # fmt: skip
         const = fit_profile(
-            tm, without_empty_calls(steps), "cpu-vllm-fit-constant", per_sequence=True
-        )
+            tm, without_empty_calls(steps), "cpu-vllm-fit-constant", per_sequence=True,
+            prefill_step=True,
+        )  # fmt: skip
         ctx.cache["vllm_fit"] = {
             "fit": fit,
             "tm": with_profile(tm, fit.profile),
@@ -262,14 +281,14 @@ def _predicted_rows(ctx: BenchContext, name: str) -> list[Measurement]:
         ("", fitted["fit"], fitted["tm"], fitted["fit"].empty_ref),
         ("_constant", fitted["const"], fitted["const_tm"], 0.0),
     ):
-        seq = fit.seq_overhead_s
-        host = fit.host_on_overhead
-        err = step_errors(tm, priced, ref, seq, host)
+        seq, host = fit.seq_overhead_s, fit.host_on_overhead
+        kw = {"prefill": fit.prefill_step_s, "compute_exponent": fit.compute_exponent}
+        err = step_errors(tm, priced, ref, seq, host, **kw)
         p = fit.profile
         coef = (p.step_overhead_s, p.hbm_bandwidth, p.peak_flops)
-        secs = predict_seconds(tm, priced, *coef, ref, seq, host)
+        secs = predict_seconds(tm, priced, *coef, ref, seq, host, **kw)
         if len(pred.work) > n:  # steps vLLM did not have: at the reference speed
-            extra = predict_seconds(tm, pred.work[n:], *coef, 0.0, seq)
+            extra = predict_seconds(tm, pred.work[n:], *coef, 0.0, seq, prefill=kw["prefill"])
             secs = np.concatenate([secs, extra])
         lat = latencies(pred.first_step, pred.last_step, np.cumsum(secs).tolist(), out_len)
         rows += [
@@ -310,11 +329,14 @@ def _calibration_rows(ctx: BenchContext) -> list[Measurement]:
         Measurement("fitted_bandwidth", p.hbm_bandwidth, "B/s"),
         Measurement("fitted_flops", p.peak_flops, "FLOP/s"),
         Measurement("fitted_seq_overhead", fit.seq_overhead_s, "s"),
+        Measurement("fitted_prefill_step_overhead", fit.prefill_step_s, "s"),
+        Measurement("fitted_compute_host_exponent", fit.compute_exponent, "exponent"),
         Measurement("constant_fit_step_error_mean", const.error, "fraction"),
         Measurement("constant_fitted_step_overhead", const.profile.step_overhead_s, "s"),
         Measurement("constant_fitted_bandwidth", const.profile.hbm_bandwidth, "B/s"),
         Measurement("constant_fitted_flops", const.profile.peak_flops, "FLOP/s"),
         Measurement("constant_fitted_seq_overhead", const.seq_overhead_s, "s"),
+        Measurement("constant_fitted_prefill_step_overhead", const.prefill_step_s, "s"),
         Measurement(
             "host_probe_median",
             float(np.median(probes)) if probes else 0.0,
