@@ -149,6 +149,8 @@ class V1Policy:
         #: whole-sequence key chains (`v1_keys`): appends then carry no ids and each
         #: admission hashes nothing; None where the cache cannot take them (ids path)
         self.keys = KeyChains.of(cache)
+        #: the chain-keyed append (`KeyChains.append`) or None (`_append`'s loop)
+        self.fast = None if self.keys is None else self.keys.append
         self.stats = V1Stats()
         self.on_step: Callable[[V1Decision], None] | None = None
         #: contexts of the decoders the budget starved in this step (not priced)
@@ -340,6 +342,9 @@ class V1Policy:
     def _append(self, seq: Seq, start: int, n: int, log: V1Decision | None) -> bool:
         """Append n tokens of `seq` from `start`, preempting the last running request
         until they fit; False when `seq` itself was preempted."""
+        fast = self.fast
+        if fast is not None and fast(seq.sid, n):
+            return True  # a decoder's append keyed from its chain, inline
         st = self.e.st
         plain = self.e.cache.append_tokens if self.keys is not None else None
         while True:
