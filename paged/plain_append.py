@@ -5,6 +5,8 @@ prefix admission part, the block size and max_seq_len at construction. Trace rep
 and the allocator benches append millions of times; this path takes the appends that
 need no copy-on-write and no checks beyond its own, and declines (False, nothing
 changed) every other, which the cache's general path then plans and explains.
+`append_chained` is the narrower path of a vllm-v1 replay's decoders (no ids, every
+block keyed from the request's whole-sequence chain), called by the engine directly.
 """
 
 from __future__ import annotations

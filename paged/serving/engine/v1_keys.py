@@ -10,7 +10,10 @@ then its given or synthetic outputs, `Seq.token`), and a block's key depends on 
 content only. So `KeyChains` computes a sequence's whole chain once
 (`prefix_cache.packed_chain`: one packing, one sha256 a block; a prompt described by
 block ids, as an imported production trace's, from `block_chain.DescribedChains`, which
-hashes a prefix shared by many requests once), and the policy:
+hashes a prefix shared by many requests once; a prompt given as ids from
+`SharedPrefixChains`, which takes the blocks it shares with the last prompt that began
+alike from that prompt's chain: requests behind a shared system prompt hash it once),
+and the policy:
 
 * probes the admission's hit by walking the chain's keys (`PrefixCache.match_keyed`,
   every hit verified as `match` verifies it: parent, ids, extra keys) instead of a
@@ -18,7 +21,11 @@ hashes a prefix shared by many requests once), and the policy:
   whose own match walks it again without hashing: one hashing per sequence in all;
 * appends without ids: the cache then keys each block that fills from the chain it was
   admitted with (`_register_full_blocks` inserts `chain.keys[i]` for every full block
-  i the chain covers, and keeps a chain as long as no ids are given), in bulk.
+  i the chain covers, and keeps a chain as long as no ids are given), in bulk. A
+  decoder's append past its prompt (one block boundary an event) takes
+  `PlainAppend.append_chained` (`KeyChains.append`): one call, the allocation, the
+  advance and the filled block's index entry inline (issue 37 item 4: the per-block
+  append was the largest part left of a replay at block 16, profiled).
 
 The chain handed to `admit` is bound to the admitted part of the sequence (the identity
 check of `PagedKVCache._check_chain`) but covers the whole sequence: its keys past the
