@@ -181,7 +181,7 @@ class SharedPrefixChains:
         if ref is None:
             ref = self._old.pop(head, None)
         k = 0 if ref is None else _common_blocks(ids, ref[0], min(n, len(ref[1])), bs)
-        if k:
+        if ref is not None and k:
             keys, chunks = packed_chain((*ids[k * bs :], *tail), bs, extra, ref[1][k - 1])
             self.hashed += len(keys)
             self.reused += k
