@@ -146,6 +146,7 @@ class PagedKVCache:
     _dtype: torch.dtype
     _device: torch.device
     _track_tokens: bool
+    plain: PlainAppend
     _append_plain: Callable[[RequestId, int, Sequence[int | None] | None], bool]
     # ---- counters
     cow_copies: int
@@ -216,10 +217,12 @@ class PagedKVCache:
         )
         self.swap = SwapSpace(cpu, self.pool, self.kv, self.prefix, self.watermark_blocks)
         self.requests = RequestTable()
-        #: the fast memory-only append (a bound method: no extra call layer)
-        self._append_plain = PlainAppend(
+        #: the fast memory-only appends (`paged.plain_append`); `_append_plain` is its
+        #: append as a bound method (no extra call layer)
+        self.plain = PlainAppend(
             self.requests, self.pool, self.admission, block_size, self.max_seq_len
-        ).append
+        )
+        self._append_plain = self.plain.append
         limits = CacheLimits(
             self.max_seq_len, self.watermark_blocks, store_kv, geometry.bytes_per_token
         )

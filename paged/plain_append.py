@@ -5,13 +5,17 @@ prefix admission part, the block size and max_seq_len at construction. Trace rep
 and the allocator benches append millions of times; this path takes the appends that
 need no copy-on-write and no checks beyond its own, and declines (False, nothing
 changed) every other, which the cache's general path then plans and explains.
+`append_chained` is the narrower path of a vllm-v1 replay's decoders (no ids, every
+block keyed from the request's whole-sequence chain), called by the engine directly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvbench.paged.block_chain import BlockChain
 from kvbench.paged.block_pool import BlockPool
+from kvbench.paged.block_table import RequestState
 from kvbench.paged.prefix_admission import PrefixAdmission
 from kvbench.paged.requests import RequestTable
 from kvbench.reference.contract import RequestId
@@ -34,6 +38,8 @@ class PlainAppend:
         self.requests = requests
         self.pool = pool
         self.admission = admission
+        #: the prefix index (None without prefix caching)
+        self.prefix = admission.prefix
         self.block_size = block_size
         self.max_seq_len = max_seq_len
 
@@ -80,6 +86,112 @@ class PlainAppend:
             fill[blocks[i]] = bs
         fill[blocks[last - 1]] = end - (last - 1) * bs
         req.advance(end, token_ids)
-        if req.hashable and len(req.keys) < end // bs and self.admission.prefix is not None:
-            self.admission.register_full_blocks(req)
+        keys = req.keys
+        full = end // bs
+        if req.hashable and len(keys) < full and self.prefix is not None:
+            chain = req.chain
+            if (
+                token_ids is None
+                and chain is not None
+                and len(chain.keys) >= full
+                and req.tokens is not None
+            ):
+                self._register_chained(req, keys, chain, full)
+            else:
+                self.admission.register_full_blocks(req)
         return True
+
+    def append_chained(self, request_id: RequestId, n: int) -> bool:
+        """`append(request_id, n, None)` where it is a chain-keyed decode append: a
+        resident request past its prompt, admitted with a chain that keys every block
+        the append fills (a vllm-v1 replay, `paged.serving.engine.v1_keys`), no
+        copy-on-write, within max_seq_len and the free blocks; False, nothing changed,
+        for anything else (the caller then takes `PagedKVCache.append_tokens`). The same
+        blocks, fills, counters, keys and index entries as `append`, with its steps
+        inline: a block from the free stack taken as `BlockPool.allocate` takes it,
+        `RequestState.advance` past the prompt (the unknown tail grows), one filled
+        block indexed as `_register_chained` indexes it (tests compare both paths)."""
+        try:
+            req = self.requests.by_id[request_id]
+        except (KeyError, TypeError):
+            return False
+        chain = req.chain
+        s = req.seq_len
+        end = s + n
+        bs = self.block_size
+        full = end // bs
+        if (
+            chain is None
+            or type(n) is not int
+            or n <= 0
+            or s < req.prompt_len
+            or req.swapped
+            or end > self.max_seq_len
+            or req.tokens is None
+            or len(chain.keys) < full
+        ):
+            return False
+        blocks, pool = req.blocks, self.pool
+        first = s // bs
+        last = -(-end // bs)
+        held = len(blocks)
+        ref = pool.ref
+        if first < held and ref[blocks[first]] > 1:
+            return False  # copy-on-write: the general path
+        if last > held:
+            fresh = last - held
+            free = pool._free
+            if fresh == 1 and free:  # `BlockPool.allocate` from the free stack, inline
+                block = free.pop()
+                ref[block] = 1
+                pool.num_used += 1
+                blocks.append(block)
+            elif fresh > len(free) + len(pool._evictable):
+                return False
+            elif fresh == 1:  # ---- mutation starts: nothing below can fail
+                blocks.append(pool.allocate())
+            else:
+                blocks += pool.allocate_many(fresh)
+        fill = pool.fill
+        pool.live_slots += n
+        for i in range(first, last - 1):
+            fill[blocks[i]] = bs
+        fill[blocks[last - 1]] = end - (last - 1) * bs
+        req.unknown_tail += n  # `req.advance(end, None)` past the prompt
+        req.seq_len = end
+        keys = req.keys
+        i = len(keys)
+        if i < full and req.hashable and self.prefix is not None:
+            if full == i + 1:  # `_register_chained` of one block
+                req.miss = None
+                key = chain.keys[i]
+                self.prefix.insert_block(
+                    blocks[i], key, keys[-1] if i else None, chain.chunks[i], req.extra
+                )
+                keys.append(key)
+            else:
+                self._register_chained(req, keys, chain, full)
+        return True
+
+    def _register_chained(
+        self, req: RequestState, keys: list[bytes], chain: BlockChain, full: int
+    ) -> None:
+        """`PrefixAdmission.register_full_blocks` of a request whose chain covers every
+        block that is full now (a chain-keyed append, `paged.serving.engine.v1_keys`):
+        blocks len(keys) .. full - 1 are indexed under the chain's keys, and the rest of
+        that method has nothing to do (no block past the chain, no ids to hash), save
+        forgetting the admission's miss. One block (a decoder's block boundary, the
+        common case) is indexed without slicing the chain."""
+        prefix = self.prefix
+        assert prefix is not None
+        i = len(keys)
+        req.miss = None
+        parent = keys[-1] if i else None
+        if full == i + 1:
+            key = chain.keys[i]
+            prefix.insert_block(req.blocks[i], key, parent, chain.chunks[i], req.extra)
+            keys.append(key)
+            return
+        new = chain.keys[i:full]
+        prefix.insert_chain(req.blocks[i:full], new, chain.chunks[i:full], parent, req.extra)
+        keys.extend(new)

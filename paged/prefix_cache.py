@@ -369,6 +369,18 @@ class PrefixCache:
                 by_block[block] = _new_entry(_Entry, (key, parent, chunk, extra))
             parent = key
 
+    def insert_block(
+        self, block: int, key: bytes, parent: bytes | None, packed: bytes, extra: ExtraKeys
+    ) -> None:
+        """`insert_chain` of one block (a chain-keyed append's block boundary), its ids
+        given as `token_bytes`: the same entries, without the chain's slices."""
+        if self.index_duplicates:
+            if block not in self._by_block:
+                self._insert_packed(block, key, parent, packed, extra)
+        elif key not in self._by_key and block not in self._by_block:
+            self._by_key[key] = block
+            self._by_block[block] = _new_entry(_Entry, (key, parent, packed, extra))
+
     def drop(self, block: int) -> None:
         """Forget a block (the pool is reallocating it)."""
         entry = self._by_block.pop(block)

@@ -44,7 +44,7 @@ def _replay(
     assert eng.v1 is not None
     assert (eng.v1.keys is not None) is True  # the memory-only PagedKVCache takes chains
     if not keyed:
-        eng.v1.keys = None  # the ids path
+        eng.v1.keys = eng.v1.fast = None  # the ids path
     got: list[V1Decision] = []
     if mode == "token":
         eng.v1.on_step = got.append

@@ -183,6 +183,22 @@ PAGED: list[Mutant] = [
         (CACHE, HITRATE),
     ),
     Mutant(
+        "paged.plain_append.chained_parent_root",
+        "paged/plain_append.py",
+        "                    blocks[i], key, keys[-1] if i else None, chain.chunks[i], req.extra",
+        "                    blocks[i], key, None, chain.chunks[i], req.extra",
+        "the chain-keyed decode append indexes each filled block as if it began a prompt",
+        (C + "test_v1_fast_paths.py",),
+    ),
+    Mutant(
+        "paged.serving.v1_keys.common_blocks_overshoot",
+        "paged/serving/engine/v1_keys.py",
+        "            lo = mid\n",
+        "            lo = mid + 1\n",
+        "the shared-prefix memo takes one block too many from the last prompt that began alike",
+        (C + "test_v1_fast_paths.py",),
+    ),
+    Mutant(
         "paged.cache.fork_shares_floor",
         "paged/cache.py",
         "        shared = -(-parent.seq_len // self.block_size)",

@@ -149,6 +149,8 @@ class V1Policy:
         #: whole-sequence key chains (`v1_keys`): appends then carry no ids and each
         #: admission hashes nothing; None where the cache cannot take them (ids path)
         self.keys = KeyChains.of(cache)
+        #: the chain-keyed append (`KeyChains.append`) or None (`_append`'s loop)
+        self.fast = None if self.keys is None else self.keys.append
         self.stats = V1Stats()
         self.on_step: Callable[[V1Decision], None] | None = None
         #: contexts of the decoders the budget starved in this step (not priced)
@@ -295,17 +297,20 @@ class V1Policy:
         decoded: list[tuple[Seq, int]] = []
         chunked = prefills_before = 0
         cutoff = -1  # running index from which nothing gets budget
-        last = -1
+        last_seq: Seq | None = None  # the last item that took budget
         broke = False
         for seq in items:
             if seq.state is not RUNNING:
                 continue  # preempted earlier in this step
-            j = bisect_left(running, seq.order, key=by_order)
-            left = budget - (j - prefills_before) - chunked
-            if left <= 0:
-                cutoff, broke = j, True
-                break
-            last = j
+            # its running index j <= len(running) - 1: a decoder needs j only where the
+            # budget left before it, budget - (j - prefills_before) - chunked, may be 0
+            if not seq.decoding or budget - chunked - len(running) + 1 + prefills_before <= 0:
+                j = bisect_left(running, seq.order, key=by_order)
+                left = budget - (j - prefills_before) - chunked
+                if left <= 0:
+                    cutoff, broke = j, True
+                    break
+            last_seq = seq
             if seq.decoding:
                 c = seq.base_c + (t - seq.base_step)
                 if not self._append(seq, seq.synced, c + 1 - seq.synced, log):
@@ -326,10 +331,11 @@ class V1Policy:
                 chunks.append((seq, start, n))
                 chunked += n
                 prefills_before += 1
-        if not broke:  # the decoders after the last item take a token each, if left
-            spent = (last + 1 - prefills_before) + chunked
-            if spent + len(running) - 1 - last > budget:
-                cutoff = last + 1 + (budget - spent)
+        # the decoders after the last item take a token each, if left: the items took
+        # spent = (last + 1 - prefills_before) + chunked, the rest len(running) - 1 - last
+        if not broke and len(running) - prefills_before + chunked > budget:
+            last = -1 if last_seq is None else bisect_left(running, last_seq.order, key=by_order)
+            cutoff = last + 1 + (budget - (last + 1 - prefills_before) - chunked)
         if st.preempted:
             return chunks, decoded, budget  # no admission after a preemption
         if cutoff >= 0:
@@ -340,6 +346,9 @@ class V1Policy:
     def _append(self, seq: Seq, start: int, n: int, log: V1Decision | None) -> bool:
         """Append n tokens of `seq` from `start`, preempting the last running request
         until they fit; False when `seq` itself was preempted."""
+        fast = self.fast
+        if fast is not None and fast(seq.sid, n):
+            return True  # a decoder's append keyed from its chain, inline
         st = self.e.st
         plain = self.e.cache.append_tokens if self.keys is not None else None
         while True:

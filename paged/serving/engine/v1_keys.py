@@ -10,7 +10,10 @@ then its given or synthetic outputs, `Seq.token`), and a block's key depends on 
 content only. So `KeyChains` computes a sequence's whole chain once
 (`prefix_cache.packed_chain`: one packing, one sha256 a block; a prompt described by
 block ids, as an imported production trace's, from `block_chain.DescribedChains`, which
-hashes a prefix shared by many requests once), and the policy:
+hashes a prefix shared by many requests once; a prompt given as ids from
+`SharedPrefixChains`, which takes the blocks it shares with the last prompt that began
+alike from that prompt's chain: requests behind a shared system prompt hash it once),
+and the policy:
 
 * probes the admission's hit by walking the chain's keys (`PrefixCache.match_keyed`,
   every hit verified as `match` verifies it: parent, ids, extra keys) instead of a
@@ -18,7 +21,11 @@ hashes a prefix shared by many requests once), and the policy:
   whose own match walks it again without hashing: one hashing per sequence in all;
 * appends without ids: the cache then keys each block that fills from the chain it was
   admitted with (`_register_full_blocks` inserts `chain.keys[i]` for every full block
-  i the chain covers, and keeps a chain as long as no ids are given), in bulk.
+  i the chain covers, and keeps a chain as long as no ids are given), in bulk. A
+  decoder's append past its prompt (one block boundary an event) takes
+  `PlainAppend.append_chained` (`KeyChains.append`): one call, the allocation, the
+  advance and the filled block's index entry inline (issue 37 item 4: the per-block
+  append was the largest part left of a replay at block 16, profiled).
 
 The chain handed to `admit` is bound to the admitted part of the sequence (the identity
 check of `PagedKVCache._check_chain`) but covers the whole sequence: its keys past the
@@ -38,7 +45,7 @@ from collections.abc import Sequence
 
 from kvbench.paged.block_chain import BlockChain, DescribedChains
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.prefix_cache import block_key
+from kvbench.paged.prefix_cache import ExtraKeys, block_key, packed_chain
 from kvbench.paged.serving.engine.sequence import Seq
 from kvbench.reference.contract import ServingCache
 
@@ -53,9 +60,14 @@ class KeyChains:
         self.prefix = cache.prefix
         self.ref = cache.pool.ref
         self.bs = cache.block_size
+        #: a decoder's append, keyed from its chain (`PlainAppend.append_chained`):
+        #: False, nothing changed, where it does not apply (then `append_tokens`)
+        self.append = cache.plain.append_chained
         self._chains: dict[int, tuple[tuple[bytes, ...], tuple[bytes, ...]]] = {}
         #: the prompts' chains memoised by described block (`paged.block_chain`)
         self.described = DescribedChains(self.bs)
+        #: given prompts' chains memoised by shared prefix (`SharedPrefixChains`)
+        self.shared = SharedPrefixChains(self.bs)
 
     @staticmethod
     def applies(cache: ServingCache) -> bool:
@@ -84,7 +96,11 @@ class KeyChains:
             base = seq.out_base
             n_out = seq.req.output_len
             outs = tuple(out[:n_out]) if out is not None else tuple(range(base, base + n_out))
-            keys, chunks = self.described.packed(seq.prompt, (seq.salt, None), outs)
+            prompt, extra = seq.prompt, (seq.salt, None)
+            if type(prompt) is tuple or type(prompt) is list:  # given ids: shared prefixes
+                keys, chunks = self.shared.packed(prompt, extra, outs)
+            else:  # described blocks (memoised by block) or synthetic ids (a range)
+                keys, chunks = self.described.packed(prompt, extra, outs)
             got = self._chains[seq.order] = (tuple(keys), tuple(chunks))
         return got
 
@@ -110,3 +126,88 @@ class KeyChains:
     def drop(self, seq: Seq) -> None:
         """Forget a finished sequence's chain."""
         self._chains.pop(seq.order, None)
+
+
+#: Memo key of `SharedPrefixChains`: (extra keys, the ids of the prompt's first block).
+_HeadKey = tuple[ExtraKeys, tuple[int, ...]]
+#: A remembered prompt: (its ids, the keys and packed ids of its full blocks).
+_Ref = tuple[tuple[int, ...], tuple[bytes, ...], tuple[bytes, ...]]
+
+
+class SharedPrefixChains:
+    """`packed_chain` of prompts given as ids, memoised by shared prefix.
+
+    Requests behind a shared system prompt (or the turns of one chat) begin with the
+    same full blocks, whose keys depend on those blocks' ids and the extra keys only.
+    So the memo remembers, for each (extra keys, ids of the first block), the last
+    prompt that began so with its full blocks' keys and packed ids; a prompt that begins
+    the same way takes the keys and packed ids of the full blocks it shares with that
+    prompt (found by comparing ids: `_common_blocks`) and packs and hashes only the
+    rest, from the last shared key. The result is `packed_chain` of the prompt then the
+    tail, exactly (the same bytes: each key is the same function of the same parent and
+    ids; hypothesis test in `suites/conformance/test_v1_keys.py`).
+
+    Memory: the keys and packed ids of at most 2 * `limit` prompt ids (~15 bytes an
+    id), in two generations as `block_chain.DescribedChains` keeps them; the prompts'
+    ids are the trace's own tuples (a list is copied into one). Only speed depends on
+    `limit`."""
+
+    def __init__(self, block_size: int, limit: int = 1 << 22) -> None:
+        self.block_size = block_size
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an integer >= 1 (token ids), got {limit!r}")
+        self.limit = limit
+        self._new: dict[_HeadKey, _Ref] = {}
+        self._old: dict[_HeadKey, _Ref] = {}
+        self._held = 0  # prompt ids remembered in `_new`
+        #: full blocks taken from the memo / packed and hashed (prompt and tail)
+        self.reused = 0
+        self.hashed = 0
+
+    def packed(
+        self, prompt: Sequence[int], extra: ExtraKeys, tail: Sequence[int] = ()
+    ) -> tuple[list[bytes], list[bytes]]:
+        """(keys, packed ids) of the full blocks of `prompt` then `tail`: equal to
+        `packed_chain((*prompt, *tail), block_size, extra)`."""
+        bs = self.block_size
+        ids = prompt if type(prompt) is tuple else tuple(prompt)
+        n = len(ids) // bs  # the prompt's full blocks
+        if n == 0:
+            keys, chunks = packed_chain((*ids, *tail), bs, extra)
+            self.hashed += len(keys)
+            return keys, chunks
+        head: _HeadKey = (extra, ids[:bs])
+        ref = self._new.get(head)
+        if ref is None:
+            ref = self._old.pop(head, None)
+        k = 0 if ref is None else _common_blocks(ids, ref[0], min(n, len(ref[1])), bs)
+        if ref is not None and k:
+            keys, chunks = packed_chain((*ids[k * bs :], *tail), bs, extra, ref[1][k - 1])
+            self.hashed += len(keys)
+            self.reused += k
+            keys[:0] = ref[1][:k]
+            chunks[:0] = ref[2][:k]
+        else:
+            keys, chunks = packed_chain((*ids, *tail), bs, extra)
+            self.hashed += len(keys)
+        if self._held >= self.limit:
+            self._old, self._new, self._held = self._new, {}, 0
+        self._new[head] = (ids, tuple(keys[:n]), tuple(chunks[:n]))
+        self._held += n * bs
+        return keys, chunks
+
+
+def _common_blocks(a: tuple[int, ...], b: tuple[int, ...], m: int, bs: int) -> int:
+    """The largest k <= m such that a and b agree on their first k blocks of bs ids,
+    given that they agree on the first (1 <= m <= both lengths in blocks): compared a
+    run of blocks at a time (C speed), bisecting where the whole run differs."""
+    if a[: m * bs] == b[: m * bs]:
+        return m
+    lo, hi = 1, m - 1  # blocks [0, lo) agree; the answer lies in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo * bs : mid * bs] == b[lo * bs : mid * bs]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
