@@ -23,6 +23,7 @@ from collections.abc import Callable, KeysView, Sequence
 from dataclasses import dataclass
 from hashlib import sha256
 from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
 #: Extra keys of a block: (isolation salt, adapter id); None means "none".
@@ -89,7 +90,9 @@ def chain_of_packed(
     `block_key` encoding (the parent field inline: a chain's parents are 32-byte keys)."""
     step = 8 * block_size
     count = _U32.pack(block_size)
-    chunks = [count + packed[i : i + step] for i in range(0, len(packed) - step + 1, step)]
+    starts = range(0, len(packed) - step + 1, step)
+    slices = map(slice, starts, range(step, len(packed) + 1, step))
+    chunks = list(map(count.__add__, map(packed.__getitem__, slices)))
     if not chunks:
         return [], []
     tail = _EXTRA_BYTES.get(extra) or _extra_bytes(extra)
@@ -166,6 +169,8 @@ class _Entry(NamedTuple):
 _new_entry = tuple.__new__
 #: Runs an iterator to its end at C speed (`_drain(map(d.__delitem__, keys))`).
 _drain = deque(maxlen=0).extend
+#: An entry's key (`_Entry.key` at C speed).
+_first = itemgetter(0)
 
 
 @dataclass(frozen=True)
@@ -424,7 +429,7 @@ class PrefixCache:
         their keys has duplicates (always, without `index_duplicates`) each drop deletes
         its key: done at C speed, in bulk."""
         pop, by_key = self._by_block.pop, self._by_key
-        keys = [entry[0] for entry in map(pop, blocks)]
+        keys = list(map(_first, map(pop, blocks)))
         if self._dups and not self._dups.keys().isdisjoint(keys):
             for block, key in zip(blocks, keys, strict=True):
                 self._unkey(key, block)
