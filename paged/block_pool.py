@@ -27,7 +27,7 @@ are >= 0; the counters equal their recomputation.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import compress, islice, repeat
 from operator import not_
 
@@ -39,7 +39,7 @@ from kvbench.workloads.errors import CapacityError, ConfigError
 from kvbench.workloads.geometry import require_positive
 
 #: Runs an iterator to its end at C speed (the pool's bulk updates of its lists).
-_drain = deque(maxlen=0).extend
+_drain: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 
 
 class BlockPool:

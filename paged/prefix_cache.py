@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Callable, KeysView, Sequence
+from collections.abc import Callable, Iterable, KeysView, Sequence
 from dataclasses import dataclass
 from hashlib import sha256
 from itertools import repeat
@@ -168,7 +168,7 @@ class _Entry(NamedTuple):
 #: Builds an `_Entry` from one tuple without the named tuple's Python-level __new__.
 _new_entry = tuple.__new__
 #: Runs an iterator to its end at C speed (`_drain(map(d.__delitem__, keys))`).
-_drain = deque(maxlen=0).extend
+_drain: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 #: An entry's key (`_Entry.key` at C speed).
 _first = itemgetter(0)
 
