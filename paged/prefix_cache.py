@@ -18,9 +18,12 @@ when it evicts the block).
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, KeysView, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, KeysView, Sequence
 from dataclasses import dataclass
 from hashlib import sha256
+from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
 #: Extra keys of a block: (isolation salt, adapter id); None means "none".
@@ -75,19 +78,30 @@ def packed_chain(
     n = len(tokens) // block_size
     if n == 0:
         return [], []
-    flat = tokens[: n * block_size]
-    packed = struct.pack(f"<{n * block_size}q", *flat)
-    count = _U32.pack(block_size)
-    tail = _EXTRA_BYTES.get(extra) or _extra_bytes(extra)
+    packed = struct.pack(f"<{n * block_size}q", *tokens[: n * block_size])
+    return chain_of_packed(packed, block_size, extra, parent)
+
+
+def chain_of_packed(
+    packed: bytes, block_size: int, extra: ExtraKeys, parent: bytes | None = None
+) -> tuple[list[bytes], list[bytes]]:
+    """`packed_chain` of ids already packed as int64 LE (len(packed) // (8 * block_size)
+    full blocks): each block's `token_bytes` is a slice, each key one sha256 of the
+    `block_key` encoding (the parent field inline: a chain's parents are 32-byte keys)."""
     step = 8 * block_size
-    keys: list[bytes] = []
-    chunks: list[bytes] = []
-    for i in range(n):
-        head = _head(parent)
-        chunk = count + packed[i * step : (i + 1) * step]
-        parent = sha256(head + chunk + tail).digest()
-        keys.append(parent)
-        chunks.append(chunk)
+    count = _U32.pack(block_size)
+    starts = range(0, len(packed) - step + 1, step)
+    slices = map(slice, starts, range(step, len(packed) + 1, step))
+    chunks = list(map(count.__add__, map(packed.__getitem__, slices)))
+    if not chunks:
+        return [], []
+    tail = _EXTRA_BYTES.get(extra) or _extra_bytes(extra)
+    key = sha256(_head(parent) + chunks[0] + tail).digest()
+    keys = [key]
+    append = keys.append
+    for chunk in chunks[1:]:
+        key = sha256(_PARENT32 + key + chunk + tail).digest()
+        append(key)
     return keys, chunks
 
 
@@ -153,6 +167,10 @@ class _Entry(NamedTuple):
 
 #: Builds an `_Entry` from one tuple without the named tuple's Python-level __new__.
 _new_entry = tuple.__new__
+#: Runs an iterator to its end at C speed (`_drain(map(d.__delitem__, keys))`).
+_drain: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
+#: An entry's key (`_Entry.key` at C speed).
+_first = itemgetter(0)
 
 
 @dataclass(frozen=True)
@@ -355,8 +373,30 @@ class PrefixCache:
     ) -> None:
         """`insert` each (blocks[i], keys[i], chunks[i]) of a chain in order, chunks[i]
         the block's `token_bytes`, the parent of each the key before it (`parent` for
-        the first): a replay's bulk indexing."""
+        the first): a replay's bulk indexing. Where no block and no key is indexed yet
+        and all are distinct (a chain of fresh blocks, the common case) every insert
+        takes a new key: the two dicts are updated at C speed, the same entries in the
+        same order as one insert after another."""
         by_key, by_block = self._by_key, self._by_block
+        n = len(blocks)
+        if (
+            n > 1
+            and len(keys) == n == len(chunks)
+            and by_block.keys().isdisjoint(blocks)
+            and by_key.keys().isdisjoint(keys)
+        ):
+            fresh = dict(zip(keys, blocks, strict=True))
+            if len(fresh) == n and len(set(blocks)) == n:
+                parents = [parent, *keys[: n - 1]]
+                by_key.update(fresh)
+                by_block.update(
+                    zip(
+                        blocks,
+                        map(_new_entry, repeat(_Entry), zip(keys, parents, chunks, repeat(extra))),
+                        strict=True,
+                    )
+                )
+                return
         if self.index_duplicates:
             for block, key, chunk in zip(blocks, keys, chunks, strict=True):
                 if block not in by_block:
@@ -400,16 +440,17 @@ class PrefixCache:
             del self._dups[key]
 
     def drop_many(self, blocks: Sequence[int]) -> None:
-        """`drop` each block in order (the pool is reallocating them)."""
+        """`drop` each block in order (the pool is reallocating them). Where none of
+        their keys has duplicates (always, without `index_duplicates`) each drop deletes
+        its key: done at C speed, in bulk."""
         pop, by_key = self._by_block.pop, self._by_key
-        if self._dups:
-            for block in blocks:
-                self._unkey(pop(block)[0], block)
-                self.evictions += 1
-            return
-        for block in blocks:
-            del by_key[pop(block)[0]]
-            self.evictions += 1
+        keys = list(map(_first, map(pop, blocks)))
+        if self._dups and not self._dups.keys().isdisjoint(keys):
+            for block, key in zip(blocks, keys, strict=True):
+                self._unkey(key, block)
+        else:
+            _drain(map(by_key.__delitem__, keys))
+        self.evictions += len(keys)
 
     def record_lookup(self, queried_tokens: int, hit_blocks: int, hit_tokens: int) -> None:
         self.lookups += 1

@@ -135,6 +135,14 @@ class BlockTokenIds(KnownIds):
         cache keys a block's ids from its block id alone, `paged.block_chain`)."""
         return self._blocks, self._bt
 
+    def head(self, length: int) -> BlockTokenIds:
+        """The first `length` ids (0 < length <= len(self)) as a BlockTokenIds: equal to
+        self[:length] id for id, without listing them (an admission's first chunk of a
+        long prompt, which `validate_prompt` then takes unchecked as a `KnownIds`)."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 < length <= self._len:
+            raise ValueError(f"head length must be an int in 1..{self._len}, got {length!r}")
+        return BlockTokenIds(self._blocks[: -(-length // self._bt)], self._bt, length)
+
     def max_id(self) -> int:
         """The largest id: a full block's last position, or the last block's last kept one."""
         bt, blocks = self._bt, self._blocks

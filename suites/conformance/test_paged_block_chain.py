@@ -335,3 +335,21 @@ def test_memoised_described_chains_equal_packed_chains(
             assert (chain.keys, chain.chunks) == (plain.keys, plain.chunks)
     with pytest.raises(ValueError, match="limit"):
         DescribedChains(16, 0)
+
+
+def test_a_described_prompts_head_lists_its_first_ids() -> None:
+    """`BlockTokenIds.head(k)` (the vllm-v1 admission's first chunk of a described prompt)
+    holds the prompt's first k ids and is itself described; a length outside 1..len is
+    refused."""
+    from kvbench.workloads.trace import BlockTokenIds, block_token_ids
+
+    prompt = block_token_ids([5, 2, 9], 4, 10)
+    listed = tuple(prompt)
+    for k in range(1, 11):
+        head = prompt.head(k)
+        assert type(head) is BlockTokenIds and len(head) == k
+        assert tuple(head) == listed[:k] == prompt[:k]
+        assert head.described() == ((5, 2, 9)[: -(-k // 4)], 4)
+    for bad in (0, 11, -1, 2.0, True):
+        with pytest.raises(ValueError, match="head length"):
+            prompt.head(bad)  # type: ignore[arg-type]

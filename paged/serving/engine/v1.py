@@ -66,7 +66,7 @@ from kvbench.paged.serving.engine.validate import SchedulerError
 from kvbench.paged.serving.time_model import SchedulerConfig
 from kvbench.reference.contract import ServingCache, ServingTraits
 from kvbench.workloads.errors import CapacityError, ConfigError
-from kvbench.workloads.trace import TraceRequest
+from kvbench.workloads.trace import BlockTokenIds, TraceRequest
 
 
 class V1Host(Protocol):
@@ -232,7 +232,12 @@ class V1Policy:
         n = min(n, budget)
         if self.bs and need > cache.num_free_blocks:
             return None  # the whole sequence must fit now (scheduler_reserve_full_isl)
-        part = tokens if hit + n == total else tokens[: hit + n]
+        if hit + n == total:
+            part = tokens
+        elif type(tokens) is BlockTokenIds:  # a described prompt's head, not listed
+            part = tokens.head(hit + n)
+        else:
+            part = tokens[: hit + n]
         try:
             # the hint counts every token still to come after `part`: the rest of a
             # chunked prompt as well as the output (an oracle reservation holds them all)
