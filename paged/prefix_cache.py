@@ -80,14 +80,13 @@ def packed_chain(
     count = _U32.pack(block_size)
     tail = _EXTRA_BYTES.get(extra) or _extra_bytes(extra)
     step = 8 * block_size
-    keys: list[bytes] = []
-    chunks: list[bytes] = []
-    for i in range(n):
-        head = _head(parent)
-        chunk = count + packed[i * step : (i + 1) * step]
-        parent = sha256(head + chunk + tail).digest()
-        keys.append(parent)
-        chunks.append(chunk)
+    # every parent after the first is a sha256 digest (32 bytes): `_head` inline
+    chunks = [count + packed[i : i + step] for i in range(0, n * step, step)]
+    key = sha256(_head(parent) + chunks[0] + tail).digest()
+    keys = [key]
+    for chunk in chunks[1:]:
+        key = sha256(_PARENT32 + key + chunk + tail).digest()
+        keys.append(key)
     return keys, chunks
 
 

@@ -292,7 +292,10 @@ class V1Policy:
         st, lines = e.st, e.lines
         running = st.running
         budget = e.cfg.max_batched_tokens
-        items = sorted((*lines.due(t), *st.prefilling), key=by_order)
+        items = lines.due(t)  # in order already
+        if st.prefilling:
+            items = sorted((*items, *st.prefilling), key=by_order)
+        fast = self.fast
         chunks: list[tuple[Seq, int, int]] = []
         decoded: list[tuple[Seq, int]] = []
         chunked = prefills_before = 0
@@ -313,7 +316,11 @@ class V1Policy:
             last_seq = seq
             if seq.decoding:
                 c = seq.base_c + (t - seq.base_step)
-                if not self._append(seq, seq.synced, c + 1 - seq.synced, log):
+                n = c + 1 - seq.synced
+                # a decoder's append keyed from its chain, inline (`_append`'s first try)
+                if not (fast is not None and fast(seq.sid, n)) and not self._append_slow(
+                    seq, seq.synced, n, log
+                ):
                     broke = True
                     break
                 self._advance(seq, t, c)
@@ -349,6 +356,10 @@ class V1Policy:
         fast = self.fast
         if fast is not None and fast(seq.sid, n):
             return True  # a decoder's append keyed from its chain, inline
+        return self._append_slow(seq, start, n, log)
+
+    def _append_slow(self, seq: Seq, start: int, n: int, log: V1Decision | None) -> bool:
+        """`_append` past its chain-keyed try (which declined: nothing changed)."""
         st = self.e.st
         plain = self.e.cache.append_tokens if self.keys is not None else None
         while True:
