@@ -296,6 +296,12 @@ class V1Policy:
         if st.prefilling:
             items = sorted((*items, *st.prefilling), key=by_order)
         fast = self.fast
+        bs, windows, schedule, finished_now = (
+            self.bs,
+            lines.windows,
+            lines.schedule,
+            st.finished_now,
+        )
         chunks: list[tuple[Seq, int, int]] = []
         decoded: list[tuple[Seq, int]] = []
         chunked = prefills_before = 0
@@ -323,7 +329,25 @@ class V1Policy:
                 ):
                     broke = True
                     break
-                self._advance(seq, t, c)
+                # the decoder appended its step-t token at position c (with its deferred
+                # ones): synced, its line rebased (the aggregates unchanged), its next
+                # event queued or its finish noted (inline: 20k decoder events a replay)
+                g = seq.base_g + (t - seq.base_step)
+                st.agg_sync += c + 1 - seq.synced
+                seq.synced = c + 1
+                if not bs or c % bs == 0 or (seq.hashed and (c + 1) % bs == 0):
+                    # allocated a block, or filled one a prompt could match; a contiguous
+                    # cache may have relocated (its gaps, and so what it admits, changed)
+                    st.epoch += 1
+                seq.generated = g + 1
+                seq.base_step, seq.base_c, seq.base_g = t + 1, c + 1, g + 1
+                if windows:
+                    lines.classify(seq, c - t, c + 1)
+                if g + 1 >= seq.req.output_len:
+                    seq.version += 1  # no further events
+                    finished_now.append(seq)
+                else:
+                    schedule(seq, t + 1)
                 decoded.append((seq, c))
             else:
                 start = seq.computed
@@ -376,28 +400,6 @@ class V1Policy:
                     log.preempted.append(victim.sid)
                 if victim is seq:
                     return False
-
-    def _advance(self, seq: Seq, t: int, c: int) -> None:
-        """A decoder appended its step-t token at position c (with its deferred ones):
-        synced, its line rebased (the aggregates unchanged), its next event queued or
-        its finish noted."""
-        st, lines, bs = self.e.st, self.e.lines, self.bs
-        g = seq.base_g + (t - seq.base_step)
-        st.agg_sync += c + 1 - seq.synced
-        seq.synced = c + 1
-        if not bs or c % bs == 0 or (seq.hashed and (c + 1) % bs == 0):
-            # allocated a block, or filled one a prompt could match; a contiguous
-            # cache may have relocated (its gaps, and so what it admits, changed)
-            st.epoch += 1
-        seq.generated = g + 1
-        seq.base_step, seq.base_c, seq.base_g = t + 1, c + 1, g + 1
-        if lines.windows:
-            lines.classify(seq, c - t, c + 1)
-        if g + 1 >= seq.req.output_len:
-            seq.version += 1  # no further events
-            st.finished_now.append(seq)
-        else:
-            lines.schedule(seq, t + 1)
 
     def _starve(self, t: int, seqs: list[Seq]) -> None:
         """The budget ran out before these running requests: a decoder among them
