@@ -7,6 +7,8 @@
   fills: the same index, pool, tables and keys);
 * `SharedPrefixChains.packed` (a given prompt's chain, its shared prefix's keys taken
   from the last prompt that began the same way) against `packed_chain` of the ids.
+* `packed_chain` itself (each later parent taken as a 32-byte digest, inline) against
+  `block_key` and `token_bytes` block by block.
 
 Drawn by hypothesis over small pools (evictions, duplicates, forks that force
 copy-on-write, appends past a chain's end, capacity errors); the engine-level
@@ -23,7 +25,7 @@ from hypothesis import strategies as st
 
 from kvbench.paged.block_chain import BlockChain
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.prefix_cache import block_key, packed_chain
+from kvbench.paged.prefix_cache import block_key, packed_chain, token_bytes
 from kvbench.paged.serving.engine.v1_keys import SharedPrefixChains, _common_blocks
 from kvbench.suites.conformance.peer_vllm_scheduler import GEOM
 from kvbench.workloads.errors import CapacityError, ConfigError
@@ -213,3 +215,25 @@ def test_common_blocks_is_the_longest_agreeing_block_prefix(
         return
     expect = max(k for k in range(1, m + 1) if a[: k * bs] == b[: k * bs])
     assert _common_blocks(tuple(a), tuple(b), m, bs) == expect
+
+
+@given(
+    ids=st.lists(st.integers(0, 2**63 - 1), max_size=40),
+    block_size=st.sampled_from([1, 2, 3, 16]),
+    parent=st.sampled_from([None, bytes(range(32)), b"short parent", bytes(33)]),
+    extra=st.sampled_from([(None, None), ("t", None), ("t", "lora")]),
+)
+def test_packed_chain_is_block_key_block_by_block(
+    ids: list[int], block_size: int, parent: bytes | None, extra: tuple[str | None, str | None]
+) -> None:
+    """`packed_chain` (its loop takes every parent after the first as a 32-byte digest,
+    the first through `_head`) against `block_key` and `token_bytes` of each block,
+    from a root, a 32-byte parent and parents of other lengths."""
+    keys, chunks = packed_chain(ids, block_size, extra, parent)
+    want_keys, want_chunks, key = [], [], parent
+    for i in range(len(ids) // block_size):
+        block = ids[i * block_size : (i + 1) * block_size]
+        key = block_key(key, block, extra)
+        want_keys.append(key)
+        want_chunks.append(token_bytes(block))
+    assert (keys, chunks) == (want_keys, want_chunks)

@@ -297,7 +297,16 @@ class V1Policy:
         st, lines = e.st, e.lines
         running = st.running
         budget = e.cfg.max_batched_tokens
-        items = sorted((*lines.due(t), *st.prefilling), key=by_order)
+        items = lines.due(t)  # in order already
+        if st.prefilling:
+            items = sorted((*items, *st.prefilling), key=by_order)
+        fast = self.fast
+        bs, windows, schedule, finished_now = (
+            self.bs,
+            lines.windows,
+            lines.schedule,
+            st.finished_now,
+        )
         chunks: list[tuple[Seq, int, int]] = []
         decoded: list[tuple[Seq, int]] = []
         chunked = prefills_before = 0
@@ -318,10 +327,32 @@ class V1Policy:
             last_seq = seq
             if seq.decoding:
                 c = seq.base_c + (t - seq.base_step)
-                if not self._append(seq, seq.synced, c + 1 - seq.synced, log):
+                n = c + 1 - seq.synced
+                # a decoder's append keyed from its chain, inline (`_append`'s first try)
+                if not (fast is not None and fast(seq.sid, n)) and not self._append_slow(
+                    seq, seq.synced, n, log
+                ):
                     broke = True
                     break
-                self._advance(seq, t, c)
+                # the decoder appended its step-t token at position c (with its deferred
+                # ones): synced, its line rebased (the aggregates unchanged), its next
+                # event queued or its finish noted (inline: 20k decoder events a replay)
+                g = seq.base_g + (t - seq.base_step)
+                st.agg_sync += c + 1 - seq.synced
+                seq.synced = c + 1
+                if not bs or c % bs == 0 or (seq.hashed and (c + 1) % bs == 0):
+                    # allocated a block, or filled one a prompt could match; a contiguous
+                    # cache may have relocated (its gaps, and so what it admits, changed)
+                    st.epoch += 1
+                seq.generated = g + 1
+                seq.base_step, seq.base_c, seq.base_g = t + 1, c + 1, g + 1
+                if windows:
+                    lines.classify(seq, c - t, c + 1)
+                if g + 1 >= seq.req.output_len:
+                    seq.version += 1  # no further events
+                    finished_now.append(seq)
+                else:
+                    schedule(seq, t + 1)
                 decoded.append((seq, c))
             else:
                 start = seq.computed
@@ -354,6 +385,10 @@ class V1Policy:
         fast = self.fast
         if fast is not None and fast(seq.sid, n):
             return True  # a decoder's append keyed from its chain, inline
+        return self._append_slow(seq, start, n, log)
+
+    def _append_slow(self, seq: Seq, start: int, n: int, log: V1Decision | None) -> bool:
+        """`_append` past its chain-keyed try (which declined: nothing changed)."""
         st = self.e.st
         plain = self.e.cache.append_tokens if self.keys is not None else None
         while True:
@@ -370,28 +405,6 @@ class V1Policy:
                     log.preempted.append(victim.sid)
                 if victim is seq:
                     return False
-
-    def _advance(self, seq: Seq, t: int, c: int) -> None:
-        """A decoder appended its step-t token at position c (with its deferred ones):
-        synced, its line rebased (the aggregates unchanged), its next event queued or
-        its finish noted."""
-        st, lines, bs = self.e.st, self.e.lines, self.bs
-        g = seq.base_g + (t - seq.base_step)
-        st.agg_sync += c + 1 - seq.synced
-        seq.synced = c + 1
-        if not bs or c % bs == 0 or (seq.hashed and (c + 1) % bs == 0):
-            # allocated a block, or filled one a prompt could match; a contiguous
-            # cache may have relocated (its gaps, and so what it admits, changed)
-            st.epoch += 1
-        seq.generated = g + 1
-        seq.base_step, seq.base_c, seq.base_g = t + 1, c + 1, g + 1
-        if lines.windows:
-            lines.classify(seq, c - t, c + 1)
-        if g + 1 >= seq.req.output_len:
-            seq.version += 1  # no further events
-            st.finished_now.append(seq)
-        else:
-            lines.schedule(seq, t + 1)
 
     def _starve(self, t: int, seqs: list[Seq]) -> None:
         """The budget ran out before these running requests: a decoder among them

@@ -95,7 +95,8 @@ class KeyChains:
             out = seq.out_tokens
             base = seq.out_base
             n_out = seq.req.output_len
-            outs = tuple(out[:n_out]) if out is not None else tuple(range(base, base + n_out))
+            # only unpacked after the prompt's ids: a range is not listed first
+            outs = out[:n_out] if out is not None else range(base, base + n_out)
             prompt, extra = seq.prompt, (seq.salt, None)
             if type(prompt) is tuple or type(prompt) is list:  # given ids: shared prefixes
                 keys, chunks = self.shared.packed(prompt, extra, outs)
