@@ -138,8 +138,8 @@ KERNELS: list[Mutant] = [
     Mutant(
         "kernels.cpp.decode_window_narrower",
         "kernels/cpu_ext/paged_attn.cpp",
-        "      const int64_t lo = first_key(len - 1, window);",
-        "      const int64_t lo = first_key(len - 1, window) + (window > 0 && len > window);",
+        "    const int64_t lo = first_key(len - 1, window);",
+        "    const int64_t lo = first_key(len - 1, window) + (window > 0 && len > window);",
         "the C++ windowed decode skips the window's first token",
         (
             SW + "::test_sliding_window_skips_released_blocks[cpp]",

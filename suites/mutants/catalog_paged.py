@@ -105,8 +105,8 @@ PAGED: list[Mutant] = [
     Mutant(
         "paged.prefix_cache.chain_keys_ignore_salt",
         "paged/prefix_cache.py",
-        "        parent = sha256(head + chunk + tail).digest()",
-        "        parent = sha256(head + chunk).digest()",
+        "        key = sha256(_PARENT32 + key + chunk + tail).digest()",
+        "        key = sha256(_PARENT32 + key + chunk).digest()",
         "the bulk key chain (prompt heads, replays) leaves out the salt: keys differ from block_key",
         (CACHE, HITRATE, C + "test_paged_block_chain.py"),
     ),
