@@ -26,20 +26,17 @@ are >= 0; the counters equal their recomputation.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Sequence
 from itertools import compress, islice, repeat
 from operator import not_
 
 from kvbench.paged.eviction import make_queue
-from kvbench.paged.prefix_cache import PrefixCache
+from kvbench.paged.prefix_cache import PrefixCache, drain
 from kvbench.reference.validation import MAX_INDEX
 from kvbench.workloads.block_size import check_block_size
 from kvbench.workloads.errors import CapacityError, ConfigError
 from kvbench.workloads.geometry import require_positive
-
-#: Runs an iterator to its end at C speed (the pool's bulk updates of its lists).
-_drain: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 
 
 class BlockPool:
@@ -124,9 +121,9 @@ class BlockPool:
             assert self.prefix is not None
             victims = self._take_evictable(n - take)
             self.prefix.drop_many(victims)
-            _drain(map(self.fill.__setitem__, victims, repeat(0)))
+            drain(map(self.fill.__setitem__, victims, repeat(0)))
             out += victims
-        _drain(map(ref.__setitem__, out, repeat(1)))
+        drain(map(ref.__setitem__, out, repeat(1)))
         self.num_used += n
         return out
 
@@ -137,7 +134,7 @@ class BlockPool:
         queue = self._evictable
         if type(queue) is OrderedDict:
             victims = list(islice(queue, k))
-            _drain(map(queue.__delitem__, victims))
+            drain(map(queue.__delitem__, victims))
             return victims
         pop = queue.popitem
         return [pop(last=False)[0] for _ in range(k)]
@@ -226,16 +223,16 @@ class BlockPool:
         if len(last) < len(counts):  # shared blocks keep their other references
             for block in compress(blocks, map((1).__lt__, counts)):
                 ref[block] -= 1
-        _drain(map(ref.__setitem__, last, repeat(0)))
+        drain(map(ref.__setitem__, last, repeat(0)))
         self.num_used -= len(last)
         self.live_slots -= sum(map(fill.__getitem__, last))
         if self.prefix is None:
             cached = [False] * len(last)
         else:
             cached = list(map(self.prefix.indexed_blocks().__contains__, last))
-        _drain(map(self._evictable.__setitem__, compress(last, cached), repeat(None)))
+        drain(map(self._evictable.__setitem__, compress(last, cached), repeat(None)))
         uncached = list(compress(last, map(not_, cached)))
-        _drain(map(fill.__setitem__, uncached, repeat(0)))
+        drain(map(fill.__setitem__, uncached, repeat(0)))
         self._free += uncached
 
     def undo_release(self, block: int, fill: int) -> None:

@@ -110,7 +110,7 @@ class PlainAppend:
         blocks, fills, counters, keys and index entries as `append`, with its steps
         inline: a block from the free stack taken as `BlockPool.allocate` takes it,
         `RequestState.advance` past the prompt (the unknown tail grows), one filled
-        block indexed as `_register_chained` indexes it (tests compare both paths)."""
+        block indexed by `_register_chained` (tests compare both paths)."""
         try:
             req = self.requests.by_id[request_id]
         except (KeyError, TypeError):
@@ -160,17 +160,8 @@ class PlainAppend:
         req.unknown_tail += n  # `req.advance(end, None)` past the prompt
         req.seq_len = end
         keys = req.keys
-        i = len(keys)
-        if i < full and req.hashable and self.prefix is not None:
-            if full == i + 1:  # `_register_chained` of one block
-                req.miss = None
-                key = chain.keys[i]
-                self.prefix.insert_block(
-                    blocks[i], key, keys[-1] if i else None, chain.chunks[i], req.extra
-                )
-                keys.append(key)
-            else:
-                self._register_chained(req, keys, chain, full)
+        if len(keys) < full and req.hashable and self.prefix is not None:
+            self._register_chained(req, keys, chain, full)
         return True
 
     def _register_chained(

@@ -167,8 +167,9 @@ class _Entry(NamedTuple):
 
 #: Builds an `_Entry` from one tuple without the named tuple's Python-level __new__.
 _new_entry = tuple.__new__
-#: Runs an iterator to its end at C speed (`_drain(map(d.__delitem__, keys))`).
-_drain: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
+#: Runs an iterator to its end at C speed (`drain(map(d.__delitem__, keys))`): the
+#: index's and the block pool's bulk updates.
+drain: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 #: An entry's key (`_Entry.key` at C speed).
 _first = itemgetter(0)
 
@@ -449,7 +450,7 @@ class PrefixCache:
             for block, key in zip(blocks, keys, strict=True):
                 self._unkey(key, block)
         else:
-            _drain(map(by_key.__delitem__, keys))
+            drain(map(by_key.__delitem__, keys))
         self.evictions += len(keys)
 
     def record_lookup(self, queried_tokens: int, hit_blocks: int, hit_tokens: int) -> None:

@@ -185,8 +185,8 @@ PAGED: list[Mutant] = [
     Mutant(
         "paged.plain_append.chained_parent_root",
         "paged/plain_append.py",
-        "                    blocks[i], key, keys[-1] if i else None, chain.chunks[i], req.extra",
-        "                    blocks[i], key, None, chain.chunks[i], req.extra",
+        "        parent = keys[-1] if i else None\n",
+        "        parent = None\n",
         "the chain-keyed decode append indexes each filled block as if it began a prompt",
         (C + "test_v1_fast_paths.py",),
     ),
