@@ -27,6 +27,7 @@ def _builtin_specs() -> list[PeerSpec]:
     return [
         kvbench_adapter.peer_spec(),
         vllm_adapter.peer_spec(),
+        vllm_adapter.split_kv_peer_spec(),
         *vllm_triton.peer_specs(),
         flex_adapter.peer_spec(),
     ]

