@@ -15,6 +15,7 @@
 
 #include "vec_exp.h"
 #include "fp8_decode.h"  // fp8 conversions, for the fp8 prefill (prefill_impl over Fp8Elem)
+#include "task_counter.h"  // for_each_task: the decode's tasks by a shared counter
 
 #include <ATen/Parallel.h>
 
@@ -579,23 +580,7 @@ void decode_task(const T* q, int64_t qs_h, const T* kc, const T* vc, const int32
   }
 }
 
-// Runs f(task, scratch) for task = 0 .. n - 1 on the intra-op threads, each thread taking
-// the next task from a shared counter as it finishes one (tasks start in index order). A
-// static split (at::parallel_for's own: n / threads tasks each) leaves one core idle at the
-// end whenever the other thread was preempted or slowed by a neighbour on a shared host;
-// here the thread that runs takes the remaining tasks: paired against the static split in
-// one process at load average 7.7-8.2 on the 2-core host, 0.81-0.97 of its time (8 x 4096
-// and 32 x 1024, docs/cpu-kernel.md). Nested inside another parallel region the single
-// thread runs them all, in order.
-template <typename F>
-void for_each_task(int64_t n, F&& f) {
-  std::atomic<int64_t> next{0};
-  const int64_t threads = std::min<int64_t>(n, at::get_num_threads());
-  at::parallel_for(0, std::max<int64_t>(1, threads), 1, [&](int64_t, int64_t) {
-    std::vector<float> buf;
-    for (int64_t task; (task = next.fetch_add(1, std::memory_order_relaxed)) < n;) f(task, buf);
-  });
-}
+// The decode tasks come from a shared counter: for_each_task (task_counter.h).
 
 template <typename T, int DC>
 void decode_impl(const torch::Tensor& query, const torch::Tensor& k_cache,

@@ -29,6 +29,7 @@
 #include <torch/extension.h>
 
 #include "fp8_decode.h"
+#include "task_counter.h"
 
 #include <ATen/Parallel.h>
 
@@ -63,7 +64,21 @@ inline float to_f(T x) {
 // Decode: tasks over (sequence, range of KV heads); each runs kvb_fp8::decode_task (the
 // block loop, the conversions and the register-blocked K and V passes; see fp8_decode.h).
 // Tasks split a sequence's heads only where the batch leaves a thread without two tasks
-// (as cpu_paged.task_split does for the 16-bit decode).
+// (as cpu_paged.task_split does for the 16-bit decode); the threads take them from a shared
+// counter (for_each_task, task_counter.h), as the 16-bit decode does.
+// One thread's scratch for decode tasks (query rows in float32, the output accumulator,
+// running max and sum, a block's scores), sized on its first task.
+struct DecodeScratch {
+  std::vector<float> qf, acc, m, l, s;
+  void size(size_t rows, size_t D) {
+    qf.resize(rows * D);
+    acc.resize(rows * D);
+    m.resize(rows);
+    l.resize(rows);
+    s.resize(rows * MAX_BS);
+  }
+};
+
 template <typename T, int MAN, bool LUT>
 void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
                      const torch::Tensor& v_cache, const torch::Tensor& block_tables,
@@ -87,31 +102,30 @@ void decode_fp8_impl(const torch::Tensor& query, const torch::Tensor& k_cache,
   const int64_t HT = B >= want ? Hkv : std::max<int64_t>(1, Hkv * B / want);
   const int64_t nh = (Hkv + HT - 1) / HT;
   const float vmul = out_mul<MAN, LUT>();
-  at::parallel_for(0, B * nh, 1, [&](int64_t begin, int64_t end) {
-    const size_t rows = size_t(HT) * G;
-    std::vector<float> qf(rows * D), acc(rows * D), m(rows), l(rows), s(rows * MAX_BS);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / nh, h0 = task % nh * HT, h1 = std::min(Hkv, h0 + HT);
-      const int64_t len = lens[b];
-      // window > 0: positions lo .. len - 1 only; blocks wholly before lo are never read
-      // (their table entries may be -1) and the first block's tokens before lo are skipped
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      for (int64_t h = h0; h < h1; ++h)
-        for (int r = 0; r < G; ++r) {
-          const T* qr = q + b * qs_b + (h * G + r) * qs_h;
-          float* dst = qf.data() + (size_t(h - h0) * G + r) * D;
-          for (int d = 0; d < D; ++d) dst[d] = to_f(qr[d]);
-        }
-      decode_task<MAN, LUT>(g, tables + b * ts, len, lo, int(h0), int(h1), qf.data(),
-                            acc.data(), m.data(), l.data(), s.data());
-      for (int64_t h = h0; h < h1; ++h)
-        for (int r = 0; r < G; ++r) {
-          const size_t row = size_t(h - h0) * G + r;
-          const float f = vs[h] * vmul / l[row];
-          T* orow = o + b * os_b + (h * G + r) * os_h;
-          for (int d = 0; d < D; ++d) orow[d] = T(acc[row * D + d] * f);
-        }
-    }
+  const size_t rows = size_t(HT) * G;
+  for_each_task<DecodeScratch>(B * nh, [&](int64_t task, DecodeScratch& w) {
+    if (w.qf.empty()) w.size(rows, size_t(D));
+    float *qf = w.qf.data(), *acc = w.acc.data(), *m = w.m.data(), *l = w.l.data();
+    const int64_t b = task / nh, h0 = task % nh * HT, h1 = std::min(Hkv, h0 + HT);
+    const int64_t len = lens[b];
+    // window > 0: positions lo .. len - 1 only; blocks wholly before lo are never read
+    // (their table entries may be -1) and the first block's tokens before lo are skipped
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+    for (int64_t h = h0; h < h1; ++h)
+      for (int r = 0; r < G; ++r) {
+        const T* qr = q + b * qs_b + (h * G + r) * qs_h;
+        float* dst = qf + (size_t(h - h0) * G + r) * D;
+        for (int d = 0; d < D; ++d) dst[d] = to_f(qr[d]);
+      }
+    decode_task<MAN, LUT>(g, tables + b * ts, len, lo, int(h0), int(h1), qf, acc, m, l,
+                          w.s.data());
+    for (int64_t h = h0; h < h1; ++h)
+      for (int r = 0; r < G; ++r) {
+        const size_t row = size_t(h - h0) * G + r;
+        const float f = vs[h] * vmul / l[row];
+        T* orow = o + b * os_b + (h * G + r) * os_h;
+        for (int d = 0; d < D; ++d) orow[d] = T(acc[row * D + d] * f);
+      }
   });
 }
 
