@@ -284,3 +284,18 @@ def test_what_the_runner_does_not_follow_is_refused_by_name(model) -> None:
         spec_forward(extra)
     with pytest.raises(ConfigError, match="chunk=8 is not a multiple of block_size=16"):
         LayerGroupsPagedCache(model_kv_spec(model), num_blocks=8, block_size=16)
+
+
+def test_register_forward_refuses_a_built_in_type_and_lists_what_it_added() -> None:
+    """A built-in architecture (or a refused one) cannot be replaced by registration; the
+    runner's refusal of an unknown model type lists the added ones with the built-ins."""
+    for taken in ("llama", "gemma2", "t5"):
+        with pytest.raises(ConfigError, match=f"model type {taken!r} has a built-in"):
+            register_forward(taken, Llama4TextForward, _check_llama4)
+
+    class _Unknown:
+        class config:  # stands in for a transformers config
+            model_type = "mamba"
+
+    with pytest.raises(ConfigError, match="llama4_text"):
+        check_spec_supported(_Unknown())
