@@ -18,6 +18,7 @@ from kvbench.reference.oracle import (
     relative_error,
     spec_mask,
 )
+from kvbench.suites.conformance.hostile import TRIED
 from kvbench.workloads.errors import ShapeError
 from kvbench.workloads.kv_spec import KVCacheSpec
 
@@ -164,6 +165,7 @@ def test_a_bad_offset_is_refused_by_name(bad: object) -> None:
     q, k = torch.ones(1, 1, 4), torch.ones(3, 1, 4)
     with pytest.raises(ShapeError, match=f"offset must be an integer >= 0, got {bad!r}"):
         extend_attention(q, k, k, offset=bad)  # type: ignore[arg-type]
+    TRIED["api: bad oracle offset"] += 1  # the hostile-input battery's tally
 
 
 def test_spec_mask_reads_the_spec_s_own_fields() -> None:
