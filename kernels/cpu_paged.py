@@ -52,7 +52,6 @@ import torch
 
 from kvbench.kernels.launch_plan import LaunchPlan
 from kvbench.kernels.validation import AttentionDims, IndexRangeError
-from kvbench.kernels.window_rule import device_window
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.kv_rules import rule_for_window
 from kvbench.workloads.kv_spec import KernelWindow
@@ -331,14 +330,16 @@ def supports(plan: LaunchPlan) -> str | None:
     """None when the C++ kernel runs `plan` here, else why not, naming the value: CPU
     tensors only, blocks of at most `MAX_BLOCK_SIZE` tokens (its score rows), and a
     library that built or loaded (`status()`; checked last, since it builds on first use).
-    Every dtype the ops take (fp8 K/V included), any head dim, window or not; chunked
-    local attention with 16/32-bit K/V only (the fp8 kernels read sliding windows)."""
+    Every dtype the ops take (fp8 K/V included), any head dim, window or not; a kind the
+    C++ kernels read by a negative `window` (`KindRule.cpu_window`) with 16/32-bit K/V
+    only (the fp8 kernels read full attention and sliding windows)."""
     if plan.device != "cpu":
         return f"device {plan.device}: the C++ kernel reads CPU tensors only"
     if plan.block_size > MAX_BLOCK_SIZE:
         return f"block size {plan.block_size} > {MAX_BLOCK_SIZE} the C++ kernel is compiled for"
-    if plan.is_fp8 and device_window(plan.window)[1]:
-        return f"{plan.kv_format} K/V with chunked local attention: the C++ fp8 kernel reads sliding windows only"
+    if plan.is_fp8 and _signed(plan.window) < 0:
+        what = rule_for_window(plan.window).spec.describe()
+        return f"{plan.kv_format} K/V with {what}: the C++ fp8 kernel reads sliding windows only"
     if _module() is None:
         return f"the C++ kernel is not loaded here: {status().reason}"
     return None
@@ -367,19 +368,19 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
 
 
 def _signed(window: KernelWindow) -> int:
-    """The C++ kernels' `window` argument: W > 0 for a sliding window, -C for chunked
-    local attention of C tokens, 0 for full attention (`first_key` in paged_attn.cpp)."""
-    reach, chunked = device_window(window)
-    return -reach if chunked else reach
+    """The C++ kernels' `window` argument, as the kind's rule gives it
+    (`KindRule.cpu_window`: 0 full attention, W > 0 a sliding window, < 0 another kind;
+    `first_key` in paged_attn.cpp)."""
+    return rule_for_window(window).cpu_window
 
 
 def _fp8_window(window: KernelWindow) -> int:
-    """The fp8 kernels' `window` (sliding windows only: ConfigError for a chunk, as
-    `supports` says)."""
-    reach, chunked = device_window(window)
-    if chunked:
+    """The fp8 kernels' `window` (>= 0 only, full attention or a sliding window:
+    ConfigError for a kind read by a negative one, as `supports` says)."""
+    signed = _signed(window)
+    if signed < 0:
         raise ConfigError(f"window={window!r}: the C++ fp8 kernels read sliding windows only")
-    return reach
+    return signed
 
 
 def _tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, dims: AttentionDims,  # type: ignore[no-untyped-def]

@@ -36,7 +36,7 @@ class LaunchPlan:
         kv_format: the fp8 format name (`workloads.fp8.FORMATS`) of an fp8 cache, else None.
         scales: how fp8 scales are laid out (`PER_KV_HEAD`), None for a 16/32-bit cache.
         window: the sliding window (tokens), a `KVCacheSpec` for another kind that bounds
-            what a query reads (chunked local), None for full attention.
+            what a query reads (its rule's `kernel_window`), None for full attention.
         block_size, head_dim, num_q_heads, num_kv_heads: the geometry.
         max_seq_len, max_q_len: the launch's bounds (tokens) as validation derived them.
         span: tokens a launch reads per sequence at most, from its first block on

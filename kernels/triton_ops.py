@@ -20,7 +20,6 @@ from triton.runtime.jit import JITFunction
 from kvbench.kernels import configs
 from kvbench.kernels.triton_kernels import INTERPRETED, JIT
 from kvbench.kernels.validation import AttentionDims, CacheDims
-from kvbench.kernels.window_rule import device_window
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.kv_rules import rule_for_window
 from kvbench.workloads.kv_spec import KernelWindow
@@ -190,11 +189,8 @@ def paged_decode_attention(
         span = rule.read_span(dims.max_seq_len, cd.block_size)
     n_parts = max(1, -(-span // part))
     single = n_parts == 1
-    windowed = rule.bounded
-    reach, chunked = device_window(window)
-    cfg = configs.decode_config(
-        query.dtype, d, dims.group, single, k_cache.dtype, windowed=windowed, chunked=chunked
-    )
+    reach, variant = rule.device_reach, rule.device_variant  # the kind's device parameters
+    cfg = configs.decode_config(query.dtype, d, dims.group, single, k_cache.dtype, **variant)
     qh = cfg.int_constexpr("QH")
     n_chunks = -(-dims.group // qh)
     tables = block_tables.to(torch.int32)
@@ -242,7 +238,7 @@ def paged_decode_attention(
         reach,
     )
     if not single:
-        rcfg = configs.reduce_config(query.dtype, d, windowed=windowed, chunked=chunked)
+        rcfg = configs.reduce_config(query.dtype, d, **variant)
         _launch(
             rcfg,
             (batch, hq),
@@ -280,18 +276,18 @@ def paged_prefill_attention(
 ) -> torch.Tensor:
     """Causal paged prefill/extend; see `kernels.ops.paged_prefill_attention`. fp8
     caches: `kv_scales` (float32 [num_kv_heads] for K and V) dequantize each tile, as in
-    decode. `window`: sliding-window (or chunked local) attention, blocks before the
-    first key read never loaded."""
+    decode. `window`: a kind that bounds what a query reads (a sliding window, or a
+    `KVCacheSpec`), blocks before the first key read never loaded."""
     cd = dims.cache
     if dims.batch == 0 or query.shape[0] == 0:
         return out
     d = query.shape[2]
     # the tile by query count: 16 rows for short extends, up to 64 for long prefills
-    reach, chunked = device_window(window)
+    rule = rule_for_window(window)
+    reach = rule.device_reach  # the kind's device parameters
     cfg = configs.prefill_config(
-        query.dtype, d, dims.max_q_len * dims.group, k_cache.dtype,
-        windowed=rule_for_window(window).bounded, chunked=chunked,
-    )  # fmt: skip
+        query.dtype, d, dims.max_q_len * dims.group, k_cache.dtype, **rule.device_variant
+    )
     k_scale, v_scale, k_cache, v_cache = _kv_operands(query, k_cache, v_cache, kv_scales)
     block_m = cfg.int_constexpr("BLOCK_M")
     heads_per_prog = min(dims.group, block_m)

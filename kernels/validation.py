@@ -420,8 +420,8 @@ def check_decode(
     """Check a paged decode attention call: query `[batch, num_q_heads, head_dim]`, one
     token per sequence over `seq_lens[b]` cached tokens listed by `block_tables[b]`.
     `max_seq_len` bounds every `seq_lens[b]` (see the module docstring); `window` is None,
-    an int >= 1 (a sliding window) or a self-attention `KVCacheSpec` (chunked local
-    attention; ConfigError otherwise)."""
+    an int >= 1 (a sliding window) or a self-attention `KVCacheSpec` (another kind,
+    read as its rule says; ConfigError otherwise)."""
     rule_for_window(window)  # ConfigError naming a bad window
     dims = check_cache_pair(k_cache, v_cache)
     group = _check_query(query, dims, k_cache)

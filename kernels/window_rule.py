@@ -2,8 +2,9 @@
 reads at most, in the kernels' terms (a `window` argument, per-sequence lengths and query
 counts): the launch plan, the launchers' checks and the torch versions take these from
 here, and each asks the attention kind's rule (`workloads.kv_rules`, the one table of
-rules) rather than knowing the sliding window itself. The Triton and C++ kernel bodies
-apply the same rule on the device.
+rules) rather than knowing any kind itself. The Triton and C++ kernel bodies apply the
+same rule on the device, from the parameters the rule gives them (`KindRule.device_variant`,
+`device_reach`, `cpu_window`).
 
 A call's first new query of a sequence of L tokens with q new tokens sits at p = L - q
 (decode: q = 1); blocks wholly before the first key it reads are never read, so their
@@ -17,7 +18,7 @@ from typing import overload
 import torch
 
 from kvbench.workloads.kv_rules import rule_for_window
-from kvbench.workloads.kv_spec import AttentionKind, KernelWindow
+from kvbench.workloads.kv_spec import KernelWindow
 
 
 @overload
@@ -62,16 +63,3 @@ def span(max_seq_len: int, block_size: int, window: KernelWindow, max_q_len: int
     """Tokens a launch reads per sequence at most, from its first block on (what sizes a
     decode's partitions and its gather): the rule's `read_span`."""
     return rule_for_window(window).read_span(max_seq_len, block_size, max_q_len)
-
-
-def device_window(window: KernelWindow) -> tuple[int, bool]:
-    """What the Triton and C++ kernel bodies take for `window` (device code cannot call
-    the rule, so each computes the first key from these): (W, False) for a sliding window
-    of W tokens (first key p - W + 1), (C, True) for chunked local attention of C tokens
-    (first key floor(p / C) x C), (0, False) for full attention. A kind that reads
-    differently adds its case here and its formula in the kernel bodies."""
-    rule = rule_for_window(window)
-    if not rule.bounded:
-        return 0, False
-    assert rule.reach is not None  # every bounded kind has a reach
-    return rule.reach, rule.kind is AttentionKind.CHUNKED_LOCAL

@@ -104,7 +104,7 @@ class LayerGroupsPagedCache(GroupSwap):
         self.rules = [rule_for(g.spec) for g in model.groups]
         self.block_size = check_block_size(block_size)
         for g in model.groups:
-            g.spec.check_block_size(block_size)  # a chunk of whole blocks (vLLM's rule)
+            g.spec.check_block_size(block_size)  # what a kind asks of its pages
         prefix = PrefixCache() if enable_prefix_caching else None
         self.pool = BlockPool(num_blocks, block_size, prefix=prefix)
         self.index = GroupPrefixIndex(prefix, model, block_size) if prefix is not None else None
@@ -228,7 +228,7 @@ class LayerGroupsPagedCache(GroupSwap):
                 held = [j for j, b in enumerate(blocks) if b != NULL_BLOCK]
                 for j in held:
                     self.pool.incref(blocks[j])
-                # first position held (a chunked-local hit may hold none: all before it)
+                # first position held (a hit may hold no block: its rule needs none)
                 kept = held[0] * self.block_size if held else hit.tokens
                 tables[gi] = GroupTable(blocks, hit.tokens, kept)
             self.index.start(request_id, prompt, salt, hit)

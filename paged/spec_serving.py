@@ -112,7 +112,7 @@ class LayerGroupServingCache:
         num_blocks = require_positive("num_blocks", num_blocks)
         block_size = check_block_size(block_size)
         for g in model.groups:
-            g.spec.check_block_size(block_size)  # a chunk of whole blocks (vLLM's rule)
+            g.spec.check_block_size(block_size)  # what a kind asks of its pages
         if max_seq_len is not None:
             require_positive("max_seq_len", max_seq_len)
         if prefill_chunk is not None:

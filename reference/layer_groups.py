@@ -122,15 +122,11 @@ class LayerGroupsReferenceCache:
         return groups[self.model.self_groups[0]][0].shape[1] if self.model.self_groups else 0
 
     def gather(self, request_id: Hashable, group: int) -> KV:
-        """What the newest token reads in `group` (window slice, its chunk, all, or the
-        encoder), sliced here from the spec's own numbers, not from the kind's rule."""
+        """What the newest token reads in `group` (its window, all, or the encoder), sliced
+        by the float64 oracle's own mask of the spec (`oracle.first_key`), not the rule."""
         k, v = self._get(request_id)[group]
         spec, length = self.model.groups[group].spec, k.shape[1]
-        start = 0
-        if spec.window is not None:
-            start = max(0, length - spec.window)
-        elif spec.chunk is not None and length:
-            start = (length - 1) // spec.chunk * spec.chunk
+        start = oracle.first_key(length - 1, **oracle.spec_mask(spec)) if length else 0
         return k[:, start:], v[:, start:]
 
     def attend(

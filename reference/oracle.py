@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypedDict
 
 import torch
 
 from kvbench.workloads.errors import ShapeError
-from kvbench.workloads.kv_spec import check_chunk, check_window
+from kvbench.workloads.kv_spec import KVCacheSpec, check_chunk, check_window
 
 
 def _check_heads(q_heads: int, k: torch.Tensor, v: torch.Tensor, what: str) -> int:
@@ -46,6 +47,7 @@ def extend_attention(
     *,
     window: int | None = None,
     chunk: int | None = None,
+    offset: int = 0,
 ) -> torch.Tensor:
     """Causal attention of the last n queries of one sequence over its whole KV.
 
@@ -58,6 +60,9 @@ def extend_attention(
         chunk: chunked local attention (Llama 4, HF `attention_chunk_size`): the query
             at position p sees only the keys of its own chunk of `chunk` tokens up to p
             (key k with k // chunk == p // chunk). None: no chunking.
+        offset: the sequence position of k[0] (>= 0), for a KV that starts past the
+            sequence's start (a cache's gather): masks that depend on where a position
+            lies (chunks) read the true positions; causal and windowed masks are the same.
 
     Returns:
         [n, num_q_heads, head_dim] float64. Query i sees keys 0 .. L-n+i inclusive
@@ -74,13 +79,15 @@ def extend_attention(
         raise ShapeError(f"head_dim of q ({head_dim}) and k ({k.shape[2]}) differ")
     if n > seq_len or n == 0:
         raise ShapeError(f"query count {n} must be in [1, seq_len={seq_len}]")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ShapeError(f"offset must be an integer >= 0, got {offset!r}")
     scale = default_scale(head_dim) if scale is None else scale
     q64 = q.to(torch.float64).transpose(0, 1)  # [Hq, n, D]
     k64 = k.to(torch.float64).repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, L, D]
     v64 = v.to(torch.float64).repeat_interleave(group, dim=1).transpose(0, 1)
     scores = torch.matmul(q64, k64.transpose(1, 2)) * scale  # [Hq, n, L]
-    query_pos = torch.arange(seq_len - n, seq_len, device=q.device).unsqueeze(1)
-    key_pos = torch.arange(seq_len, device=q.device).unsqueeze(0)
+    query_pos = torch.arange(offset + seq_len - n, offset + seq_len, device=q.device).unsqueeze(1)
+    key_pos = torch.arange(offset, offset + seq_len, device=q.device).unsqueeze(0)
     hidden = key_pos > query_pos
     if window is not None:
         hidden = hidden | (key_pos <= query_pos - window)
@@ -89,6 +96,33 @@ def extend_attention(
     scores = scores.masked_fill(hidden, float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1), v64)  # [Hq, n, D]
     return out.transpose(0, 1).contiguous()
+
+
+class Mask(TypedDict):
+    """The mask keywords of `extend_attention` and `decode_attention`."""
+
+    window: int | None
+    chunk: int | None
+
+
+def spec_mask(spec: KVCacheSpec) -> Mask:
+    """The mask keywords of this module's functions for a layer's `spec` (`window`,
+    `chunk`), read from the spec's own fields and never from its kind's rule
+    (`workloads.kv_rules`), so a wrong rule cannot hide behind the oracle. A kind whose
+    mask differs adds its keyword to `extend_attention` and here."""
+    return Mask(window=spec.window, chunk=spec.chunk)
+
+
+def first_key(position: int, *, window: int | None = None, chunk: int | None = None) -> int:
+    """The first key position `extend_attention`'s mask leaves visible to the query at
+    `position` (every key from there to `position` is visible): what a reference cache
+    slices for its newest token."""
+    first = 0
+    if window is not None:
+        first = max(first, position - window + 1)
+    if chunk is not None:
+        first = max(first, position // chunk * chunk)
+    return first
 
 
 def decode_attention(

@@ -12,7 +12,9 @@ Every decision that depends on what a layer's attention reads asks the rule of i
 * the time model's layout (`paged.serving.attention_layout`: KV read per query, chunk and
   decode step);
 * the kernels' launch (`rule_for_window`: the first position or block read, the span a
-  launch is sized by, whether the windowed variant runs).
+  launch is sized by, and the device parameters: which compiled variant runs and the
+  `window` int the Triton and C++ kernel bodies take, `device_variant`, `device_reach`,
+  `cpu_window`), so no kernel module names a kind.
 
 The float64 oracle (`reference.oracle`) keeps its own mask on purpose, so a wrong rule
 here cannot hide behind an oracle built from it; its callers pass the spec's window.
@@ -71,12 +73,16 @@ class KindRule(ABC):
             caches release them, kernels skip them (the windowed kernel variants).
         self_attention: a decoder step writes this kind's KV (False: written once at
             admission, e.g. the encoder output).
+        device_variant: the keywords that select this kind's compiled Triton variant in
+            `kernels.configs` (empty: the full-attention variant); the variant's kernel
+            body applies the kind's first key itself (device code cannot call the rule).
     """
 
     kind: ClassVar[AttentionKind]
     reach: int | None = None
     bounded: ClassVar[bool] = False
     self_attention: ClassVar[bool] = True
+    device_variant: ClassVar[Mapping[str, bool]] = MappingProxyType({})
 
     def __init__(self, spec: KVCacheSpec) -> None:
         if spec.kind is not self.kind:
@@ -100,6 +106,20 @@ class KindRule(ABC):
         """The `window` the kernels take for this kind (None: every position; an int: a
         sliding window; a spec: any other kind that bounds what a query reads)."""
         return self.reach
+
+    # ------------------------------------------------------------------ device parameters
+    @property
+    def device_reach(self) -> int:
+        """The `window` int the Triton kernel bodies take in `device_variant`: the
+        kind's reach where it bounds what a query reads, 0 otherwise."""
+        return self.reach if self.bounded and self.reach is not None else 0
+
+    @property
+    def cpu_window(self) -> int:
+        """The C++ kernels' `window` argument (`first_key` in kernels/cpu_ext/
+        paged_attn.cpp): 0 for every position, W > 0 for a sliding window of W tokens;
+        a kind the C++ kernels read another way gives its own encoding."""
+        return self.device_reach
 
     # ------------------------------------------------------------------ blocks
     def blocks_in_step(self, computed: int, new: int, block_size: int) -> int:
@@ -199,6 +219,7 @@ class SlidingWindowRule(KindRule):
 
     kind = AttentionKind.SLIDING_WINDOW
     bounded = True
+    device_variant = MappingProxyType({"windowed": True})
 
     def __init__(self, spec: KVCacheSpec) -> None:
         super().__init__(spec)
@@ -242,6 +263,7 @@ class ChunkedLocalRule(KindRule):
 
     kind = AttentionKind.CHUNKED_LOCAL
     bounded = True
+    device_variant = MappingProxyType({"windowed": True, "chunked": True})
 
     def __init__(self, spec: KVCacheSpec) -> None:
         super().__init__(spec)
@@ -257,6 +279,11 @@ class ChunkedLocalRule(KindRule):
     @property
     def kernel_window(self) -> KernelWindow:
         return self.spec
+
+    @property
+    def cpu_window(self) -> int:
+        """-C: paged_attn.cpp's `first_key` reads a negative window as a chunk of C."""
+        return -self.chunk
 
     def period(self, step: int, block_size: int) -> int:
         """Every C / gcd(step, C) steps both ends have moved by a whole number of chunks

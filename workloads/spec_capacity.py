@@ -54,8 +54,8 @@ def _candidate_steps(model: ModelKVSpec, seq_len: int, step: int, block_size: in
     Between phase boundaries every group's block count is either non-decreasing in the
     step index (full attention, a window still filling, the capped last step) or periodic
     with its rule's `period` (a full window sliding: both of its ends move by
-    block_size / gcd(step, block_size) steps' tokens, a multiple of block_size; chunked
-    local: C / gcd(step, C) steps). A non-decreasing plus a P-periodic sequence (P the
+    block_size / gcd(step, block_size) steps' tokens, a multiple of block_size; another
+    kind's rule says its own). A non-decreasing plus a P-periodic sequence (P the
     least common multiple of the groups' periods) peaks within the last P steps of each
     stretch, so only those are evaluated.
     """

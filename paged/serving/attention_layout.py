@@ -2,9 +2,8 @@
 
 A full-attention layer's query at position p reads the p + 1 tokens before and at it; a
 layer with a sliding window of W reads at most W of them (positions p - W + 1 .. p); a
-chunked-local layer of C the positions of its chunk up to p (priced at min(p + 1, C) in
-decode: `ChunkedLocalRule.decode_reads`); a cross-attention layer reads the encoder's
-output, E tokens, whatever the position. The
+cross-attention layer reads the encoder's output, E tokens, whatever the position; any
+other kind what its rule says (`KindRule.reads`, `chunk_reads`, `decode_reads`). The
 time model (`time_model.TimeModel` with a layout) prices attention's KV reads and FLOPs
 per layer with these counts instead of the whole context on every layer.
 

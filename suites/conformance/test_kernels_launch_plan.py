@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-from kvbench.kernels import backends, cpu_paged, ops, torch_ops, window_rule
+from kvbench.kernels import backends, configs, cpu_paged, ops, torch_ops, window_rule
 from kvbench.kernels import validation as val
 from kvbench.suites.conformance.hostile import TRIED
 from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.kv_rules import RULES, rule_for_window
+from kvbench.workloads.kv_spec import KVCacheSpec
 
 META = torch.device("meta")
 
@@ -259,3 +261,31 @@ def test_each_backend_gives_what_it_gave_before(kv: torch.dtype, window: int | N
                                       window=window, **scales)  # fmt: skip
     assert torch.equal(cpp, side)
     assert torch.allclose(cpp, gather, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("window", "reach", "cpu", "variant"),
+    [
+        (None, 0, 0, {}),
+        (7, 7, 7, {"windowed": True}),
+        (KVCacheSpec.sliding_window(7), 7, 7, {"windowed": True}),
+        (KVCacheSpec.chunked_local(8), 8, -8, {"windowed": True, "chunked": True}),
+    ],
+    ids=["full", "window-int", "window-spec", "chunk"],
+)
+def test_the_kernels_device_parameters_come_from_the_rule(
+    window: Any, reach: int, cpu: int, variant: dict[str, bool]
+) -> None:
+    """What the Triton and C++ bodies take (no kernel module tests a kind): the Triton
+    `window` int and variant keywords, the C++ signed window; and every kind's variant is
+    one the AOT list compiles (a kind whose variant configs.py lacks fails here)."""
+    rule = rule_for_window(window)
+    assert (rule.device_reach, rule.cpu_window, dict(rule.device_variant)) == (reach, cpu, variant)
+    assert cpu_paged._signed(window) == cpu
+    compiled = {tuple(sorted(c.constexprs.items())) for c in configs.all_configs()}
+    for cls in RULES.values():
+        if not cls.self_attention:
+            continue
+        flags = dict(cls.device_variant)
+        cfg = configs.reduce_config(torch.float16, 128, **flags)
+        assert tuple(sorted(cfg.constexprs.items())) in compiled, (cls.__name__, flags)

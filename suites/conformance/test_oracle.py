@@ -14,9 +14,13 @@ from kvbench.reference.oracle import (
     batched_decode_attention,
     decode_attention,
     extend_attention,
+    first_key,
     relative_error,
+    spec_mask,
 )
+from kvbench.suites.conformance.hostile import TRIED
 from kvbench.workloads.errors import ShapeError
+from kvbench.workloads.kv_spec import KVCacheSpec
 
 
 def _sdpa_last_queries(q, k, v, scale):
@@ -104,3 +108,68 @@ def test_relative_error_flags_nan() -> None:
 def test_bad_shapes_name_the_problem(q, k, names) -> None:
     with pytest.raises(ShapeError, match=names):
         decode_attention(q, k, k.clone())
+
+
+# ---------------------------------------------------------------- masks from a spec
+_SPECS = [
+    KVCacheSpec.full(),
+    KVCacheSpec.sliding_window(1),
+    KVCacheSpec.sliding_window(5),
+    KVCacheSpec.chunked_local(1),
+    KVCacheSpec.chunked_local(4),
+    KVCacheSpec.chunked_local(7),
+    KVCacheSpec.cross_attention(9),
+]
+
+
+@pytest.mark.parametrize("spec", _SPECS, ids=lambda s: s.describe())
+def test_first_key_is_the_first_key_the_mask_leaves_visible(spec: KVCacheSpec) -> None:
+    """`first_key` (what the layer-group reference slices by) against extend_attention's
+    own mask, read from its output: equal scores and one-hot values make row p the mean of
+    the keys p sees, so its nonzero columns are exactly them (contiguous up to p)."""
+    length = 23
+    q = torch.zeros(length, 1, length)
+    k = torch.zeros(length, 1, length)
+    v = torch.eye(length).unsqueeze(1)
+    mask = spec_mask(spec)
+    out = extend_attention(q, k, v, 1.0, **mask)[:, 0]  # [L, L]: row p over keys
+    for p in range(length):
+        seen = out[p].nonzero().flatten().tolist()
+        first = first_key(p, **mask)
+        assert seen == list(range(first, p + 1)), (spec.describe(), p, seen, first)
+
+
+@pytest.mark.parametrize("spec", _SPECS, ids=lambda s: s.describe())
+def test_offset_masks_the_true_positions_of_a_gathered_suffix(spec: KVCacheSpec) -> None:
+    """A KV gathered from position s on (a cache's view) with offset=s gives what the
+    whole sequence gives for the same queries; without the offset a chunk's boundaries
+    would fall at the wrong positions (shown for the chunk of 7, whose suffix from 5 does
+    not start at a chunk start)."""
+    g = torch.Generator().manual_seed(3)
+    length, n = 20, 3
+    q = torch.randn(n, 2, 8, generator=g)
+    k = torch.randn(length, 1, 8, generator=g)
+    v = torch.randn(length, 1, 8, generator=g)
+    mask = spec_mask(spec)
+    whole = extend_attention(q, k, v, **mask)
+    for start in range(0, first_key(length - n, **mask) + 1):
+        part = extend_attention(q, k[start:], v[start:], offset=start, **mask)
+        torch.testing.assert_close(part, whole, rtol=1e-12, atol=1e-12)
+    if spec == KVCacheSpec.chunked_local(7):
+        shifted = extend_attention(q, k[5:], v[5:], **mask)
+        assert not torch.allclose(shifted, whole)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "0", None])
+def test_a_bad_offset_is_refused_by_name(bad: object) -> None:
+    q, k = torch.ones(1, 1, 4), torch.ones(3, 1, 4)
+    with pytest.raises(ShapeError, match=f"offset must be an integer >= 0, got {bad!r}"):
+        extend_attention(q, k, k, offset=bad)  # type: ignore[arg-type]
+    TRIED["api: bad oracle offset"] += 1  # the hostile-input battery's tally
+
+
+def test_spec_mask_reads_the_spec_s_own_fields() -> None:
+    assert spec_mask(KVCacheSpec.sliding_window(6)) == {"window": 6, "chunk": None}
+    assert spec_mask(KVCacheSpec.chunked_local(8)) == {"window": None, "chunk": 8}
+    for spec in (KVCacheSpec.full(), KVCacheSpec.cross_attention(5)):
+        assert spec_mask(spec) == {"window": None, "chunk": None}

@@ -13,6 +13,7 @@ import pytest
 
 from kvbench.suites.peers.base import PeerUnavailableError
 from kvbench.suites.peers.vllm_adapter import load_vllm
+from kvbench.workloads.kv_spec import KVCacheSpec
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_chunked_local_prefix_hits_match_vllm(
     from kvbench.suites.peers.window_prefix_diff import run_stream
 
     for seed in range(2):
-        counts = run_stream(seed, 1, block_size, num_blocks=4096, chunk=chunk)
+        counts = run_stream(seed, KVCacheSpec.chunked_local(chunk), block_size, num_blocks=4096)
         assert counts.hits_differ == 0 and counts.held_differ == 0, counts.examples
         assert counts.refused_both == counts.refused_one == 0
         assert counts.hits_equal == 40

@@ -378,7 +378,6 @@ SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
 _UNMODELED_CONFIG = (
     ("attn_logit_softcapping", None),
     ("final_logit_softcapping", None),
-    ("attention_chunk_size", None),
     ("embedding_multiplier", None),
     ("residual_multiplier", None),
     ("logits_scaling", None),

@@ -35,8 +35,8 @@ from kvbench.workloads.kv_spec import KernelWindow
 
 
 def _window(cache, group: int) -> KernelWindow:
-    """The kernels' `window` argument of a group (its kind's rule says: a sliding
-    window's tokens, a chunked-local spec, None for full attention)."""
+    """The kernels' `window` argument of a group, as its kind's rule says (a sliding
+    window's tokens, None for full attention, the spec itself for another kind)."""
     return rule_for(cache.model.groups[group].spec).kernel_window
 
 
@@ -136,7 +136,7 @@ class GroupOracleAttention:
         self, batch: PackedBatch, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         group, j = self.layers.self_slots[layer]
-        spec = self.cache.model.groups[group].spec  # the oracle's own mask, from the spec
+        mask = oracle.spec_mask(self.cache.model.groups[group].spec)  # the oracle's own
         out = torch.empty_like(q)
         for rid, c, s, n in zip(
             batch.request_ids, batch.cached, batch.starts, batch.lengths, strict=True
@@ -146,10 +146,9 @@ class GroupOracleAttention:
                 pk, pv = self.cache.gather(rid, group)
                 kk = torch.cat([pk[j].to(k.device, k.dtype), kk])
                 vv = torch.cat([pv[j].to(v.device, v.dtype), vv])
-            # a chunk's gathered prefix starts at a chunk start: relative chunks line up
-            res = oracle.extend_attention(
-                q[s : s + n], kk, vv, self.scale, window=spec.window, chunk=spec.chunk
-            )
+            # the gathered prefix may start past position 0: the oracle masks true positions
+            offset = c - (kk.shape[0] - n)
+            res = oracle.extend_attention(q[s : s + n], kk, vv, self.scale, offset=offset, **mask)
             out[s : s + n] = res.to(q.dtype)
         return out
 

@@ -10,10 +10,6 @@ reads them is kvbench's, through a layer-group attention engine (`spec_attention
 * `Gemma2Forward`: Gemma 2's scaled embedding, (1 + w) RMSNorms around attention and MLP,
   attention scaled by `query_pre_attn_scalar` ** -0.5, local (windowed) and global layers,
   and its tanh soft-cap of the final logits;
-* `Llama4TextForward`: Llama 4's text decoder (chunked local attention on its RoPE
-  layers, full attention on its NoPE layers, as the groups say): complex RoPE, the L2
-  q/k norm of RoPE layers, the attention temperature tuning of NoPE layers (a per-position
-  query scale), dense or mixture-of-experts feed-forward, run as transformers built them;
 * `WhisperDecoderForward`: Whisper's decoder (learned positions, LayerNorms, biased
   projections, queries scaled before attention as HF does, GELU MLP) with its
   self-attention paged and its cross-attention reading the encoder K/V written at
@@ -22,16 +18,18 @@ reads them is kvbench's, through a layer-group attention engine (`spec_attention
 `check_spec_supported` refuses by name what these do not implement: attention-score
 soft-capping (Gemma 2's `attn_logit_softcapping`: a tanh inside the softmax, which the
 paged kernels cannot apply), T5's relative position bias (added to attention scores),
-Gemma 3 (per-head q/k norms, a local rotary base), Llama 4's multimodal model (its
-text model is decoded), a Llama 4 layer type other than chunked or full attention, any
-other module or model type.
+Gemma 3 (per-head q/k norms, a local rotary base), any other module or model type.
+
+Another architecture joins with `register_forward` (its forward, its own refusals, and
+related model types it refuses by name), from a library module or a test, so the
+built-in list above does not change for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -122,18 +120,38 @@ _REFUSED_TYPES = {
     "implemented by the e2e runner's forward",
     "gemma3": "Gemma 3's per-head q/k norms and separate local rotary base are not "
     "implemented by the e2e runner's forward",
-    "llama4": "Llama 4's vision tower and projector are not implemented by the e2e runner "
-    "(decode its text model, model type llama4_text)",
 }
-_LLAMA4_MODEL = frozenset({"embed_tokens", "layers", "norm", "rotary_emb"})
-_LLAMA4_LAYER = frozenset(
-    {"self_attn", "feed_forward", "input_layernorm", "post_attention_layernorm"}
-)
-_LLAMA4_ATTN = _PROJ | {"qk_norm"}
-_LLAMA4_LAYER_TYPES = frozenset({"full_attention", "chunked_attention"})
 
-#: Model types the layer-group runner decodes.
-SPEC_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "gemma2", "whisper", "llama4_text"})
+#: Model types the layer-group runner decodes with its built-in forwards.
+SPEC_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "gemma2", "whisper"})
+
+
+@dataclass(frozen=True)
+class AddedForward:
+    """A forward added with `register_forward`: `check(model)` raises ConfigError naming
+    what it does not follow; `build(model)` makes the forward."""
+
+    check: Callable[[Any], None]
+    build: Callable[[Any], SpecForward]
+
+
+#: Forwards added beside the built-in ones, by model type (`register_forward`).
+_ADDED: dict[str, AddedForward] = {}
+
+
+def register_forward(
+    model_type: str,
+    build: Callable[[Any], SpecForward],
+    check: Callable[[Any], None],
+    refused: Mapping[str, str] | None = None,
+) -> None:
+    """Let the layer-group runner decode `model_type` with `build(model)` after
+    `check(model)` (ConfigError naming what the forward does not follow); `refused`:
+    related model types to refuse by name, with why (e.g. a multimodal wrapper)."""
+    if model_type in SPEC_MODEL_TYPES or model_type in _REFUSED_TYPES:
+        raise ConfigError(f"model type {model_type!r} has a built-in forward or refusal")
+    _ADDED[model_type] = AddedForward(check, build)
+    _REFUSED_TYPES.update(refused or {})
 
 
 def _is_on(value: object) -> bool:
@@ -169,8 +187,8 @@ def check_spec_supported(model) -> None:
             levels.append((f"attention of layer {i}", layer.self_attn, _PROJ))
         _check_modules(model_type, levels)
         return
-    if model_type == "llama4_text":
-        _check_llama4(model)
+    if model_type in _ADDED:
+        _ADDED[model_type].check(model)
         return
     if model_type == "whisper":
         if _is_on(getattr(cfg, "scale_embedding", None)):
@@ -187,32 +205,8 @@ def check_spec_supported(model) -> None:
         return
     raise ConfigError(
         f"model type {model_type!r} is not supported by the e2e layer-group runner (it "
-        f"implements {', '.join(sorted(SPEC_MODEL_TYPES))})"
+        f"implements {', '.join(sorted(SPEC_MODEL_TYPES | _ADDED.keys()))})"
     )
-
-
-def _check_llama4(model) -> None:
-    """Llama 4's text model: the modules `Llama4TextForward` runs, and layer types it
-    attends as kvbench's groups do (chunked local on RoPE layers, full otherwise)."""
-    cfg = model.config
-    types = set(cfg.layer_types or ())
-    if not types <= _LLAMA4_LAYER_TYPES:
-        raise ConfigError(
-            f"llama4_text model: layer_types {sorted(types - _LLAMA4_LAYER_TYPES)} are not "
-            f"implemented by the e2e runner (it attends {sorted(_LLAMA4_LAYER_TYPES)})"
-        )
-    for i, t in enumerate(cfg.layer_types or ()):
-        if t == "chunked_attention" and not cfg.no_rope_layers[i]:
-            raise ConfigError(
-                f"llama4_text model: layer {i} is chunked but has no RoPE; transformers "
-                "builds chunked attention on RoPE layers only"
-            )
-    inner = model.model
-    levels: list[tuple[str, object, frozenset]] = [("model", inner, _LLAMA4_MODEL)]
-    for i, layer in enumerate(inner.layers):
-        levels.append((f"decoder layer {i}", layer, _LLAMA4_LAYER))
-        levels.append((f"attention of layer {i}", layer.self_attn, _LLAMA4_ATTN))
-    _check_modules("llama4_text", levels)
 
 
 # ---------------------------------------------------------------------------- layer map
@@ -336,62 +330,6 @@ class Gemma2Forward:
         return ForwardOutput(torch.stack(keys), torch.stack(values), logits.float().cpu())
 
 
-class Llama4TextForward:
-    """Llama 4's text decoder on a packed ragged batch (see the module docstring)."""
-
-    is_encoder_decoder = False
-
-    def __init__(self, model) -> None:
-        from transformers.models.llama4.modeling_llama4 import apply_rotary_emb
-
-        check_spec_supported(model)
-        self.model = model
-        self._rotary = apply_rotary_emb
-        cfg = model.config
-        self.num_layers = cfg.num_hidden_layers
-        self.num_q_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = int(model.model.layers[0].self_attn.head_dim)
-        self.scale = float(model.model.layers[0].self_attn.scaling)
-
-    def encoder_kv(self, encoder_input: torch.Tensor) -> list[KVPair]:
-        raise ConfigError("llama4_text has no encoder")
-
-    @torch.no_grad()
-    def __call__(self, batch: PackedBatch, attention: GroupAttention) -> ForwardOutput:
-        inner = self.model.model
-        dev = inner.embed_tokens.weight.device
-        ids = batch.flat_ids().to(dev)
-        positions = batch.flat_positions().to(dev)
-        t = ids.shape[0]
-        h = inner.embed_tokens(ids)
-        freqs = inner.rotary_emb(h, positions.unsqueeze(0))  # complex [1, T, D / 2]
-        keys, values = [], []
-        for layer, block in enumerate(inner.layers):
-            attn = block.self_attn
-            x = block.input_layernorm(h)
-            q = attn.q_proj(x).view(t, self.num_q_heads, self.head_dim)
-            k = attn.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(t, self.num_kv_heads, self.head_dim).contiguous()
-            if attn.use_rope:
-                q, k = self._rotary(q[None], k[None], freqs)
-                q, k = q[0], k[0]
-            if hasattr(attn, "qk_norm"):
-                q, k = attn.qk_norm(q), attn.qk_norm(k)
-            if attn.attn_temperature_tuning and not attn.use_rope:  # NoPE: scale by position
-                steps = torch.floor((positions.float() + 1.0) / attn.floor_scale)
-                q = (q * (torch.log1p(steps) * attn.attn_scale + 1.0).view(t, 1, 1)).to(q.dtype)
-            q, k = q.contiguous(), k.contiguous()
-            keys.append(k)
-            values.append(v)
-            o = attention(batch, layer, q, k, v)
-            h = h + attn.o_proj(o.reshape(t, self.num_q_heads * self.head_dim))
-            m = block.feed_forward(block.post_attention_layernorm(h))
-            h = h + (m[0] if block.is_moe_layer else m)
-        logits = self.model.lm_head(inner.norm(h))
-        return ForwardOutput(torch.stack(keys), torch.stack(values), logits.float().cpu())
-
-
 class WhisperDecoderForward:
     """Whisper's decoder on a packed ragged batch (see the module docstring)."""
 
@@ -468,6 +406,6 @@ def spec_forward(model) -> SpecForward:
         return Gemma2Forward(model)
     if model_type == "whisper":
         return WhisperDecoderForward(model)
-    if model_type == "llama4_text":
-        return Llama4TextForward(model)
+    if model_type in _ADDED:
+        return _ADDED[model_type].build(model)
     return WindowedLlamaForward(model)

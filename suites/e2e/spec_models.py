@@ -1,6 +1,6 @@
 """Tiny random-weight Hugging Face models with KV cache specs, and their HF oracle.
 
-Three architectures whose KV is not plain full attention, built in code (nothing is
+Architectures whose KV is not plain full attention, built in code (nothing is
 downloaded), float32, CPU, eager attention, fixed seeds:
 
 * Mistral with `sliding_window` shorter than the test sequences (every layer windowed),
@@ -13,9 +13,6 @@ downloaded), float32, CPU, eager attention, fixed seeds:
   runner refuses a model that sets it (see `spec_forward.check_spec_supported`);
 * Qwen2 with `use_sliding_window` and `max_window_layers` (the first layers full, the
   rest windowed: a hybrid read from a config without `layer_types`' own spelling);
-* Llama 4's text model: chunked local attention (`attention_chunk_size`, shorter than
-  the test sequences) on its RoPE layers, full attention on every fourth (NoPE) layer,
-  with its L2 q/k norm, attention temperature tuning and a mixture-of-experts layer;
 * Whisper (encoder-decoder): a log-mel encoder whose output the decoder's
   cross-attention reads; the decoder's self-attention is paged, the cross-attention KV is
   written once at admission.
@@ -39,7 +36,7 @@ from kvbench.workloads.hf_spec import model_spec_from_hf_config
 from kvbench.workloads.kv_spec import ModelKVSpec
 
 #: The architectures built here (keys of `build_spec_model`).
-KINDS = ("mistral", "gemma2", "whisper", "qwen2", "llama4")
+KINDS = ("mistral", "gemma2", "whisper", "qwen2")
 
 
 @dataclass(frozen=True)
@@ -60,7 +57,6 @@ class TinySpecModel:
     intermediate_size: int = 128
     max_positions: int = 256
     window: int = 7
-    chunk: int = 8
     encoder_len: int = 13
     num_mel_bins: int = 8
     query_pre_attn_scalar: int = 24
@@ -72,7 +68,10 @@ class TinySpecModel:
         return self.hidden_size // self.num_q_heads
 
 
-def _common(spec: TinySpecModel) -> dict:
+def common_fields(spec: TinySpecModel) -> dict:
+    """The config fields every decoder-only architecture here shares (sizes, no special
+    tokens, eager attention): a test building another architecture's config starts
+    from them."""
     return dict(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
@@ -96,12 +95,12 @@ def make_config(spec: TinySpecModel, **overrides):  # -> transformers.Pretrained
 
     if spec.kind == "mistral":
         return transformers.MistralConfig(
-            **{**_common(spec), "sliding_window": spec.window, **overrides}
+            **{**common_fields(spec), "sliding_window": spec.window, **overrides}
         )
     if spec.kind == "qwen2":  # the first half of the layers full, the rest windowed
         return transformers.Qwen2Config(
             **{
-                **_common(spec),
+                **common_fields(spec),
                 "use_sliding_window": True,
                 "sliding_window": spec.window,
                 "max_window_layers": spec.num_layers // 2,
@@ -111,26 +110,12 @@ def make_config(spec: TinySpecModel, **overrides):  # -> transformers.Pretrained
     if spec.kind == "gemma2":
         return transformers.Gemma2Config(
             **{
-                **_common(spec),
+                **common_fields(spec),
                 "head_dim": spec.head_dim,
                 "sliding_window": spec.window,
                 "query_pre_attn_scalar": spec.query_pre_attn_scalar,
                 "attn_logit_softcapping": None,
                 "final_logit_softcapping": 30.0,
-                **overrides,
-            }
-        )
-    if spec.kind == "llama4":  # layers 0-2 chunked (RoPE), 3 full (NoPE); layer 1 MoE
-        return transformers.Llama4TextConfig(
-            **{
-                **_common(spec),
-                "head_dim": spec.head_dim,
-                "intermediate_size_mlp": spec.intermediate_size,
-                "attention_chunk_size": spec.chunk,
-                "moe_layers": [1] if spec.num_layers > 1 else [],
-                "num_local_experts": 2,
-                "floor_scale": 4,  # temperature tuning changes within the test lengths
-                "attn_scale": 0.5,
                 **overrides,
             }
         )
@@ -160,16 +145,16 @@ def make_config(spec: TinySpecModel, **overrides):  # -> transformers.Pretrained
     raise ValueError(f"unknown tiny model kind {spec.kind!r}; known: {KINDS}")
 
 
-def random_model(config, seed: int):  # -> transformers.PreTrainedModel
-    """A random-weight model of `config` (float32, eval, no grad; same seed, same weights)."""
+def random_model(config, seed: int, cls=None):  # -> transformers.PreTrainedModel
+    """A random-weight model of `config` (float32, eval, no grad; same seed, same weights);
+    `cls`: the transformers model class (by default this module's for its model type)."""
     import transformers
 
-    cls = {
+    cls = cls or {
         "mistral": transformers.MistralForCausalLM,
         "qwen2": transformers.Qwen2ForCausalLM,
         "gemma2": transformers.Gemma2ForCausalLM,
         "whisper": transformers.WhisperForConditionalGeneration,
-        "llama4_text": transformers.Llama4ForCausalLM,
     }.get(config.model_type)
     if cls is None:
         raise ValueError(f"no tiny builder for model type {config.model_type!r}")

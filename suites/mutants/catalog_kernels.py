@@ -92,8 +92,8 @@ KERNELS: list[Mutant] = [
     Mutant(
         "kernels.triton.decode_window_begins_early",
         "kernels/triton_kernels.py",
-        "            begin = tl.maximum(start, lo) if CHUNKED else tl.maximum(start, seq_len - window)",
-        "            begin = tl.maximum(start, lo) if CHUNKED else tl.maximum(start, seq_len - window - 1)",
+        "tl.maximum(start, seq_len - window)",
+        "tl.maximum(start, seq_len - window - 1)",
         "Triton windowed decode reads one key before the window",
         (
             SW + "::test_sliding_window_skips_released_blocks[triton]",

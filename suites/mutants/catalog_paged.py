@@ -368,9 +368,9 @@ PAGED: list[Mutant] = [
     ),
     Mutant(
         "reference.layer_groups.window_slice_wider",
-        "reference/layer_groups.py",
-        "            start = max(0, length - spec.window)",
-        "            start = max(0, length - spec.window - 1)",
+        "reference/oracle.py",
+        "        first = max(first, position - window + 1)",
+        "        first = max(first, position - window)",
         "the layer-group reference reads window + 1 tokens for a windowed group",
         (C + "test_paged_hybrid.py",),
     ),

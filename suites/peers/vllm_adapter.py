@@ -40,7 +40,13 @@ from kvbench.suites.peers.base import (
     PeerSpec,
     PeerUnavailableError,
 )
-from kvbench.workloads.errors import CapacityError, DuplicateRequestError, UnknownRequestError
+from kvbench.workloads.errors import (
+    CapacityError,
+    ConfigError,
+    DuplicateRequestError,
+    UnknownRequestError,
+)
+from kvbench.workloads.kv_spec import AttentionKind, KVCacheSpec
 
 log = logging.getLogger(__name__)
 
@@ -169,13 +175,32 @@ def available() -> str | None:
     return None
 
 
-class VLLMAllocator:
-    """vLLM's v1 KVCacheManager (one full-attention group, prefix caching on) as an
-    AllocatorAdapter with `num_blocks` usable blocks (vLLM gets num_blocks + 1).
+def vllm_kv_spec(
+    v: Any, spec: KVCacheSpec, block_size: int, num_kv_heads: int, head_size: int
+) -> Any:
+    """vLLM's KV cache spec of kvbench's `spec` (float16 K/V of the given shape): the one
+    place a kvbench kind meets vLLM's (`v` is `load_vllm()`'s namespace). A kind vLLM has
+    no spec for here raises PeerUnavailableError naming it."""
+    shape = {"block_size": block_size, "num_kv_heads": num_kv_heads, "head_size": head_size}
+    if spec.kind is AttentionKind.FULL:
+        return v.FullAttentionSpec(**shape, dtype=torch.float16)
+    if spec.kind is AttentionKind.SLIDING_WINDOW:
+        return v.SlidingWindowSpec(**shape, dtype=torch.float16, sliding_window=spec.window)
+    if spec.kind is AttentionKind.CHUNKED_LOCAL:
+        return v.ChunkedLocalAttentionSpec(
+            **shape, dtype=torch.float16, attention_chunk_size=spec.chunk
+        )
+    raise PeerUnavailableError(f"the vLLM adapter has no vLLM spec for {spec.describe()}")
 
-    With `window`, the one group is a `SlidingWindowSpec` (vLLM's SlidingWindowManager:
-    blocks that left the window become its null block, block 0, in the table); with
-    `chunk`, a `ChunkedLocalAttentionSpec` (vLLM's ChunkedLocalAttentionManager)."""
+
+class VLLMAllocator:
+    """vLLM's v1 KVCacheManager (one group, prefix caching on) as an AllocatorAdapter with
+    `num_blocks` usable blocks (vLLM gets num_blocks + 1).
+
+    The group's kind is `spec` (full attention when None; `window=W` is short for a
+    sliding window of W tokens), as vLLM's own spec (`vllm_kv_spec`): a sliding window,
+    for instance, runs vLLM's SlidingWindowManager, where blocks that left the window
+    become its null block, block 0, in the table."""
 
     name = "vllm"
     traits = AllocatorTraits(
@@ -194,25 +219,22 @@ class VLLMAllocator:
         block_size: int,
         *,
         window: int | None = None,
-        chunk: int | None = None,
+        spec: KVCacheSpec | None = None,
     ) -> None:
         v = load_vllm()
         self._v = v
         self.block_size = block_size
         self.num_usable_blocks = num_blocks
-        shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 64}
-        if chunk is not None:
-            spec = v.ChunkedLocalAttentionSpec(
-                **shape, dtype=torch.float16, attention_chunk_size=chunk
-            )
-        elif window is not None:
-            spec = v.SlidingWindowSpec(**shape, dtype=torch.float16, sliding_window=window)
-        else:
-            spec = v.FullAttentionSpec(**shape, dtype=torch.float16)
+        if window is not None:
+            if spec is not None:
+                raise ConfigError("VLLMAllocator takes window= or spec=, not both")
+            spec = KVCacheSpec.sliding_window(window)
+        ours = KVCacheSpec.full() if spec is None else spec
+        theirs = vllm_kv_spec(v, ours, block_size, num_kv_heads=1, head_size=64)
         config = v.KVCacheConfig(
             num_blocks=num_blocks + 1,
             kv_cache_tensors=[],
-            kv_cache_groups=[v.KVCacheGroupSpec(["layer.0"], spec)],
+            kv_cache_groups=[v.KVCacheGroupSpec(["layer.0"], theirs)],
         )
         max_len = (num_blocks + 1) * block_size
         self.manager = v.KVCacheManager(

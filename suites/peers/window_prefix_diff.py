@@ -1,6 +1,7 @@
-"""The sliding-window (and chunked-local) prefix-cache differential: kvbench's layer-group
-cache against vLLM's SlidingWindowManager (through `vllm_adapter.VLLMAllocator(window=...)`)
-or ChunkedLocalAttentionManager (`chunk=...`) on the same random request streams.
+"""The prefix-cache differential of one attention kind: kvbench's layer-group cache of one
+group of that `KVCacheSpec` against vLLM's manager of vLLM's matching spec (through
+`vllm_adapter.VLLMAllocator(spec=...)`, e.g. SlidingWindowManager for a sliding window) on
+the same random request streams.
 
 A stream draws prompts from a few shared stems (so hits happen) with random tails,
 admits each request (both report their hit), decodes a few tokens one at a time with
@@ -40,31 +41,26 @@ class DiffCounts:
     examples: list[str] = field(default_factory=list)
 
 
-def _kvbench_cache(
-    window: int, block_size: int, num_blocks: int, chunk: int | None = None
-) -> LayerGroupsPagedCache:
-    spec = KVCacheSpec.sliding_window(window) if chunk is None else KVCacheSpec.chunked_local(chunk)
+def _kvbench_cache(spec: KVCacheSpec, block_size: int, num_blocks: int) -> LayerGroupsPagedCache:
     group = LayerGroup(spec, 1, 1, 1, "float32")
-    model = ModelKVSpec("window", (group,))
+    model = ModelKVSpec(spec.describe(), (group,))
     return LayerGroupsPagedCache(model, num_blocks, block_size, enable_prefix_caching=True)
 
 
 def run_stream(
     seed: int,
-    window: int,
+    spec: KVCacheSpec | int,
     block_size: int,
     num_blocks: int,
     num_requests: int = 40,
-    chunk: int | None = None,
 ) -> DiffCounts:
-    """One random stream through both caches (see the module docstring); with `chunk`,
-    chunked local attention of that many tokens instead of the window."""
+    """One random stream through both caches (see the module docstring) for one group of
+    `spec` (an int: a sliding window of that many tokens)."""
+    if not isinstance(spec, KVCacheSpec):
+        spec = KVCacheSpec.sliding_window(spec)
     rng = random.Random(seed)
-    ours = _kvbench_cache(window, block_size, num_blocks, chunk)
-    if chunk is None:
-        theirs = VLLMAllocator(num_blocks, block_size, window=window)
-    else:
-        theirs = VLLMAllocator(num_blocks, block_size, chunk=chunk)
+    ours = _kvbench_cache(spec, block_size, num_blocks)
+    theirs = VLLMAllocator(num_blocks, block_size, spec=spec)
     stems = [[rng.randrange(1000) for _ in range(rng.randint(1, 40))] for _ in range(3)]
     counts = DiffCounts()
     live: list[int] = []
