@@ -115,7 +115,12 @@ def _trace(case: Case, seed: int) -> Trace:
     if case.get("trace", "sharegpt") == "mooncake":
         moon = _mooncake(n)
         if moon is None:
-            raise KVBenchError("the Mooncake conversation trace file is absent")
+            from kvbench.suites.conformance.peer_vllm_scheduler import TRACES_DIR
+
+            raise KVBenchError(
+                f"the Mooncake conversation trace is not at {TRACES_DIR}/"
+                "mooncake_conversation_trace.jsonl (KVBENCH_TRACES names the folder)"
+            )
         return moon
     w = workload("sharegpt")
     return system_prompt(n, 200, w.prompt, w.output, seed=seed)
