@@ -29,7 +29,12 @@ import torch
 from kvbench.paged.layer_groups import LayerGroupsPagedCache
 from kvbench.reference.contract import KVPair
 from kvbench.suites.e2e import spec_checks as sc
-from kvbench.suites.e2e.llama_forward import ForwardOutput, PackedBatch
+from kvbench.suites.e2e.llama_forward import (
+    ForwardOutput,
+    PackedBatch,
+    embed_batch,
+    project_qkv,
+)
 from kvbench.suites.e2e.spec_forward import (
     _PROJ,
     GroupAttention,
@@ -138,19 +143,14 @@ class Llama4TextForward:
     @torch.no_grad()
     def __call__(self, batch: PackedBatch, attention: GroupAttention) -> ForwardOutput:
         inner = self.model.model
-        dev = inner.embed_tokens.weight.device
-        ids = batch.flat_ids().to(dev)
-        positions = batch.flat_positions().to(dev)
-        t = ids.shape[0]
-        h = inner.embed_tokens(ids)
+        positions, h = embed_batch(inner, batch)
+        t = h.shape[0]
         freqs = inner.rotary_emb(h, positions.unsqueeze(0))  # complex [1, T, D / 2]
         keys, values = [], []
         for layer, block in enumerate(inner.layers):
             attn = block.self_attn
             x = block.input_layernorm(h)
-            q = attn.q_proj(x).view(t, self.num_q_heads, self.head_dim)
-            k = attn.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(t, self.num_kv_heads, self.head_dim).contiguous()
+            q, k, v = project_qkv(attn, x, self.num_q_heads, self.num_kv_heads, self.head_dim)
             if attn.use_rope:
                 q, k = self._rotary(q[None], k[None], freqs)
                 q, k = q[0], k[0]

@@ -432,6 +432,26 @@ def check_supported(model, *, allow_sliding_window: bool = False) -> None:
         )
 
 
+def embed_batch(inner, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[no-untyped-def]
+    """(positions [T], hidden states [T, hidden]) of a packed batch: its flat ids through
+    the decoder's token embedding (`inner`: the HF model's decoder stack), on the model's
+    device. The start of every e2e forward."""
+    dev = inner.embed_tokens.weight.device
+    positions = batch.flat_positions().to(dev)
+    return positions, inner.embed_tokens(batch.flat_ids().to(dev))
+
+
+def project_qkv(  # type: ignore[no-untyped-def]
+    attn, x: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer's q [T, Hq, D], k and v [T, Hkv, D] from its projections of x [T, hidden]
+    (v contiguous: it is stored as the layer's V as it is)."""
+    t = x.shape[0]
+    q = attn.q_proj(x).view(t, num_q_heads, head_dim)
+    k = attn.k_proj(x).view(t, num_kv_heads, head_dim)
+    return q, k, attn.v_proj(x).view(t, num_kv_heads, head_dim).contiguous()
+
+
 class LlamaForward:
     """The HF Llama's layers run on a packed ragged batch with kvbench attention.
 
@@ -454,20 +474,15 @@ class LlamaForward:
     @torch.no_grad()
     def __call__(self, batch: PackedBatch, attention: Attention) -> ForwardOutput:
         inner = self.model.model
-        dev = inner.embed_tokens.weight.device
-        ids = batch.flat_ids().to(dev)
-        positions = batch.flat_positions().to(dev)
-        t = ids.shape[0]
-        h = inner.embed_tokens(ids)  # [T, hidden]
+        positions, h = embed_batch(inner, batch)  # h [T, hidden]
+        t = h.shape[0]
         cos, sin = inner.rotary_emb(h, positions.unsqueeze(0))  # [1, T, head_dim]
         cos, sin = cos[0], sin[0]
         keys, values = [], []
         for layer, block in enumerate(inner.layers):
             attn = block.self_attn
             x = block.input_layernorm(h)
-            q = attn.q_proj(x).view(t, self.num_q_heads, self.head_dim)
-            k = attn.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(t, self.num_kv_heads, self.head_dim).contiguous()
+            q, k, v = project_qkv(attn, x, self.num_q_heads, self.num_kv_heads, self.head_dim)
             # HF rotates [.., heads, seq, dim] with cos [.., seq, dim]; here heads are dim 1.
             q, k = self._rotary(q, k, cos, sin, unsqueeze_dim=1)
             q, k = q.contiguous(), k.contiguous()

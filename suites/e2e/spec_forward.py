@@ -39,6 +39,8 @@ from kvbench.suites.e2e.llama_forward import (
     LlamaForward,
     PackedBatch,
     check_supported,
+    embed_batch,
+    project_qkv,
 )
 from kvbench.workloads.errors import ConfigError, ShapeError
 from kvbench.workloads.kv_spec import ModelKVSpec
@@ -301,20 +303,15 @@ class Gemma2Forward:
     @torch.no_grad()
     def __call__(self, batch: PackedBatch, attention: GroupAttention) -> ForwardOutput:
         inner = self.model.model
-        dev = inner.embed_tokens.weight.device
-        ids = batch.flat_ids().to(dev)
-        positions = batch.flat_positions().to(dev)
-        t = ids.shape[0]
-        h = inner.embed_tokens(ids)  # scaled by sqrt(hidden) inside the module
+        positions, h = embed_batch(inner, batch)  # scaled by sqrt(hidden) inside the module
+        t = h.shape[0]
         cos, sin = inner.rotary_emb(h, positions.unsqueeze(0))
         cos, sin = cos[0], sin[0]
         keys, values = [], []
         for layer, block in enumerate(inner.layers):
             attn = block.self_attn
             x = block.input_layernorm(h)
-            q = attn.q_proj(x).view(t, self.num_q_heads, self.head_dim)
-            k = attn.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(t, self.num_kv_heads, self.head_dim).contiguous()
+            q, k, v = project_qkv(attn, x, self.num_q_heads, self.num_kv_heads, self.head_dim)
             q, k = self._rotary(q, k, cos, sin, unsqueeze_dim=1)
             q, k = q.contiguous(), k.contiguous()
             keys.append(k)

