@@ -440,3 +440,14 @@ def test_trace_hit_replay_is_the_model_of_the_declared_rules(name):
     if name == "kvbench":
         ours = replay(trace, blocks * bs, bs)
         assert ours.evictions > 0 and got == ours.hit_tokens
+
+
+def test_vllm_allocator_refuses_a_window_and_a_spec_together() -> None:
+    """Two kinds named at once are refused by name, before vLLM is even imported (so the
+    refusal holds where vLLM is absent too)."""
+    from kvbench.suites.peers.vllm_adapter import VLLMAllocator
+    from kvbench.workloads.errors import ConfigError
+    from kvbench.workloads.kv_spec import KVCacheSpec
+
+    with pytest.raises(ConfigError, match=r"not both \(window=4, spec=.*chunk"):
+        VLLMAllocator(8, 16, window=4, spec=KVCacheSpec.chunked_local(32))

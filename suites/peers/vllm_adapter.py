@@ -222,13 +222,16 @@ class VLLMAllocator:
         window: int | None = None,
         spec: KVCacheSpec | None = None,
     ) -> None:
+        if window is not None and spec is not None:  # before vLLM's import: bad input first
+            raise ConfigError(
+                f"VLLMAllocator takes window= or spec=, not both (window={window!r}, "
+                f"spec={spec.describe()})"
+            )
         v = load_vllm()
         self._v = v
         self.block_size = block_size
         self.num_usable_blocks = num_blocks
         if window is not None:
-            if spec is not None:
-                raise ConfigError("VLLMAllocator takes window= or spec=, not both")
             spec = KVCacheSpec.sliding_window(window)
         ours = KVCacheSpec.full() if spec is None else spec
         theirs = vllm_kv_spec(v, ours, block_size, num_kv_heads=1, head_size=64)
