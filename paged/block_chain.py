@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.paged.prefix_cache import (
+    BlockKey,
     ExtraKeys,
     KeyFn,
     block_key,
@@ -50,7 +51,7 @@ class BlockChain:
     block_size: int
     extra: ExtraKeys
     key_fn: KeyFn
-    keys: tuple[bytes, ...]
+    keys: tuple[BlockKey, ...]
     chunks: tuple[bytes, ...]
 
     def truncated(self, length: int, prompt: Sequence[int]) -> BlockChain:

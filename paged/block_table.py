@@ -15,7 +15,7 @@ from collections.abc import Hashable, Sequence
 import torch
 
 from kvbench.paged.block_chain import BlockChain
-from kvbench.paged.prefix_cache import ExtraKeys
+from kvbench.paged.prefix_cache import BlockKey, ExtraKeys
 
 
 class RequestState:
@@ -70,7 +70,7 @@ class RequestState:
         tokens: list[int | None] | None,
         seq_len: int,
         blocks: list[int],
-        keys: list[bytes],
+        keys: list[BlockKey],
     ) -> None:
         self.request_id = request_id
         self.order = order

@@ -63,6 +63,7 @@ from kvbench.paged.eviction import make_queue
 from kvbench.paged.plain_append import PlainAppend
 from kvbench.paged.prefix_admission import PrefixAdmission
 from kvbench.paged.prefix_cache import (
+    BlockKey,
     ExtraKeys,
     KeyFn,
     PrefixCache,
@@ -309,7 +310,7 @@ class PagedKVCache:
     # ------------------------------------------------------------------ planning (no changes)
     def _match(
         self, prompt: Sequence[int], extra: ExtraKeys, chain: BlockChain | None = None
-    ) -> tuple[list[bytes], list[int]]:
+    ) -> tuple[list[BlockKey], list[int]]:
         """(keys, cached blocks) of the prompt's longest hit (`PrefixAdmission.match`)."""
         return self.admission.match(prompt, extra, chain)
 

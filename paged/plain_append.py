@@ -17,6 +17,7 @@ from kvbench.paged.block_chain import BlockChain
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.block_table import RequestState
 from kvbench.paged.prefix_admission import PrefixAdmission
+from kvbench.paged.prefix_cache import BlockKey
 from kvbench.paged.requests import RequestTable
 from kvbench.reference.contract import RequestId
 
@@ -165,7 +166,7 @@ class PlainAppend:
         return True
 
     def _register_chained(
-        self, req: RequestState, keys: list[bytes], chain: BlockChain, full: int
+        self, req: RequestState, keys: list[BlockKey], chain: BlockChain, full: int
     ) -> None:
         """`PrefixAdmission.register_full_blocks` of a request whose chain covers every
         block that is full now (a chain-keyed append, `paged.serving.engine.v1_keys`):

@@ -14,10 +14,12 @@ from kvbench.paged.block_chain import BlockChain
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.block_table import RequestState
 from kvbench.paged.prefix_cache import (
+    BlockKey,
     ExtraKeys,
     PrefixCache,
     block_key,
     packed_chain,
+    parent_field,
     token_bytes,
 )
 from kvbench.workloads.errors import ConfigError
@@ -43,7 +45,7 @@ class PrefixAdmission:
 
     def match(
         self, prompt: Sequence[int], extra: ExtraKeys, chain: BlockChain | None = None
-    ) -> tuple[list[bytes], list[int]]:
+    ) -> tuple[list[BlockKey], list[int]]:
         """(keys, cached blocks) of the longest verified chain of the prompt's full
         blocks, capped so its last token is computed again ([] without prefix caching)."""
         if self.prefix is None:
@@ -113,7 +115,7 @@ class PrefixAdmission:
                 hashed = [miss[2], *rest]
                 packed.insert(0, token_bytes(ids[:bs]))
             else:
-                hashed, packed = packed_chain(ids, bs, extra, parent)
+                hashed, packed = packed_chain(ids, bs, extra, parent_field(parent))
             prefix.insert_chain(req.blocks[i:stop], hashed, packed, parent, extra)
             keys.extend(hashed)
             parent, i = hashed[-1], stop
@@ -127,7 +129,7 @@ class PrefixAdmission:
             if miss is not None and miss[0] == parent and tuple(miss[1]) == chunk:
                 key = miss[2]  # as the admission's match keyed it: same parent, same ids
             else:
-                key = key_fn(parent, chunk, extra)  # type: ignore[arg-type]
+                key = key_fn(parent_field(parent), chunk, extra)  # type: ignore[arg-type]
             miss = None
             insert(req.blocks[i], key, parent, chunk, extra)  # type: ignore[arg-type]
             keys.append(key)

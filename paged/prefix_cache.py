@@ -29,6 +29,16 @@ from typing import NamedTuple
 #: Extra keys of a block: (isolation salt, adapter id); None means "none".
 ExtraKeys = tuple[str | None, ...]
 KeyFn = Callable[[bytes | None, Sequence[int], ExtraKeys], bytes]
+#: A block's key in the index: a `key_fn` key, or an interned identity that stands for
+#: one in a replay keyed by identities (`paged.block_identity`).
+BlockKey = bytes | int
+
+
+def parent_field(parent: BlockKey | None) -> bytes | None:
+    """The parent a key function hashes for a block after `parent`: the key itself, or
+    an identity's 8 bytes LE (never 32 bytes long, so never read as a sha256 key)."""
+    return parent.to_bytes(8, "little") if isinstance(parent, int) else parent
+
 
 _DOMAIN = b"kvbench.block.v1\x00"
 
@@ -153,8 +163,8 @@ class _Entry(NamedTuple):
     """What an index entry verifies a hit against (a tuple: one is made per full block);
     the block's ids as `token_bytes` (`tokens` unpacks them)."""
 
-    key: bytes
-    parent: bytes | None
+    key: BlockKey
+    parent: BlockKey | None
     packed: bytes
     extra: ExtraKeys
 
@@ -214,11 +224,11 @@ class PrefixCache:
 
     def __init__(self, key_fn: KeyFn = block_key, *, index_duplicates: bool = False) -> None:
         self.key_fn = key_fn
-        self._by_key: dict[bytes, int] = {}
+        self._by_key: dict[BlockKey, int] = {}
         self._by_block: dict[int, _Entry] = {}
         self.index_duplicates = index_duplicates
         #: later blocks of a key already served by `_by_key` (index_duplicates only)
-        self._dups: dict[bytes, list[int]] = {}
+        self._dups: dict[BlockKey, list[int]] = {}
         self.lookups = 0
         self.queried_tokens = 0
         self.hit_blocks = 0
@@ -245,7 +255,7 @@ class PrefixCache:
         """A live view of the indexed physical blocks (O(1) membership)."""
         return self._by_block.keys()
 
-    def key_of(self, block: int) -> bytes | None:
+    def key_of(self, block: int) -> BlockKey | None:
         entry = self._by_block.get(block)
         return entry.key if entry else None
 
@@ -263,10 +273,10 @@ class PrefixCache:
 
     def match(
         self, tokens: Sequence[int], extra: ExtraKeys, block_size: int, max_blocks: int
-    ) -> tuple[list[bytes], list[int]]:
+    ) -> tuple[list[BlockKey], list[int]]:
         """Walk the chain of the leading full blocks of `tokens`; return the keys and
         physical blocks of the longest cached prefix of at most `max_blocks` blocks."""
-        keys: list[bytes] = []
+        keys: list[BlockKey] = []
         blocks: list[int] = []
         parent: bytes | None = None
         key_fn, by_key, by_block = self.key_fn, self._by_key, self._by_block
@@ -312,17 +322,17 @@ class PrefixCache:
 
     def match_keyed(
         self,
-        keys: Sequence[bytes],
+        keys: Sequence[BlockKey],
         chunks: Sequence[bytes],
         extra: ExtraKeys,
         max_blocks: int,
-    ) -> tuple[list[bytes], list[int]]:
+    ) -> tuple[list[BlockKey], list[int]]:
         """`match` with the chain's keys and blocks' `token_bytes` given
         (`paged.block_chain`): the same walk and the same verification of every hit,
         without hashing."""
         by_key, by_block = self._by_key, self._by_block
         blocks: list[int] = []
-        parent: bytes | None = None
+        parent: BlockKey | None = None
         self.miss = None
         for key, chunk in zip(keys[:max_blocks], chunks, strict=False):
             block = by_key.get(key)
@@ -350,7 +360,7 @@ class PrefixCache:
         return self._insert_packed(block, key, parent, token_bytes(tokens), extra)
 
     def _insert_packed(
-        self, block: int, key: bytes, parent: bytes | None, packed: bytes, extra: ExtraKeys
+        self, block: int, key: BlockKey, parent: BlockKey | None, packed: bytes, extra: ExtraKeys
     ) -> bool:
         """`insert` of a block not yet indexed, its ids given as `token_bytes`."""
         by_key, by_block = self._by_key, self._by_block
@@ -367,9 +377,9 @@ class PrefixCache:
     def insert_chain(
         self,
         blocks: Sequence[int],
-        keys: Sequence[bytes],
+        keys: Sequence[BlockKey],
         chunks: Sequence[bytes],
-        parent: bytes | None,
+        parent: BlockKey | None,
         extra: ExtraKeys,
     ) -> None:
         """`insert` each (blocks[i], keys[i], chunks[i]) of a chain in order, chunks[i]
@@ -411,7 +421,7 @@ class PrefixCache:
             parent = key
 
     def insert_block(
-        self, block: int, key: bytes, parent: bytes | None, packed: bytes, extra: ExtraKeys
+        self, block: int, key: BlockKey, parent: BlockKey | None, packed: bytes, extra: ExtraKeys
     ) -> None:
         """`insert_chain` of one block (a chain-keyed append's block boundary), its ids
         given as `token_bytes`: the same entries, without the chain's slices."""
@@ -428,7 +438,7 @@ class PrefixCache:
         self._unkey(entry.key, block)
         self.evictions += 1
 
-    def _unkey(self, key: bytes, block: int) -> None:
+    def _unkey(self, key: BlockKey, block: int) -> None:
         """Take `block` out of the key index (its next duplicate then serves the key)."""
         dups = self._dups.get(key) if self._dups else None
         if dups is None:

@@ -22,6 +22,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvbench.paged.block_identity import DescribedIdentities
 from kvbench.paged.block_pool import BlockPool
 from kvbench.paged.cache import PagedKVCache
 from kvbench.paged.cache_spec import CacheSpec
@@ -382,6 +383,7 @@ BLOCK_SIZE_TAKERS: dict[str, Callable[[Any], object]] = {
     "TimeModel": lambda bs: TimeModel(get_profile("cpu"), G, 10**6, 1e6, bs),
     "plan_capacity": lambda bs: plan_capacity("m", G, 2**20, bs),
     "block_accesses": lambda bs: block_accesses(Trace((TraceRequest("a", 0.0, 4, 1),)), bs),
+    "DescribedIdentities": lambda bs: DescribedIdentities(bs, 3 * 2**16),
 }
 
 

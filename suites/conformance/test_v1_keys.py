@@ -1,7 +1,10 @@
 """The vllm-v1 replay's whole-sequence key chains (`paged.serving.engine.v1_keys`)
 change nothing but speed: against the ids path (every append handing the cache its ids,
 every admission probed with `prefix_hit`), the same decisions every step, the same
-prefix index (keys, blocks, duplicates), the same eviction order and statistics.
+prefix index (blocks and duplicates, under keys in one-to-one correspondence: the
+blocks past a prompt take fresh identities where no other sequence could hit them,
+`KeyChains.plan`; the very keys where every block is hashed), the same eviction order
+and statistics.
 
 Traces that reach every use of a chain: shared system prompts (hits), chunked prefills
 (a chain bound to the first chunk keys the later ones), recompute preemption (a chain
@@ -27,6 +30,7 @@ from kvbench.suites.conformance.peer_vllm_scheduler import (
     multi_turn,
     sharegpt_like,
 )
+from kvbench.suites.conformance.prefix_index_compare import same_index_up_to_keys
 
 CASES = [
     # name, trace, block size, blocks (null included), max_num_seqs, budget
@@ -51,7 +55,7 @@ def _replay(
     res = eng.run(case.trace)
     cache = eng.cache
     assert isinstance(cache, PagedKVCache) and cache.prefix is not None
-    state = (cache.prefix.snapshot(), cache.pool.lru_order(), cache.prefix_stats())
+    state = (cache.pool.lru_order(), cache.prefix_stats(), cache)
     return got, (res.decisions(), res.timeline, eng.v1.stats, res.preemptions), state
 
 
@@ -63,11 +67,18 @@ def test_chains_change_nothing_but_speed(case: Case) -> None:
     for a, b in zip(steps_k, steps_i, strict=True):
         assert a == b, f"step {a.step}: chains {a}, ids {b}"
     assert result_k == result_i
-    assert state_k == state_i  # keys, blocks, duplicates, LRU order, counters
+    assert state_k[:2] == state_i[:2]  # LRU order, counters
+    # blocks and duplicates, under keys one to one (the blocks past a prompt may take
+    # fresh identities: `KeyChains.plan`), equal where every block is hashed
+    fresh = same_index_up_to_keys(state_k[2], state_i[2])
+    assert fresh == 0 or case.trace.requests[0].output_tokens is None
+    if not fresh:
+        assert state_k[2].prefix.snapshot() == state_i[2].prefix.snapshot()
     # event mode takes the chain path too: same decisions as token stepping
     _, ev, ev_state = _replay(case, True, "event")
     assert ev[0] == result_k[0] and ev[2] == result_k[2] and ev[3] == result_k[3]
-    assert ev_state == state_k
+    assert ev_state[:2] == state_k[:2]
+    same_index_up_to_keys(ev_state[2], state_i[2])
 
 
 def test_the_traces_reach_every_use() -> None:

@@ -199,6 +199,22 @@ PAGED: list[Mutant] = [
         (C + "test_v1_fast_paths.py",),
     ),
     Mutant(
+        "paged.block_identity.interned_without_parent",
+        "paged/block_identity.py",
+        "            memo = (parent, block)\n",
+        "            memo = (0, block)\n",
+        "identity keys intern a described block by its id alone, not its whole prefix",
+        (C + "test_block_identity.py",),
+    ),
+    Mutant(
+        "paged.block_identity.tail_after_root",
+        "paged/block_identity.py",
+        "            after = parent_field(keys[-1]) if full else None\n",
+        "            after = None\n",
+        "the blocks past a prompt's full blocks are keyed as if they began a sequence",
+        (C + "test_block_identity.py",),
+    ),
+    Mutant(
         "paged.cache.fork_shares_floor",
         "paged/cache.py",
         "        shared = -(-parent.seq_len // self.block_size)",

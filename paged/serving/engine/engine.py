@@ -182,16 +182,16 @@ class Engine:
         self._collaborate(EngineState(cap=self.cfg.max_concurrency))
         self.progress = progress
         self.reqs = trace.requests
-        if self.v1 is not None:
-            self.v1.begin(self.reqs)
-        self.arrivals_ps = [round(r.arrival * 1e12) for r in self.reqs]
-        if self.tm is None and any(a > 0 for a in self.arrivals_ps):
-            raise ConfigError("arrivals after t=0 need a time model (device profile)")
         # Synthetic output ids can only be matched by prompts that contain ids that large.
         self.big_prompt_ids = any(
             r.prompt is not None and r.prompt and max_token_id(r.prompt) >= SYNTH_BASE
             for r in self.reqs
         )
+        if self.v1 is not None:
+            self.v1.begin(self.reqs)
+        self.arrivals_ps = [round(r.arrival * 1e12) for r in self.reqs]
+        if self.tm is None and any(a > 0 for a in self.arrivals_ps):
+            raise ConfigError("arrivals after t=0 need a time model (device profile)")
 
     def _new_seq(self, req: TraceRequest, index: int, child: int, prompt: Sequence[int]) -> Seq:
         """A sequence with its own record; `hashed` when its output ids go to the

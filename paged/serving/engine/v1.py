@@ -559,6 +559,8 @@ class V1Policy:
                     f"trace line {i + 2}: request {r.id!r} has n={r.n}, beam_width="
                     f"{r.beam_width}; the vllm-v1 policy schedules single sequences"
                 )
+        if self.keys is not None:
+            self.keys.plan(requests, self.e.big_prompt_ids)
         self.stats = V1Stats()
 
     def check(self) -> None:

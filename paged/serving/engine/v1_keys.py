@@ -35,6 +35,14 @@ ids as the ids path, so the index, its hits, duplicates and evictions are the sa
 differential holds the decisions to vLLM's). The cache keeps no output ids then
 (`token_ids` reads None past the prompt), which a memory-only replay never asks for.
 
+A trace whose every prompt is described by block ids of one size (an imported
+production trace's) is keyed by interned identities instead (`plan`,
+`paged.block_identity`): a prompt's full blocks by one dict lookup per described block,
+no packing and no sha256, in one-to-one correspondence with the sha256 keys, so every
+decision is the same (`suites/conformance/test_block_identity.py`). The whole Mooncake
+conversation trace's replay took 76 s CPU with sha256 chains and 43 s with identities
+(measured here, quiet and at load 2.5 respectively; docs/serving.md).
+
 Used only where it applies (`KeyChains.applies`): a memory-only `PagedKVCache` with
 prefix caching and the default key function; any other cache gets the ids path.
 """
@@ -42,12 +50,16 @@ prefix caching and the default key function; any other cache gets the ids path.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 
 from kvbench.paged.block_chain import BlockChain, DescribedChains
+from kvbench.paged.block_identity import IDENTITY_CONTENT, DescribedIdentities
 from kvbench.paged.cache import PagedKVCache
-from kvbench.paged.prefix_cache import ExtraKeys, block_key, packed_chain
+from kvbench.paged.prefix_cache import BlockKey, ExtraKeys, block_key, packed_chain
 from kvbench.paged.serving.engine.sequence import Seq
 from kvbench.reference.contract import ServingCache
+from kvbench.workloads.errors import ConfigError
+from kvbench.workloads.trace import BlockTokenIds, TraceRequest
 
 
 class KeyChains:
@@ -63,9 +75,16 @@ class KeyChains:
         #: a decoder's append, keyed from its chain (`PlainAppend.append_chained`):
         #: False, nothing changed, where it does not apply (then `append_tokens`)
         self.append = cache.plain.append_chained
-        self._chains: dict[int, tuple[tuple[bytes, ...], tuple[bytes, ...]]] = {}
+        self._chains: dict[int, tuple[tuple[BlockKey, ...], tuple[bytes, ...]]] = {}
         #: the prompts' chains memoised by described block (`paged.block_chain`)
         self.described = DescribedChains(self.bs)
+        #: the prompts' chains by interned identity (`paged.block_identity`), where the
+        #: traces replayed over this cache qualify (`plan`), else None (sha256 keys)
+        self.identities: DescribedIdentities | None = None
+        #: whether the blocks past each prompt take fresh identities (`plan`), and the
+        #: next one (negative: never an interned identity, which is >= 0)
+        self.fresh_tails = False
+        self._next_fresh = -1
         #: given prompts' chains memoised by shared prefix (`SharedPrefixChains`)
         self.shared = SharedPrefixChains(self.bs)
 
@@ -87,7 +106,32 @@ class KeyChains:
             return KeyChains(cache)
         return None
 
-    def chain(self, seq: Seq) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    def plan(self, requests: Sequence[TraceRequest], prompt_ids_reach_outputs: bool) -> None:
+        """Choose the coming replay's keys (module docstring): identities for the prompts
+        where the trace qualifies (`DescribedIdentities.qualifies`), and fresh identities
+        for the blocks past the prompts where no such block can ever be hit by another
+        sequence: every output synthetic (no output ids given) and every prompt given
+        below the synthetic ids (`prompt_ids_reach_outputs` False: the engine's
+        `big_prompt_ids`) or described (above them; a synthetic prompt, a range, may
+        reach them). Both only on an empty index; a later trace over an index they key
+        is refused (ConfigError: it could miss what the sha256 path would hit, an
+        earlier replay's synthetic outputs among it)."""
+        if len(self.prefix):
+            if self.identities is not None or self.fresh_tails:
+                raise ConfigError(
+                    "this cache's prefix index is keyed by identities from an earlier "
+                    "replay; replay another trace on a fresh cache"
+                )
+            return  # sha256 keys from an earlier replay: the same keys again
+        self._chains.clear()
+        bt = DescribedIdentities.qualifies(requests, self.bs)
+        self.identities = DescribedIdentities(self.bs, bt) if bt else None
+        self.fresh_tails = not prompt_ids_reach_outputs and all(
+            r.output_tokens is None and (r.prompt is not None or r.prompt_blocks is not None)
+            for r in requests
+        )
+
+    def chain(self, seq: Seq) -> tuple[tuple[BlockKey, ...], tuple[bytes, ...]]:
         """(keys, packed ids) of every full block of the sequence's prompt and all its
         output tokens, computed on first use."""
         got = self._chains.get(seq.order)
@@ -98,10 +142,22 @@ class KeyChains:
             # only unpacked after the prompt's ids: a range is not listed first
             outs = out[:n_out] if out is not None else range(base, base + n_out)
             prompt, extra = seq.prompt, (seq.salt, None)
-            if type(prompt) is tuple or type(prompt) is list:  # given ids: shared prefixes
+            fresh = self.fresh_tails
+            if fresh:  # the prompt's chain only: the blocks past it take fresh identities
+                outs = ()
+            keys: list[BlockKey] | list[bytes]
+            if self.identities is not None and type(prompt) is BlockTokenIds:
+                keys, chunks = self.identities.packed(prompt, extra, outs)
+            elif type(prompt) is tuple or type(prompt) is list:  # given ids: shared prefixes
                 keys, chunks = self.shared.packed(prompt, extra, outs)
             else:  # described blocks (memoised by block) or synthetic ids (a range)
                 keys, chunks = self.described.packed(prompt, extra, outs)
+            more = (len(prompt) + n_out) // self.bs - len(keys) if fresh else 0
+            if more > 0:
+                start = self._next_fresh
+                self._next_fresh = start - more
+                keys = [*keys, *range(start, start - more, -1)]
+                chunks = [*chunks, *repeat(IDENTITY_CONTENT, more)]
             got = self._chains[seq.order] = (tuple(keys), tuple(chunks))
         return got
 
