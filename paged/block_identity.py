@@ -27,12 +27,17 @@ correspondence with the sha256 path's, and every lookup, hit, duplicate, evictio
 statistic is the same (`suites/conformance/test_block_identity.py` compares both step by
 step, and maps one index onto the other).
 
+The replay may key those blocks past the prompt by fresh identities instead, where no
+other sequence can hit them (`v1_keys.KeyChains.plan`).
+
 An identity-keyed entry keeps `IDENTITY_CONTENT` in place of its ids' `token_bytes`: a
 hit on an identity is already exact, and a memory-only replay never reads cached ids.
 
-Memory: one memo entry per distinct (parent, described block) of the trace (~180 bytes:
-170,899 for the whole Mooncake conversation trace, ~30 MB), kept for the life of the
-cache it keys, since a forgotten base would key a cached prefix anew.
+Memory: one memo entry per distinct (parent, described block) of the trace (a dict slot
+and a 2-tuple, ~150-200 bytes, estimated; 170,899 entries for the whole Mooncake
+conversation trace), kept for the life of the cache it keys, since a forgotten base
+would key a cached prefix anew. The whole trace's replay peaked at 376 MiB resident,
+against 475 MiB with sha256 chains (measured here).
 """
 
 from __future__ import annotations

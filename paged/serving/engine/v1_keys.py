@@ -36,12 +36,14 @@ differential holds the decisions to vLLM's). The cache keeps no output ids then
 (`token_ids` reads None past the prompt), which a memory-only replay never asks for.
 
 A trace whose every prompt is described by block ids of one size (an imported
-production trace's) is keyed by interned identities instead (`plan`,
-`paged.block_identity`): a prompt's full blocks by one dict lookup per described block,
-no packing and no sha256, in one-to-one correspondence with the sha256 keys, so every
-decision is the same (`suites/conformance/test_block_identity.py`). The whole Mooncake
-conversation trace's replay took 76 s CPU with sha256 chains and 43 s with identities
-(measured here, quiet and at load 2.5 respectively; docs/serving.md).
+production trace's) keys its prompts' full blocks by interned identity instead
+(`paged.block_identity`): one dict lookup per described block, no packing and no
+sha256. Where no block past a prompt can be hit by another sequence (synthetic outputs
+only, every prompt given below the synthetic ids or described), the blocks past each
+prompt take fresh identities. Both are chosen per replay (`plan`), in one-to-one
+correspondence with the sha256 keys, so every decision is the same
+(`suites/conformance/test_block_identity.py`); the whole Mooncake conversation trace's
+replay takes 0.69-0.71x of its sha256 time, paired (docs/serving.md, *Identity keys*).
 
 Used only where it applies (`KeyChains.applies`): a memory-only `PagedKVCache` with
 prefix caching and the default key function; any other cache gets the ids path.
