@@ -293,6 +293,19 @@ def vllm_loop(drv: VllmDriver, trace: Trace, token_of: Callable[[int, int], int]
     return steps
 
 
+def uses(steps: list[V1Decision]) -> dict[str, int]:
+    """What a replay's steps exercised: prefix-hit tokens, preemptions, and chunked
+    admissions (more than one token scheduled for a request with no hit); the chain and
+    identity tests assert each is reached."""
+    return {
+        "hits": sum(h for d in steps for h in d.hits.values()),
+        "preempted": sum(len(d.preempted) for d in steps),
+        "chunked": sum(
+            1 for d in steps for sid, n in d.scheduled.items() if n > 1 and sid not in d.hits
+        ),
+    }
+
+
 def _kv_decision(d: V1Decision) -> Decision:
     return Decision(
         list(d.scheduled.items()), sorted(d.preempted), sorted(d.finished), d.hits, d.used_blocks

@@ -15,6 +15,7 @@ of the Mooncake conversation trace. No vLLM needed.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from kvbench.paged.block_identity import IDENTITY_CONTENT, DescribedIdentities
 from kvbench.paged.cache import PagedKVCache
 from kvbench.paged.prefix_cache import packed_chain
 from kvbench.paged.serving.engine.v1 import V1Decision
-from kvbench.suites.conformance.peer_vllm_scheduler import Case, engine_for
+from kvbench.suites.conformance.peer_vllm_scheduler import Case, engine_for, uses
 from kvbench.suites.conformance.prefix_index_compare import same_index_up_to_keys
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.shipped import shipped_trace
@@ -200,15 +201,11 @@ def test_identity_keys_change_nothing_but_speed(case: Case, duplicates: bool) ->
 
 
 def test_the_traces_reach_hits_preemption_and_chunks() -> None:
-    seen = {"hits": 0, "preempted": 0, "chunked": 0}
+    seen: Counter[str] = Counter()
     for case in CASES:
         steps, _, _, _ = _replay(_case(case), True, True)
-        seen["hits"] += sum(h for d in steps for h in d.hits.values())
-        seen["preempted"] += sum(len(d.preempted) for d in steps)
-        seen["chunked"] += sum(
-            1 for d in steps for sid, n in d.scheduled.items() if n > 1 and sid not in d.hits
-        )
-    assert all(seen.values()), seen
+        seen.update(uses(steps))
+    assert len(seen) == 3 and all(seen.values()), seen
 
 
 def test_a_cache_keyed_by_identities_refuses_a_second_trace() -> None:

@@ -15,6 +15,7 @@ outputs. No vLLM needed.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from kvbench.suites.conformance.peer_vllm_scheduler import (
     engine_for,
     multi_turn,
     sharegpt_like,
+    uses,
 )
 from kvbench.suites.conformance.prefix_index_compare import same_index_up_to_keys
 
@@ -83,15 +85,11 @@ def test_chains_change_nothing_but_speed(case: Case) -> None:
 
 def test_the_traces_reach_every_use() -> None:
     """Hits, chunked admissions and preemptions do happen in these traces."""
-    seen = {"hits": 0, "preempted": 0, "chunked": 0}
+    seen: Counter[str] = Counter()
     for case in CASES:
         steps, _, _ = _replay(case, True, "token")
-        seen["hits"] += sum(h for d in steps for h in d.hits.values())
-        seen["preempted"] += sum(len(d.preempted) for d in steps)
-        seen["chunked"] += sum(
-            1 for d in steps for sid, n in d.scheduled.items() if n > 1 and sid not in d.hits
-        )
-    assert all(seen.values()), seen
+        seen.update(uses(steps))
+    assert len(seen) == 3 and all(seen.values()), seen
 
 
 def test_chains_apply_only_where_the_cache_takes_them() -> None:
