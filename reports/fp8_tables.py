@@ -62,10 +62,12 @@ def decode_table(frame: pd.DataFrame) -> DerivedTable | None:
         return None
     table = DerivedTable(
         "fp8 decode: speed against float16 / bfloat16 and accuracy cost",
-        "Time ratios are medians of per-repeat ratios, fp8 and the 16-bit kernel timed "
-        "alternately in one process [q1-q3, n]; bytes per call are K/V plus queries, "
-        "outputs and tables; copy-peak fraction = the fp8 kernel's bytes per second over "
-        "a plain copy's, timed in the same repeats. Errors are ||out - exact|| / ||exact||"
+        "Time ratios: on the CPU, medians of per-repeat ratios, fp8 and the 16-bit kernel "
+        "timed alternately in one process [q1-q3, n]; on a GPU (Triton), the ratio of "
+        "the two kernels' CUDA-graph medians (each one's q1-q3 is in the sweep's table). "
+        "Bytes per call are K/V plus queries, outputs and tables; copy-peak fraction = the "
+        "fp8 kernel's bytes per second over a plain copy's (on the CPU timed in the same "
+        "repeats). Errors are ||out - exact|| / ||exact||"
         " against float64 attention over the unquantized K/V (the 16-bit pools' own "
         "rounding beside), and against float64 over the dequantized K/V (the kernel's "
         "semantics).",
