@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.transforms import ScaledTranslation
 
 from kvbench.reports.figure_specs import FigureSpec
 from kvbench.reports.serving import SYSTEM_NAMES
@@ -238,8 +239,12 @@ def _legend(ax: Any, spec: FigureSpec, groups: list) -> None:
         ax.set_ylim(top=ax.get_ylim()[1] * (1 + 0.08 * rows))
     if spec.kind == "bar":
         ax.legend(fontsize=7, loc="best", ncol=ncol)
-    else:  # below the axes, never over the data
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.18), ncol=1)
+    else:  # below the axes and their x label (a fixed 0.45 in: short axes too), never
+        # over the data or the label
+        below = ax.transAxes + ScaledTranslation(0, -0.45, ax.figure.dpi_scale_trans)
+        ax.legend(
+            fontsize=7, loc="upper left", bbox_to_anchor=(0.0, 0.0), bbox_transform=below, ncol=1
+        )
 
 
 def _axes(ax: Any, spec: FigureSpec, rows: pd.DataFrame) -> None:
