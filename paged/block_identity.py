@@ -78,7 +78,8 @@ class DescribedIdentities:
     def qualifies(requests: Sequence[TraceRequest], block_size: int) -> int | None:
         """The one `bt` of a trace whose every prompt is described by block ids of `bt`
         ids, a multiple of `block_size`, and that gives no output ids; None for any
-        other trace (its replay keeps sha256 keys)."""
+        other trace (its replay keeps sha256 keys). A request with no ids given and
+        its blocks described is a `BlockTokenIds` prompt (`TraceRequest.prompt_ids`)."""
         bts = {r.prompt_block_tokens for r in requests}
         if len(bts) != 1 or any(
             r.prompt is not None or r.prompt_blocks is None or r.output_tokens is not None
@@ -86,12 +87,7 @@ class DescribedIdentities:
         ):
             return None
         (bt,) = bts
-        if bt is None or bt % block_size:
-            return None
-        for i, r in enumerate(requests):
-            if not isinstance(r.prompt_ids(i), BlockTokenIds):
-                return None
-        return bt
+        return None if bt is None or bt % block_size else bt
 
     def __len__(self) -> int:
         """Distinct described blocks interned so far."""

@@ -230,3 +230,38 @@ def test_a_cache_keyed_by_identities_refuses_a_second_trace() -> None:
     assert fresh.v1.keys.identities is None and not fresh.v1.keys.fresh_tails
     fresh.run(listed)  # sha256 keys on a non-empty index: a second trace is taken
     assert fresh.v1.keys.identities is None and not fresh.v1.keys.fresh_tails
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    block_size=st.sampled_from([2, 4]),
+    per=st.sampled_from([1, 2, 3]),
+    pool=st.integers(8, 40),
+    budget=st.sampled_from([8, 32, 512]),
+    threshold=st.sampled_from([0, 6]),
+    spread=st.sampled_from([0.0, 0.5]),
+    prompts=st.lists(_PROMPT, min_size=1, max_size=14),
+)
+def test_drawn_replays_decide_alike_under_identities_and_sha256(
+    block_size: int,
+    per: int,
+    pool: int,
+    budget: int,
+    threshold: int,
+    spread: float,
+    prompts: list[tuple[list[int], int, str | None, int]],
+) -> None:
+    """Drawn traces (shared, salted, cut described prompts, in any arrival order, any
+    residue of the last block, outputs from one token) on pools small enough to preempt:
+    identities and sha256 chains decide every step alike and leave indexes that map one
+    to one."""
+    bt = block_size * per
+    longest = max(len(b) * bt + max(1, o) for b, _, _, o in prompts)
+    case = Case(
+        "drawn", _described(prompts, bt, spread), block_size,
+        max(pool, -(-longest // block_size) + 2), 4, budget, threshold,
+    )  # fmt: skip
+    steps_i, result_i, state_i, cache_i = _replay(case, True, True)
+    steps_s, result_s, state_s, cache_s = _replay(case, False, True)
+    assert steps_i == steps_s and result_i == result_s and state_i == state_s
+    same_index_up_to_keys(cache_i, cache_s)
