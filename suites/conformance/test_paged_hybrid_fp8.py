@@ -135,10 +135,39 @@ class Fp8Reference(LayerGroupsReferenceCache):
         self, request_id: Hashable, kv: Sequence[KVPair], token_ids: Sequence[int] | None = None
     ) -> None:
         groups = self.model.self_groups
+        unwritten = [
+            self.quant.groups[g].dynamic and not self.quant.groups[g].is_set for g in groups
+        ]
+        if any(unwritten):
+            self._prefix_hit_of_nothing_written(request_id, kv, groups, unwritten)
+            return
         if self.plain is not None:
             self.plain.append(request_id, kv[0][0], kv[0][1])
         super().append(
             request_id, [self._expect(g, one) for g, one in zip(groups, kv, strict=True)]
+        )
+
+    def _prefix_hit_of_nothing_written(
+        self,
+        request_id: Hashable,
+        kv: Sequence[KVPair],
+        groups: Sequence[int],
+        unwritten: Sequence[bool],
+    ) -> None:
+        """The reference is told of tokens the paged cache never wrote: a prefix hit whose
+        blocks no group needs (a chunked-local group past its chunk counts them computed
+        with none cached, as vLLM v1 does), in a group whose dynamic scales wait for a
+        first write. Nothing was ever written there, so no block of it is kept and no read
+        reaches these tokens; they are held unquantized, the group stays unwritten (its
+        scales come from its first real write), and `plain`, which would write them and
+        set its scales from them, no longer mirrors the cache."""
+        self.plain = None
+        super().append(
+            request_id,
+            [
+                (one[0].double(), one[1].double()) if fresh else self._expect(g, one)
+                for g, one, fresh in zip(groups, kv, unwritten, strict=True)
+            ],
         )
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
@@ -430,3 +459,31 @@ def test_triton_and_torch_kernels_store_the_same_fp8_bytes(dtype: torch.dtype) -
         got = tri.attend(["a", "b"], q, g, 1)
         want = tor.attend(["a", "b"], q, g, 1)
         assert oracle.relative_error(got, want.double()) <= oracle.tolerance(torch.float16)
+
+
+def test_a_cold_chunked_local_hit_leaves_the_dynamic_scales_to_the_first_write() -> None:
+    """A chunked-local prompt of 9 tokens (chunk 4, blocks of 2) hits 8 tokens on a cold
+    fp8 cache with nothing written (every block before its chunk counts computed): the
+    dynamic scales stay unset through the hit and come from the first real write (its
+    amax / fp8 max), which reads back within half a step. CI's hypothesis run found the
+    reference taking the hit's tokens as a write."""
+    model = _model([KVCacheSpec.chunked_local(4)])
+    cache = LayerGroupsPagedCache(
+        model, num_blocks=8, block_size=2, dtype=torch.float8_e4m3fn, enable_prefix_caching=True
+    )
+    assert cache.admit("r", prompt=list(range(9))) == 8
+    assert cache.quant is not None and not cache.quant.groups[0].is_set
+    with pytest.raises(ConfigError, match="nothing has been written yet"):
+        cache.scales(0)
+    k = torch.randn((LAYERS, 1, HEADS, DIM), generator=torch.Generator().manual_seed(5))
+    cache.append("r", [(k, 2 * k)])
+    cache.check()
+    ks, vs = cache.scales(0)
+    fmt = fp8.fp8_format(torch.float8_e4m3fn)
+    for layer in range(LAYERS):
+        assert torch.equal(ks[layer], rule_scales(k[layer], fmt, "tensor"))
+        assert torch.equal(vs[layer], rule_scales(2 * k[layer], fmt, "tensor"))
+    got, _ = cache.gather("r", 0)
+    for layer in range(LAYERS):
+        deq = fp8.dequantize(got[layer], ks[layer], torch.float64)
+        assert within_half_step(deq, k[layer], ks[layer], fmt)
