@@ -31,6 +31,7 @@ from kvbench.paged.serving.engine import Engine, RequestTooLargeError, Scheduler
 from kvbench.paged.serving.engine.preempt import Preemption
 from kvbench.paged.serving.time_model import SchedulerConfig, TimeModel
 from kvbench.reference.contiguous import ContiguousKVCache
+from kvbench.suites.conformance.hostile import TRIED
 from kvbench.workloads.errors import ConfigError
 from kvbench.workloads.geometry import KVGeometry
 from kvbench.workloads.profiles import get_profile
@@ -418,6 +419,45 @@ def test_oversized_request_rejected_with_line() -> None:
     with pytest.raises(RequestTooLargeError, match=r"line 3: request 'huge' needs"):
         Engine(cache, SchedulerConfig(), TM).run(trace)
     assert cache.request_ids() == []
+
+
+@pytest.mark.parametrize("mode", ["token", "event"])
+def test_vllm_v1_without_chunked_prefill_needs_a_step_for_a_whole_recompute(mode: str) -> None:
+    """vllm-v1 without chunked prefill prefills a preempted request's prompt and all its
+    output so far in one step (vLLM v1 refuses max_num_batched_tokens < max_model_len
+    then). A request whose prompt + output - 1 tokens pass the budget is refused before
+    the run, naming its line, the cache untouched (found by the soak: q1, 3 + 14 tokens
+    at a budget of 4, preempted, could never come back); at a budget of exactly that
+    the same trace preempts and completes."""
+    trace = Trace((TraceRequest("q0", 0.0, 1, 15), TraceRequest("q1", 0.0, 3, 15)))
+    cache = PagedKVCache(GEOM, 8, 4, store_kv=False)
+    for budget in (4, 15, 16):
+        cfg = SchedulerConfig(
+            max_batched_tokens=budget,
+            max_num_seqs=2,
+            chunked_prefill=False,
+            preemption="recompute",
+            policy="vllm-v1",
+            mode=mode,
+        )
+        line, rid, need = (2, "q0", 15) if budget < 15 else (3, "q1", 17)
+        with pytest.raises(
+            RequestTooLargeError,
+            match=rf"line {line}: request '{rid}' may need {need} tokens in one step .* "
+            rf"over max_batched_tokens={budget} without chunked prefill",
+        ):
+            Engine(cache, cfg, TM).run(trace)
+        assert cache.request_ids() == [] and cache.num_free_blocks == 8
+        TRIED["api: over the step budget"] += 1
+    fits = SchedulerConfig(
+        max_batched_tokens=17, max_num_seqs=2, chunked_prefill=False, policy="vllm-v1", mode=mode
+    )
+    result = Engine(PagedKVCache(GEOM, 8, 4, store_kv=False), fits, TM).run(trace)
+    check_complete(result, trace)
+    assert sum(r.preemptions for r in result.records) >= 1
+    # with chunked prefill the budget bounds nothing: 4 tokens a step serve it too
+    chunked = SchedulerConfig(max_batched_tokens=4, max_num_seqs=2, policy="vllm-v1", mode=mode)
+    check_complete(Engine(PagedKVCache(GEOM, 8, 4, store_kv=False), chunked, TM).run(trace), trace)
 
 
 def test_a_preemption_livelock_is_an_error_not_a_hang(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -3,8 +3,11 @@
 A request is rejected (naming its trace line, counted from 2 as in the JSONL file after
 its header) when it could never finish on the cache: longer than max_seq_len, more
 memory than the cache can ever give one request (`ServingCache.footprint`), a prompt over
-the token budget without chunked prefill, or a beam group whose beams could not all be
-re-admitted alone. Such a request would otherwise wait forever.
+the token budget without chunked prefill (under the vllm-v1 policy, its prompt and all
+but its last output: a recompute after a preemption prefills them in one step, as vLLM
+v1, which refuses a budget under max_model_len without chunked prefill), or a beam group
+whose beams could not all be re-admitted alone. Such a request would otherwise wait
+forever.
 """
 
 from __future__ import annotations
@@ -49,6 +52,17 @@ def check_trace(
             raise RequestTooLargeError(
                 f"{line} has a {r.prompt_len}-token prompt, over max_batched_tokens="
                 f"{cfg.max_batched_tokens} without chunked prefill"
+            )
+        if (
+            cfg.policy == "vllm-v1"
+            and not cfg.chunked_prefill
+            and total - 1 > cfg.max_batched_tokens
+        ):
+            raise RequestTooLargeError(
+                f"{line} may need {total - 1} tokens in one step (its prompt and all but "
+                f"its last output, recomputed after a preemption), over max_batched_tokens="
+                f"{cfg.max_batched_tokens} without chunked prefill (vLLM v1 refuses "
+                "max_num_batched_tokens < max_model_len without chunked prefill)"
             )
         if total - 1 > max_len:
             raise RequestTooLargeError(
