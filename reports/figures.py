@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 from typing import Any
 
 import matplotlib
@@ -221,7 +222,13 @@ def render(frame: pd.DataFrame, spec: FigureSpec) -> str | None:
             fig.suptitle(spec.title, fontsize=10)
         else:
             axes[0][0].set_title(spec.title)
-        fig.tight_layout()
+        with warnings.catch_warnings():
+            # a legend taller than the figure (preempt.swap_vs_recompute: 20 series below
+            # one axes) cannot fit: matplotlib then keeps its default margins, and
+            # savefig's bbox_inches="tight" grows the canvas around the legend, which
+            # reads better than axes squeezed to make room (checked with report-shots)
+            warnings.filterwarnings("ignore", "Tight layout not applied", UserWarning)
+            fig.tight_layout()
         buf = io.StringIO()
         fig.savefig(
             buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": "kvbench"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import pandas as pd
 
@@ -100,3 +101,26 @@ def test_measured_and_modeled_lines_of_one_series_share_a_colour() -> None:
     plain = ["paged kernel, block_size=16", "SDPA on contiguous K/V, block_size=16"]
     other = figures._series_colors(pd.DataFrame(), ["metric", "block_size"], plain)
     assert other[plain[0]] != other[plain[1]]
+
+
+def test_a_legend_taller_than_the_figure_is_drawn_whole_and_quietly() -> None:
+    """20 series no single parameter splits into panels of at most eight (preempt's swap
+    vs recompute: 2 metrics x 10 profiles): one axes, its legend of 20 entries below it,
+    taller than the figure. The SVG holds every entry, and matplotlib's "Tight layout not
+    applied" does not reach the `kvbench report` output (savefig's tight bbox grows the
+    canvas around the legend instead)."""
+    rows = []
+    for metric in ("swap", "recompute"):
+        for p in range(10):
+            for n in (128, 512, 2048):
+                rows.append({"run_id": "r", "suite": "preempt.swap_vs_recompute",
+                             "case_key": f"p{p}-{n}", "profile": f"p{p}", "seq_len": n,
+                             "metric": metric, "value": float(n * (p + 1)), "unit": "s"})  # fmt: skip
+    spec = FigureSpec("preempt.swap_vs_recompute", "cost", "seq_len", ("swap", "recompute"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        svg = figures.render(pd.DataFrame(rows), spec)
+    assert svg is not None and _axes_count(svg) == 1
+    for metric in ("swap", "recompute"):
+        for p in range(10):
+            assert f"{metric}, profile=p{p}" in svg, (metric, p)
