@@ -106,17 +106,29 @@ def _grid() -> list[tuple[str, float, float]]:
     """(kind, measured seconds, predicted seconds) of every grid case of the first H200
     run (predicted with the model's constants at the time of the call)."""
     out = []
-    for line in (RUNS / "gpu-20261128-084929.jsonl").read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        if row.get("metric") != "time_paged":
-            continue
-        c = row["case"]
-        if row["suite"] == "kernel.decode":
+    for (suite, _), (c, measured) in _time_paged(RUN1).items():
+        if suite == "kernel.decode":
             pred = decode_seconds(c["batch"], c["ctx_len"], GRID_DECODE)
-            out.append(("decode", float(row["value"]), pred))
+            out.append(("decode", measured, pred))
         else:
             pred = prefill_seconds(c["batch"], c["q_len"], c["ctx_len"], GRID_PREFILL)
-            out.append(("prefill", float(row["value"]), pred))
+            out.append(("prefill", measured, pred))
+    return out
+
+
+#: The first H200 run (the grid the model's constants were fitted on).
+RUN1 = "gpu-20261128-084929.jsonl"
+
+
+def _time_paged(name: str) -> dict[tuple[str, str], tuple[dict[str, Any], float]]:
+    """A committed run's paged kernel times: (suite, case as sorted JSON) -> (case,
+    seconds)."""
+    out = {}
+    for line in (RUNS / name).read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if row.get("metric") == "time_paged":
+            key = (row["suite"], json.dumps(row["case"], sort_keys=True))
+            out[key] = (row["case"], float(row["value"]))
     return out
 
 
@@ -195,27 +207,18 @@ def _defaults(cfg: configs.KernelConfig) -> dict[str, int]:
 def _run4() -> list[tuple[str, float, float, float]]:
     """(kind, measured seconds in run 4, in run 1, predicted with today's tiles)."""
 
-    def rows(name: str) -> dict[str, float]:
-        out = {}
-        for line in (RUNS / name).read_text(encoding="utf-8").splitlines():
-            row = json.loads(line)
-            if row.get("metric") == "time_paged":
-                out[row["suite"] + json.dumps(row["case"], sort_keys=True)] = float(row["value"])
-        return out
-
-    first, fourth = rows("gpu-20261128-084929.jsonl"), rows(RUN4)
+    first = _time_paged(RUN1)
     out = []
-    for key, measured in fourth.items():
-        c = json.loads(key[key.index("{") :])
-        if key.startswith("kernel.decode"):
+    for key, (c, measured) in _time_paged(RUN4).items():
+        if key[0] == "kernel.decode":
             single = c["ctx_len"] <= configs.DEFAULT_PARTITION
             tiles = _defaults(configs.decode_config(torch.float16, D, HQ // HKV, single))
             pred = decode_seconds(c["batch"], c["ctx_len"], tiles, configs.DEFAULT_PARTITION)
-            out.append(("decode", measured, first[key], pred))
+            out.append(("decode", measured, first[key][1], pred))
         else:
             cfg = configs.prefill_config(torch.float16, D, c["q_len"] * (HQ // HKV))
             pred = prefill_seconds(c["batch"], c["q_len"], c["ctx_len"], _defaults(cfg))
-            out.append(("prefill", measured, first[key], pred))
+            out.append(("prefill", measured, first[key][1], pred))
     return out
 
 
